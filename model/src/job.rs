@@ -1,0 +1,192 @@
+//! Job, task and session records and their state machines.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{JobId, SessionId, TaskId};
+use crate::usage::Usage;
+
+/// queued → running → (waiting) → succeeded | failed | cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Running,
+    /// Running, with the coordinator waiting on delegated tasks.
+    Waiting,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Waiting => "waiting",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Unknown state names (a store written by a newer version).
+#[derive(Debug, thiserror::Error)]
+#[error("unknown state `{0}`")]
+pub struct UnknownState(pub String);
+
+impl FromStr for JobState {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "queued" => Self::Queued,
+            "running" => Self::Running,
+            "waiting" => Self::Waiting,
+            "succeeded" => Self::Succeeded,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            other => return Err(UnknownState(other.to_string())),
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    pub name: String,
+    pub state: JobState,
+    /// Why the job is in its state (failure reason, cancel reason, …).
+    pub reason: Option<String>,
+    /// The spec as submitted (JSON form).
+    pub spec: serde_json::Value,
+    pub final_answer: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub usage: Usage,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A task's life: queued → running (attempt n) → succeeded | failed | cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl TaskState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl FromStr for TaskState {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "queued" => Self::Queued,
+            "running" => Self::Running,
+            "succeeded" => Self::Succeeded,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            other => return Err(UnknownState(other.to_string())),
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: TaskId,
+    pub job_id: JobId,
+    /// The coordinator session whose `Agent` call created the task.
+    pub parent_session: SessionId,
+    pub tool_use_id: String,
+    /// The worker spec name.
+    pub worker: String,
+    /// The task text the coordinator wrote.
+    pub mandate: String,
+    pub description: String,
+    pub state: TaskState,
+    /// The attempt currently (or last) claimed; 0 before the first claim.
+    pub attempt: u32,
+    pub claimed_by: Option<String>,
+    /// The worker's final report (the `tool_result` of the `Agent` call).
+    pub report: Option<String>,
+    pub error: Option<String>,
+    pub usage: Usage,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// How an attempt ended, as the worker reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum TaskOutcome {
+    Succeeded { report: String },
+    Failed { error: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Coordinator,
+    Worker,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Coordinator => "coordinator",
+            Self::Worker => "worker",
+        }
+    }
+}
+
+impl FromStr for Role {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "coordinator" => Ok(Self::Coordinator),
+            "worker" => Ok(Self::Worker),
+            other => Err(UnknownState(other.to_string())),
+        }
+    }
+}
+
+/// One agent conversation of a job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Session {
+    pub id: SessionId,
+    pub job_id: JobId,
+    pub role: Role,
+    /// The coordinator's name, or the worker spec name.
+    pub label: String,
+    /// For subagents: the task they serve.
+    pub task_id: Option<TaskId>,
+    pub created_at: i64,
+}

@@ -1,0 +1,36 @@
+//! Domain types shared by every flower crate: the job spec, transcript entries
+//! and their content blocks, job events, usage, and the ids that tie them together.
+//!
+//! # Layout
+//! - [`ids`]: job, session and task ids; task ids are derived, not random
+//! - [`spec`]: the job spec (YAML/JSON) and its validation
+//! - [`content`]: message content blocks in the Anthropic Messages shape
+//! - [`entry`]: transcript entries with their structural markers
+//! - [`event`]: job events (rows with a per-job sequence number)
+//! - [`job`]: job, task and session records and their states
+//! - [`usage`]: token usage, including the prompt-cache fields
+//!
+//! This crate does no I/O except reading a spec's own files during validation;
+//! it must never talk to a store, the network or a provider.
+
+pub mod content;
+pub mod entry;
+pub mod event;
+pub mod ids;
+pub mod job;
+pub mod spec;
+pub mod usage;
+
+pub use content::{ContentBlock, ResultBlock};
+pub use entry::{Entry, EntryKind, Markers};
+pub use event::{Event, EventKind};
+pub use ids::{JobId, SessionId, TaskId};
+pub use job::{Job, JobState, Role, Session, Task, TaskOutcome, TaskState};
+pub use spec::{JobSpec, SpecError, WorkerSpec};
+pub use usage::Usage;
+
+/// Milliseconds since the Unix epoch, the one timestamp format stored everywhere.
+pub fn now_ms() -> i64 {
+    let now = time::OffsetDateTime::now_utc();
+    (now.unix_timestamp_nanos() / 1_000_000) as i64
+}

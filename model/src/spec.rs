@@ -1,0 +1,378 @@
+//! The job spec: what a user submits. YAML, or JSON (a JSON document is read
+//! the same way). It mirrors the seed API
+//! `coordinator(name, goal, {workers})` / `worker(description, instructions, tools)`.
+//!
+//! An invalid spec fails before anything runs, with an error naming the field
+//! (`workers.counter.tools[2]: unknown tool `Bsh` …`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+/// Tools a worker may be given.
+pub const WORKER_TOOLS: &[&str] = &["Read", "Write", "Edit", "Bash", "Glob", "Grep"];
+
+/// The model used when a spec names none.
+pub const DEFAULT_MODEL: &str = "claude-sonnet-4-5";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// A short name for humans (listing, progress).
+    pub name: String,
+    /// The prompt given to the coordinator.
+    pub goal: String,
+    /// Which provider answers model calls: `sim` (in-process simulator playing
+    /// `scenario`) or `anthropic` (`base_url`, else `ANTHROPIC_BASE_URL`, else the
+    /// public endpoint; key from `ANTHROPIC_API_KEY`).
+    #[serde(default)]
+    pub provider: ProviderKind,
+    #[serde(default = "default_model")]
+    pub model: String,
+    /// Endpoint for `anthropic` (any Anthropic-compatible server, e.g. `flower sim`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// Scenario file for `sim`, relative to the spec file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<PathBuf>,
+    /// Directory the tasks work on, relative to the spec file (`--workspace` overrides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<PathBuf>,
+    pub coordinator: CoordinatorSpec,
+    pub workers: BTreeMap<String, WorkerSpec>,
+    #[serde(default)]
+    pub runtime: RuntimeOptions,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    #[default]
+    Anthropic,
+    Sim,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinatorSpec {
+    pub name: String,
+    /// Appended to flower's own coordinator prompt, never replacing it.
+    #[serde(default)]
+    pub instructions: String,
+    /// The workers this coordinator may delegate to (default: all of `workers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<Vec<String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSpec {
+    /// Shown to the coordinator: when to delegate to this worker.
+    pub description: String,
+    /// Appended to flower's own worker prompt.
+    #[serde(default)]
+    pub instructions: String,
+    /// Tool names from [`WORKER_TOOLS`].
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// `inherit` (the job's model) or a model name.
+    #[serde(default = "inherit")]
+    pub model: String,
+}
+
+/// Runtime options, each with its default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeOptions {
+    /// Model calls the coordinator may make (default 50).
+    pub max_turns: u32,
+    /// Model calls each worker session may make (default 40).
+    pub worker_max_turns: u32,
+    /// Tasks run at once in embedded mode (default 4).
+    pub concurrency: u32,
+    /// `max_tokens` of each model call (default 8192).
+    pub max_output_tokens: u32,
+    /// Time limit of one `Bash` call unless the call asks for less (default 2m).
+    #[serde(with = "humantime_serde")]
+    pub bash_timeout: Duration,
+    /// Output kept from one `Bash` call, stdout and stderr together (default 256 KiB).
+    pub bash_output_limit: ByteSize,
+    /// Largest workspace snapshot accepted (default 64 MiB).
+    pub workspace_limit: ByteSize,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        Self {
+            max_turns: 50,
+            worker_max_turns: 40,
+            concurrency: 4,
+            max_output_tokens: 8192,
+            bash_timeout: Duration::from_secs(120),
+            bash_output_limit: ByteSize::kib(256),
+            workspace_limit: ByteSize::mib(64),
+        }
+    }
+}
+
+fn default_model() -> String {
+    DEFAULT_MODEL.to_string()
+}
+
+fn inherit() -> String {
+    "inherit".to_string()
+}
+
+/// An invalid spec: which field, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid job spec: {field}: {message}")]
+pub struct SpecError {
+    /// Dotted path of the field (`workers.counter.tools[1]`), or `(document)`.
+    pub field: String,
+    pub message: String,
+}
+
+impl SpecError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { field: field.into(), message: message.into() }
+    }
+}
+
+impl JobSpec {
+    /// Parse and validate a spec. Relative paths stay relative: see [`JobSpec::load`].
+    pub fn parse(text: &str) -> Result<Self, SpecError> {
+        let value: serde_json::Value = if text.trim_start().starts_with('{') {
+            serde_json::from_str(text).map_err(|e| SpecError::new("(document)", format!("not valid JSON: {e}")))?
+        } else {
+            serde_yaml_ng::from_str(text).map_err(|e| SpecError::new("(document)", format!("not valid YAML: {e}")))?
+        };
+        Self::from_value(value)
+    }
+
+    /// Deserialize a JSON value (as stored with a job) and validate it.
+    pub fn from_value(value: serde_json::Value) -> Result<Self, SpecError> {
+        if !value.is_object() {
+            return Err(SpecError::new("(document)", "a job spec is a mapping with `name`, `goal`, `coordinator` and `workers`"));
+        }
+        let spec: JobSpec = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            // serde reports a missing field at its parent; name the field itself.
+            match missing_field(&inner) {
+                Some(name) if path == "." => SpecError::new(name, "missing (required)"),
+                Some(name) => SpecError::new(format!("{path}.{name}"), "missing (required)"),
+                None => SpecError::new(if path == "." { "(document)".into() } else { path }, inner),
+            }
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Read a spec file; relative `scenario`/`workspace` paths are resolved
+    /// against the spec's directory.
+    pub fn load(path: &Path) -> Result<Self, SpecError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| SpecError::new("(document)", format!("cannot read {}: {e}", path.display())))?;
+        let mut spec = Self::parse(&text)?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        if let Some(s) = &spec.scenario {
+            let p = dir.join(s);
+            if !p.is_file() {
+                return Err(SpecError::new("scenario", format!("no such file: {}", p.display())));
+            }
+            spec.scenario = Some(p);
+        }
+        if let Some(w) = &spec.workspace {
+            let p = dir.join(w);
+            if !p.is_dir() {
+                return Err(SpecError::new("workspace", format!("no such directory: {}", p.display())));
+            }
+            spec.workspace = Some(p);
+        }
+        Ok(spec)
+    }
+
+    /// Rules serde cannot express.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        non_empty("name", &self.name)?;
+        non_empty("goal", &self.goal)?;
+        non_empty("model", &self.model)?;
+        non_empty("coordinator.name", &self.coordinator.name)?;
+        if self.workers.is_empty() {
+            return Err(SpecError::new("workers", "at least one worker is required: the coordinator only delegates"));
+        }
+        for (name, w) in &self.workers {
+            let at = format!("workers.{name}");
+            if name.trim().is_empty() || name.chars().any(char::is_whitespace) {
+                return Err(SpecError::new(at, "a worker name is one word without spaces"));
+            }
+            non_empty(&format!("{at}.description"), &w.description)?;
+            non_empty(&format!("{at}.model"), &w.model)?;
+            for (i, tool) in w.tools.iter().enumerate() {
+                if !WORKER_TOOLS.contains(&tool.as_str()) {
+                    return Err(SpecError::new(
+                        format!("{at}.tools[{i}]"),
+                        format!("unknown tool `{tool}` (workers may use: {})", WORKER_TOOLS.join(", ")),
+                    ));
+                }
+            }
+        }
+        if let Some(list) = &self.coordinator.workers {
+            if list.is_empty() {
+                return Err(SpecError::new("coordinator.workers", "empty: the coordinator needs a worker to delegate to"));
+            }
+            for (i, name) in list.iter().enumerate() {
+                if !self.workers.contains_key(name) {
+                    let known: Vec<&str> = self.workers.keys().map(String::as_str).collect();
+                    return Err(SpecError::new(
+                        format!("coordinator.workers[{i}]"),
+                        format!("no worker named `{name}` (defined under `workers`: {})", known.join(", ")),
+                    ));
+                }
+            }
+        }
+        match self.provider {
+            ProviderKind::Sim if self.scenario.is_none() => {
+                return Err(SpecError::new("scenario", "required with provider `sim` (the file the simulator plays)"));
+            }
+            ProviderKind::Sim if self.base_url.is_some() => {
+                return Err(SpecError::new("base_url", "not used with provider `sim` (the simulator runs in-process)"));
+            }
+            ProviderKind::Anthropic if self.scenario.is_some() => {
+                return Err(SpecError::new("scenario", "only used with provider `sim`"));
+            }
+            _ => {}
+        }
+        if let Some(url) = &self.base_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(SpecError::new("base_url", format!("`{url}` is not an http(s) URL")));
+        }
+        let r = &self.runtime;
+        for (field, v) in [
+            ("runtime.max_turns", r.max_turns),
+            ("runtime.worker_max_turns", r.worker_max_turns),
+            ("runtime.concurrency", r.concurrency),
+            ("runtime.max_output_tokens", r.max_output_tokens),
+        ] {
+            if v == 0 {
+                return Err(SpecError::new(field, "must be at least 1"));
+            }
+        }
+        if r.bash_timeout.is_zero() {
+            return Err(SpecError::new("runtime.bash_timeout", "must be longer than 0s"));
+        }
+        Ok(())
+    }
+
+    /// The workers the coordinator may delegate to, by name.
+    pub fn delegable_workers(&self) -> Vec<(&str, &WorkerSpec)> {
+        match &self.coordinator.workers {
+            Some(list) => list.iter().filter_map(|n| self.workers.get_key_value(n)).map(|(k, v)| (k.as_str(), v)).collect(),
+            None => self.workers.iter().map(|(k, v)| (k.as_str(), v)).collect(),
+        }
+    }
+
+    /// The model a worker runs with (`inherit` resolved).
+    pub fn worker_model(&self, worker: &WorkerSpec) -> String {
+        if worker.model == "inherit" { self.model.clone() } else { worker.model.clone() }
+    }
+}
+
+fn non_empty(field: &str, value: &str) -> Result<(), SpecError> {
+    if value.trim().is_empty() { Err(SpecError::new(field, "must not be empty")) } else { Ok(()) }
+}
+
+fn missing_field(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("missing field `")?;
+    Some(rest.split('`').next()?.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    const GOOD: &str = r#"
+name: demo
+goal: find out how big data/ is
+provider: sim
+scenario: scenario.yaml
+coordinator:
+  name: lead
+workers:
+  counter:
+    description: counts files
+    tools: [Bash, Read]
+"#;
+
+    fn err(text: &str) -> SpecError {
+        JobSpec::parse(text).unwrap_err()
+    }
+
+    #[test]
+    fn a_good_spec_parses_with_defaults() {
+        let spec = JobSpec::parse(GOOD).unwrap();
+        assert_eq!(spec.model, DEFAULT_MODEL);
+        assert_eq!(spec.workers["counter"].model, "inherit");
+        assert_eq!(spec.runtime, RuntimeOptions::default());
+        assert_eq!(spec.delegable_workers().len(), 1);
+    }
+
+    #[test]
+    fn json_is_accepted() {
+        let v: serde_json::Value = serde_yaml_ng::from_str(GOOD).unwrap();
+        let spec = JobSpec::parse(&serde_json::to_string(&v).unwrap()).unwrap();
+        assert_eq!(spec, JobSpec::parse(GOOD).unwrap());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = err(&GOOD.replace("goal: find out how big data/ is\n", ""));
+        assert_eq!((e.field.as_str(), e.message.as_str()), ("goal", "missing (required)"));
+
+        let e = err(&GOOD.replace("tools: [Bash, Read]", "tools: Bash"));
+        assert_eq!(e.field, "workers.counter.tools");
+        assert!(e.message.contains("expected a sequence"), "{e}");
+
+        let e = err(&GOOD.replace("tools: [Bash, Read]", "tools: [Bash, Bsh]"));
+        assert_eq!(e.field, "workers.counter.tools[1]");
+
+        let e = err(&GOOD.replace("name: lead", "name: lead\n  workers: [counter, ghost]"));
+        assert_eq!(e.field, "coordinator.workers[1]");
+        assert!(e.message.contains("no worker named `ghost`"), "{e}");
+
+        let e = err(&format!("{GOOD}runtime:\n  max_turns: many\n"));
+        assert_eq!(e.field, "runtime.max_turns");
+
+        let e = err(&format!("{GOOD}runtime:\n  max_turn: 3\n"));
+        assert_eq!(e.field, "runtime.max_turn");
+        assert!(e.message.contains("unknown field `max_turn`"), "{e}");
+
+        let e = err(&GOOD.replace("description: counts files", "description: counts files\n    colour: red"));
+        assert_eq!(e.field, "workers.counter.colour", "{e}");
+
+        let e = err(&GOOD.replace("description: counts files", "description: [counts, files]"));
+        assert_eq!(e.field, "workers.counter.description", "{e}");
+
+        let e = err(&GOOD.replace("scenario: scenario.yaml\n", ""));
+        assert_eq!(e.field, "scenario");
+
+        assert_eq!(err("- a\n- b\n").field, "(document)");
+        assert_eq!(err("name: [").field, "(document)");
+    }
+
+    #[test]
+    fn durations_and_sizes_are_typed() {
+        let spec = JobSpec::parse(&format!("{GOOD}runtime:\n  bash_timeout: 5s\n  bash_output_limit: 1 MiB\n")).unwrap();
+        assert_eq!(spec.runtime.bash_timeout, Duration::from_secs(5));
+        assert_eq!(spec.runtime.bash_output_limit, ByteSize::mib(1));
+        let e = err(&format!("{GOOD}runtime:\n  bash_timeout: 0s\n"));
+        assert_eq!(e.field, "runtime.bash_timeout");
+    }
+}

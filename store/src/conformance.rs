@@ -1,0 +1,193 @@
+//! The one conformance suite every [`Store`] backend and every object store
+//! behind the [`Workbench`] must pass. Backends call it from their own tests
+//! with a fresh, isolated instance (`store/tests/conformance.rs`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use flower_model::{
+    ContentBlock, Entry, EntryKind, EventKind, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome,
+    TaskState, Usage, now_ms,
+};
+use object_store::ObjectStore;
+
+use crate::{Batch, Claim, NewJob, Store, StoreError, Workbench};
+
+/// Run every store check against `store` (which must be empty).
+pub async fn store_suite(store: &dyn Store) {
+    jobs_and_idempotency(store).await;
+    transcripts_are_ordered_per_session(store).await;
+    task_attempts_are_fenced(store).await;
+    events_are_a_gapless_sequence(store).await;
+}
+
+async fn new_job(store: &dyn Store, key: Option<&str>) -> JobId {
+    let (job, created) = store
+        .create_job(NewJob {
+            id: JobId::random(),
+            name: "t".into(),
+            spec: serde_json::json!({"name": "t"}),
+            idempotency_key: key.map(str::to_string),
+        })
+        .await
+        .unwrap();
+    assert!(created);
+    job.id
+}
+
+fn task(job: JobId, session: SessionId, tool_use: &str) -> Task {
+    Task {
+        id: TaskId::derive(job, session, tool_use),
+        job_id: job,
+        parent_session: session,
+        tool_use_id: tool_use.into(),
+        worker: "w".into(),
+        mandate: "do it".into(),
+        description: "d".into(),
+        state: TaskState::Queued,
+        attempt: 0,
+        claimed_by: None,
+        report: None,
+        error: None,
+        usage: Usage::default(),
+        created_at: now_ms(),
+        updated_at: now_ms(),
+    }
+}
+
+async fn jobs_and_idempotency(store: &dyn Store) {
+    let id = new_job(store, Some("key-1")).await;
+    let (again, created) = store
+        .create_job(NewJob { id: JobId::random(), name: "t".into(), spec: serde_json::json!({}), idempotency_key: Some("key-1".into()) })
+        .await
+        .unwrap();
+    assert!(!created, "a repeated idempotency key returns the first job");
+    assert_eq!(again.id, id);
+    assert_eq!(store.get_job(id).await.unwrap().state, JobState::Queued);
+    assert_eq!(store.resolve_job(&id.to_string()[..8]).await.unwrap(), id);
+    assert!(matches!(store.resolve_job("zz").await, Err(StoreError::NotFound(_))));
+    assert!(matches!(store.get_job(JobId::random()).await, Err(StoreError::NotFound(_))));
+
+    store.set_job_state(id, JobState::Running, None, None).await.unwrap();
+    store.set_job_state(id, JobState::Succeeded, None, Some("42".into())).await.unwrap();
+    let job = store.get_job(id).await.unwrap();
+    assert_eq!((job.state, job.final_answer.as_deref()), (JobState::Succeeded, Some("42")));
+    assert!(
+        matches!(store.set_job_state(id, JobState::Running, None, None).await, Err(StoreError::Conflict(_))),
+        "a finished job stays finished"
+    );
+    assert!(store.list_jobs(10).await.unwrap().iter().any(|j| j.id == id));
+}
+
+async fn transcripts_are_ordered_per_session(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let (a, b) = (SessionId::random(), SessionId::random());
+    for (s, role) in [(a, Role::Coordinator), (b, Role::Worker)] {
+        let session = Session { id: s, job_id: job, role, label: "x".into(), task_id: None, created_at: now_ms() };
+        assert_eq!(store.create_session(session.clone()).await.unwrap().events.len(), 1);
+        assert!(store.create_session(session).await.unwrap().events.is_empty(), "registering twice is a no-op");
+    }
+    let mut first = Entry::new(job, a, None, EntryKind::User, vec![ContentBlock::text("goal")]);
+    first.markers.ephemeral = Some(true);
+    let mut second = Entry::new(job, a, Some(first.uuid), EntryKind::ToolResult, vec![ContentBlock::tool_result("t1", "no", true)]);
+    second.markers.denial_kind = Some("delegate_guard".into());
+    second.markers.interrupted = true;
+    let other = Entry::new(job, b, None, EntryKind::User, vec![ContentBlock::text("mandate")]);
+    let usage = Usage { input_tokens: 10, output_tokens: 5, ..Default::default() };
+    let written = store
+        .append(Batch {
+            entries: vec![first.clone(), other.clone(), second.clone()],
+            events: vec![(job, EventKind::ToolCalled { session: a, tool: "Read".into(), tool_use_id: "t1".into() })],
+            usage: Some((job, usage)),
+        })
+        .await
+        .unwrap();
+    assert_eq!(written.entry_seqs, vec![1, 1, 2]);
+    assert_eq!(written.events.len(), 1);
+    let got = store.entries(a, 0, 100).await.unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].uuid, first.uuid);
+    assert_eq!(got[1].parent_uuid, Some(first.uuid));
+    assert_eq!(got[1].markers, second.markers, "markers are stored as written");
+    assert_eq!(got[0].markers.ephemeral, Some(true));
+    assert_eq!(store.entries(a, 1, 100).await.unwrap().len(), 1);
+    assert_eq!(store.entries(b, 0, 100).await.unwrap()[0].uuid, other.uuid);
+    assert_eq!(store.get_job(job).await.unwrap().usage, usage);
+    let sessions = store.sessions(job).await.unwrap();
+    assert_eq!(sessions.iter().map(|s| s.id).collect::<Vec<_>>(), vec![a, b]);
+    assert_eq!(store.get_session(b).await.unwrap().role, Role::Worker);
+}
+
+async fn task_attempts_are_fenced(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let session = SessionId::random();
+    let t = task(job, session, "toolu_a");
+    let (stored, created, written) = store.create_task(t.clone()).await.unwrap();
+    assert!(created);
+    assert_eq!(written.events.len(), 1);
+    assert_eq!(stored.state, TaskState::Queued);
+    let (_, created, _) = store.create_task(t.clone()).await.unwrap();
+    assert!(!created, "the derived id finds the existing task");
+
+    let Claim::Claimed { task: claimed, .. } = store.claim_task(t.id, 1, "w1").await.unwrap() else { panic!("first claim") };
+    assert_eq!((claimed.state, claimed.attempt, claimed.claimed_by.as_deref()), (TaskState::Running, 1, Some("w1")));
+    assert_eq!(store.claim_task(t.id, 1, "w2").await.unwrap(), Claim::Superseded { current_attempt: 1 }, "an attempt is claimed once");
+    assert!(matches!(store.claim_task(t.id, 2, "w2").await.unwrap(), Claim::Claimed { .. }), "a redelivery takes over");
+    let stale = store.finish_task(t.id, 1, TaskOutcome::Succeeded { report: "old".into() }, Usage::default()).await;
+    assert!(matches!(stale, Err(StoreError::Conflict(_))), "a superseded attempt cannot finish");
+    let usage = Usage { input_tokens: 7, ..Default::default() };
+    let (done, _) = store.finish_task(t.id, 2, TaskOutcome::Succeeded { report: "ok".into() }, usage).await.unwrap();
+    assert_eq!((done.state, done.report.as_deref()), (TaskState::Succeeded, Some("ok")));
+    let twice = store.finish_task(t.id, 2, TaskOutcome::Succeeded { report: "again".into() }, usage).await;
+    assert!(matches!(twice, Err(StoreError::Conflict(_))), "a task completes once");
+    assert!(matches!(store.claim_task(t.id, 3, "w3").await.unwrap(), Claim::AlreadyFinished(_)));
+    assert_eq!(store.get_task(t.id).await.unwrap().report.as_deref(), Some("ok"));
+    assert_eq!(store.get_job(job).await.unwrap().usage.input_tokens, 7, "task usage counts for the job");
+
+    let pending = task(job, session, "toolu_b");
+    store.create_task(pending.clone()).await.unwrap();
+    let cancelled = store.cancel_tasks(job, "user cancelled").await.unwrap();
+    assert_eq!(cancelled.events.len(), 1, "only unfinished tasks are cancelled");
+    let p = store.get_task(pending.id).await.unwrap();
+    assert_eq!((p.state, p.error.as_deref()), (TaskState::Cancelled, Some("user cancelled")));
+    assert_eq!(store.tasks(job).await.unwrap().len(), 2);
+}
+
+async fn events_are_a_gapless_sequence(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    store.set_job_state(job, JobState::Running, None, None).await.unwrap();
+    store.create_task(task(job, SessionId::random(), "x")).await.unwrap();
+    let events = store.events(job, 0, 100).await.unwrap();
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    assert!(matches!(events[0].kind, EventKind::JobState { state: JobState::Queued, .. }));
+    assert_eq!(store.events(job, 2, 100).await.unwrap().len(), 1, "reading from a cursor");
+    assert_eq!(store.events(job, 0, 2).await.unwrap().len(), 2, "limit is honoured");
+}
+
+/// Run the workbench checks against an empty object store.
+pub async fn workbench_suite(objects: Arc<dyn ObjectStore>) {
+    let job = JobId::random();
+    let wb = Workbench::new(objects.clone(), job);
+    wb.put("notes/a.md", "decided".as_bytes().to_vec()).await.unwrap();
+    assert_eq!(&wb.get("notes/a.md").await.unwrap()[..], b"decided");
+    assert!(matches!(wb.get("notes/none.md").await, Err(StoreError::NotFound(_))));
+    assert!(wb.put("../escape", Vec::new()).await.is_err(), "paths stay beneath the workbench");
+    assert!(wb.put("/abs", Vec::new()).await.is_err());
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut base = wb.materialize(dir.path()).await.unwrap();
+    assert!(dir.path().join("artifacts").is_dir());
+    assert_eq!(std::fs::read_to_string(dir.path().join("notes/a.md")).unwrap(), "decided");
+    std::fs::write(dir.path().join("artifacts/report.md"), "# r").unwrap();
+    std::fs::remove_file(dir.path().join("notes/a.md")).unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink("/etc/passwd", dir.path().join("artifacts/leak")).unwrap();
+    let report = wb.sync(dir.path(), &mut base).await.unwrap();
+    assert_eq!(report.uploaded, vec!["artifacts/report.md".to_string()], "symlinks are never uploaded");
+    assert_eq!(report.deleted, vec!["notes/a.md".to_string()]);
+    assert_eq!(wb.list().await.unwrap(), vec![("artifacts/report.md".to_string(), 3)]);
+    assert!(wb.sync(dir.path(), &mut base).await.unwrap() == Default::default(), "nothing changed, nothing sent");
+    let other = Workbench::new(objects, JobId::random());
+    assert!(other.list().await.unwrap().is_empty(), "workbenches are per job");
+}

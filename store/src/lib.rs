@@ -1,0 +1,138 @@
+//! Durable state: jobs, tasks, sessions, transcript entries and job events
+//! behind one [`Store`] trait, and the per-job workbench and workspace on object
+//! storage.
+//!
+//! # Layout
+//! - [`Store`] (this file): the boundary trait every backend implements
+//! - [`sqlite`]: the embedded backend (one file under the run directory)
+//! - [`workbench`]: `scripts/`, `artifacts/`, `notes/`, `spill/` of a job on object storage
+//! - [`workspace`]: content-addressed workspace snapshots and task changesets
+//! - [`conformance`]: the one test suite every backend must pass
+//!
+//! Rules every backend keeps: entries are append-only (a stored row is never
+//! rewritten); an event is written in the same transaction as the change it
+//! reports, with the next per-job sequence number; a task attempt is claimed by
+//! compare-and-set, and only the claimed attempt may finish the task. This crate
+//! never notifies anyone: callers publish notices after a write commits.
+
+use async_trait::async_trait;
+use flower_model::{Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, Usage};
+
+pub mod conformance;
+pub mod localfs;
+pub mod sqlite;
+pub mod workbench;
+pub mod workspace;
+
+pub use sqlite::SqliteStore;
+pub use workbench::Workbench;
+
+/// Errors of this crate. None is retryable by blind repetition except
+/// [`StoreError::Backend`], which may be transient (connection loss).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The referenced job, task or session does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// A job id prefix matched several jobs.
+    #[error("`{0}` matches several jobs; give more of the id")]
+    Ambiguous(String),
+    /// The write conflicts with the current state (e.g. a superseded attempt).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The database or object store failed; may be transient.
+    #[error("storage backend: {0}")]
+    Backend(String),
+    /// Stored data could not be decoded (written by an incompatible version).
+    #[error("corrupt stored data: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// What a submit creates.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    pub id: JobId,
+    pub name: String,
+    pub spec: serde_json::Value,
+    pub idempotency_key: Option<String>,
+}
+
+/// Writes that must land together, in one transaction: transcript entries, the
+/// events reporting them, and the usage they add to the job.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub entries: Vec<Entry>,
+    pub events: Vec<(JobId, EventKind)>,
+    pub usage: Option<(JobId, Usage)>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.events.is_empty() && self.usage.is_none()
+    }
+}
+
+/// What a committed write produced: the events written (with their sequence
+/// numbers) and the entries' assigned per-session sequence numbers.
+#[derive(Clone, Debug, Default)]
+pub struct Written {
+    pub events: Vec<Event>,
+    pub entry_seqs: Vec<i64>,
+}
+
+/// The outcome of claiming a task attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Claim {
+    /// This attempt now owns the task.
+    Claimed { task: Task, events: Vec<Event> },
+    /// The task already ended; the delivery should be acked without running.
+    AlreadyFinished(Task),
+    /// A later attempt already holds the task; this delivery is stale.
+    Superseded { current_attempt: u32 },
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    // ---- jobs
+    /// Create a job (state `queued`, with its event). With an idempotency key
+    /// already used, returns the existing job and `false`.
+    async fn create_job(&self, job: NewJob) -> Result<(Job, bool)>;
+    async fn get_job(&self, id: JobId) -> Result<Job>;
+    /// A job by full id or unique id prefix (what humans type).
+    async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId>;
+    /// Newest first.
+    async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>>;
+    /// Move a job to `state`, with its event, in one transaction.
+    async fn set_job_state(&self, id: JobId, state: JobState, reason: Option<String>, final_answer: Option<String>) -> Result<Written>;
+
+    // ---- sessions and transcripts
+    /// Register a session (idempotent), with its event when new.
+    async fn create_session(&self, session: Session) -> Result<Written>;
+    async fn sessions(&self, job: JobId) -> Result<Vec<Session>>;
+    async fn get_session(&self, id: SessionId) -> Result<Session>;
+    /// Commit a batch in one transaction.
+    async fn append(&self, batch: Batch) -> Result<Written>;
+    /// Entries of a session after `after_seq`, in order.
+    async fn entries(&self, session: SessionId, after_seq: i64, limit: u32) -> Result<Vec<Entry>>;
+
+    // ---- tasks
+    /// Insert a task (state `queued`) with its event; an existing task with the
+    /// same (derived) id is returned unchanged with `false`.
+    async fn create_task(&self, task: Task) -> Result<(Task, bool, Written)>;
+    async fn get_task(&self, id: TaskId) -> Result<Task>;
+    async fn tasks(&self, job: JobId) -> Result<Vec<Task>>;
+    /// Claim `attempt` of a task for `worker_id` (compare-and-set): succeeds only
+    /// if the task has not ended and no later attempt holds it.
+    async fn claim_task(&self, id: TaskId, attempt: u32, worker_id: &str) -> Result<Claim>;
+    /// End the task from `attempt`. Rejected with [`StoreError::Conflict`] if that
+    /// attempt no longer holds the task (superseded) or the task already ended.
+    async fn finish_task(&self, id: TaskId, attempt: u32, outcome: TaskOutcome, usage: Usage) -> Result<(Task, Written)>;
+    /// Cancel every task of a job that has not ended.
+    async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written>;
+
+    // ---- events
+    /// Events after `after_seq`, in order.
+    async fn events(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<Event>>;
+}

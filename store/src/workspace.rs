@@ -1,0 +1,177 @@
+//! A job's workspace on object storage: content-addressed blobs
+//! (`blobs/<sha256>`, shared by every job) and a manifest per job
+//! (`jobs/<id>/workspace/manifest.json`, path → blob).
+//!
+//! A task checks out the current manifest into its own working directory; when
+//! it ends, what it changed (outside `.flower/`) becomes a [`Changeset`] the
+//! job's owner applies in completion order. Two tasks that changed the same
+//! file from the same base: the later wins and the conflict is reported.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use flower_model::JobId;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, path::Path as ObjPath};
+use serde::{Deserialize, Serialize};
+
+use crate::localfs::{self, FileRef, Manifest};
+use crate::workbench::{MOUNT, blocking, obj_err};
+use crate::{Result, StoreError};
+
+/// Changes of one task: path → new content, or `None` for a deletion.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Changeset {
+    pub changes: BTreeMap<String, Option<FileRef>>,
+}
+
+impl Changeset {
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+}
+
+#[derive(Clone)]
+pub struct Workspace {
+    store: Arc<dyn ObjectStore>,
+    manifest_key: ObjPath,
+}
+
+fn blob_key(sha: &str) -> ObjPath {
+    ObjPath::from(format!("blobs/{sha}"))
+}
+
+impl Workspace {
+    pub fn new(store: Arc<dyn ObjectStore>, job: JobId) -> Self {
+        Self { manifest_key: ObjPath::from(format!("jobs/{job}/workspace/manifest.json")), store }
+    }
+
+    /// Upload a local directory as the job's workspace; refuses a tree larger
+    /// than `limit` bytes before uploading anything. `.flower/` is never taken.
+    pub async fn upload_dir(&self, dir: &Path, limit: u64) -> Result<Manifest> {
+        let d = dir.to_path_buf();
+        let manifest = blocking(move || localfs::scan(&d, &[MOUNT])).await?;
+        let total: u64 = manifest.values().map(|f| f.size).sum();
+        if total > limit {
+            return Err(StoreError::Conflict(format!(
+                "workspace {} holds {total} bytes, more than the limit of {limit} (runtime.workspace_limit)",
+                dir.display()
+            )));
+        }
+        self.put_blobs(dir, manifest.iter().map(|(p, f)| (p.as_str(), f))).await?;
+        self.save(&manifest).await?;
+        Ok(manifest)
+    }
+
+    async fn put_blobs<'a>(&self, dir: &Path, files: impl Iterator<Item = (&'a str, &'a FileRef)>) -> Result<()> {
+        for (rel, file) in files {
+            let key = blob_key(&file.sha256);
+            if self.store.head(&key).await.is_ok() {
+                continue;
+            }
+            let bytes = tokio::fs::read(dir.join(rel)).await.map_err(|e| StoreError::Backend(e.to_string()))?;
+            self.store.put(&key, PutPayload::from(Bytes::from(bytes))).await.map_err(obj_err)?;
+        }
+        Ok(())
+    }
+
+    /// The current manifest (empty when the job has no workspace).
+    pub async fn load(&self) -> Result<Manifest> {
+        match self.store.get(&self.manifest_key).await {
+            Ok(got) => {
+                let bytes = got.bytes().await.map_err(obj_err)?;
+                serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(Manifest::new()),
+            Err(e) => Err(obj_err(e)),
+        }
+    }
+
+    pub async fn save(&self, manifest: &Manifest) -> Result<()> {
+        let body = serde_json::to_vec(manifest).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.store.put(&self.manifest_key, PutPayload::from(body)).await.map_err(obj_err)?;
+        Ok(())
+    }
+
+    /// Write the files of `manifest` into `dir`.
+    pub async fn checkout(&self, manifest: &Manifest, dir: &Path) -> Result<()> {
+        for (rel, file) in manifest {
+            let bytes = self.store.get(&blob_key(&file.sha256)).await.map_err(obj_err)?.bytes().await.map_err(obj_err)?;
+            let (d, rel) = (dir.to_path_buf(), rel.clone());
+            blocking(move || localfs::write_file(&d, &rel, &bytes)).await?;
+        }
+        Ok(())
+    }
+
+    /// What the task in `dir` changed relative to `base`; new contents are
+    /// uploaded as blobs so the changeset can travel by reference.
+    pub async fn diff(&self, base: &Manifest, dir: &Path) -> Result<Changeset> {
+        let d = dir.to_path_buf();
+        let now = blocking(move || localfs::scan(&d, &[MOUNT])).await?;
+        let mut cs = Changeset::default();
+        for (rel, file) in &now {
+            if base.get(rel) != Some(file) {
+                cs.changes.insert(rel.clone(), Some(file.clone()));
+            }
+        }
+        for rel in base.keys() {
+            if !now.contains_key(rel) {
+                cs.changes.insert(rel.clone(), None);
+            }
+        }
+        self.put_blobs(dir, cs.changes.iter().filter_map(|(p, f)| f.as_ref().map(|f| (p.as_str(), f)))).await?;
+        Ok(cs)
+    }
+}
+
+/// Apply a task's changeset (made from `base`) to the job's `current`
+/// manifest. Returns the paths that conflicted: changed since `base` by an
+/// earlier-finishing task. The later change wins either way.
+pub fn apply(current: &mut Manifest, base: &Manifest, changeset: &Changeset) -> Vec<String> {
+    let mut conflicts = Vec::new();
+    for (rel, change) in &changeset.changes {
+        if current.get(rel) != base.get(rel) && current.get(rel) != change.as_ref() {
+            conflicts.push(rel.clone());
+        }
+        match change {
+            Some(file) => {
+                current.insert(rel.clone(), file.clone());
+            }
+            None => {
+                current.remove(rel);
+            }
+        }
+    }
+    conflicts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(s: &str) -> FileRef {
+        FileRef { sha256: s.into(), size: 1 }
+    }
+
+    #[test]
+    fn later_change_wins_and_conflicts_are_reported() {
+        let base: Manifest = [("a".to_string(), f("1")), ("b".to_string(), f("1"))].into();
+        let mut current = base.clone();
+        let first = Changeset { changes: [("a".to_string(), Some(f("2")))].into() };
+        let second =
+            Changeset { changes: [("a".to_string(), Some(f("3"))), ("b".to_string(), None), ("c".to_string(), Some(f("9")))].into() };
+        assert!(apply(&mut current, &base, &first).is_empty());
+        assert_eq!(apply(&mut current, &base, &second), vec!["a".to_string()]);
+        assert_eq!(current, [("a".to_string(), f("3")), ("c".to_string(), f("9"))].into());
+    }
+
+    #[test]
+    fn the_same_change_twice_is_no_conflict() {
+        let base = Manifest::new();
+        let mut current = Manifest::new();
+        let cs = Changeset { changes: [("x".to_string(), Some(f("7")))].into() };
+        assert!(apply(&mut current, &base, &cs).is_empty());
+        assert!(apply(&mut current, &base, &cs).is_empty());
+    }
+}
