@@ -1,1 +1,26 @@
-//! placeholder
+//! The agent loop shared by the coordinator and workers, and what it stands on:
+//! the LLM provider client, the tool seam, the hooks seam (guards), and the
+//! write path to the transcript store.
+//!
+//! # Layout
+//! - [`provider`]: the `Provider` trait and the Anthropic Messages API client
+//!   (streaming SSE, error classes, retries with backoff and jitter)
+//! - [`session`]: the loop itself (`AgentSession::run`)
+//! - [`history`]: stored entries → request messages
+//! - [`tool`]: the `Tool` trait and a session's `ToolSet`
+//! - [`hooks`]: pre-/post-tool hooks (allow, deny with a marker, rewrite; replace output)
+//! - [`journal`]: commit-then-notify writes, and the per-session transcript writer
+//!
+//! This crate knows no particular tool and no particular role's prompt: the
+//! coordinator and worker crates bring those.
+
+pub mod history;
+pub mod hooks;
+pub mod journal;
+pub mod provider;
+pub mod session;
+pub mod tool;
+
+pub use journal::{Journal, TranscriptWriter};
+pub use session::{AgentError, AgentSession, Outcome, SessionConfig};
+pub use tool::{Tool, ToolContext, ToolError, ToolOutput, ToolSet};

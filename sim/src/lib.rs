@@ -1,1 +1,19 @@
-//! placeholder
+//! The LLM simulator: an Anthropic Messages API server (`POST /v1/messages`,
+//! streaming and not, tool use, usage, error shapes) that plays scripted
+//! scenarios, so the whole system runs with real tools on real data and no
+//! network or key.
+//!
+//! # Layout
+//! - [`scenario`]: the scenario file format (documented there) and its validation
+//! - [`engine`]: request validation, stateless step choice, rendering, faults
+//! - [`server`]: the HTTP shell and the exact event shapes it emits
+//!
+//! The simulator keeps no conversation state: everything it needs is in the
+//! request, which is what lets pruning, resume and handoff work against it.
+
+pub mod engine;
+pub mod scenario;
+pub mod server;
+
+pub use scenario::{Scenario, ScenarioError};
+pub use server::{SimHandle, start};

@@ -142,7 +142,8 @@ async fn task_attempts_are_fenced(store: &dyn Store) {
     assert!(matches!(twice, Err(StoreError::Conflict(_))), "a task completes once");
     assert!(matches!(store.claim_task(t.id, 3, "w3").await.unwrap(), Claim::AlreadyFinished(_)));
     assert_eq!(store.get_task(t.id).await.unwrap().report.as_deref(), Some("ok"));
-    assert_eq!(store.get_job(job).await.unwrap().usage.input_tokens, 7, "task usage counts for the job");
+    assert_eq!(store.get_task(t.id).await.unwrap().usage.input_tokens, 7);
+    assert_eq!(store.get_job(job).await.unwrap().usage.input_tokens, 0, "turn usage is counted per turn, not again per task");
 
     let pending = task(job, session, "toolu_b");
     store.create_task(pending.clone()).await.unwrap();

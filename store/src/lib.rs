@@ -126,7 +126,8 @@ pub trait Store: Send + Sync + 'static {
     /// Claim `attempt` of a task for `worker_id` (compare-and-set): succeeds only
     /// if the task has not ended and no later attempt holds it.
     async fn claim_task(&self, id: TaskId, attempt: u32, worker_id: &str) -> Result<Claim>;
-    /// End the task from `attempt`. Rejected with [`StoreError::Conflict`] if that
+    /// End the task from `attempt`, recording its usage on the task (the job's
+    /// total already counted it turn by turn). Rejected with [`StoreError::Conflict`] if that
     /// attempt no longer holds the task (superseded) or the task already ended.
     async fn finish_task(&self, id: TaskId, attempt: u32, outcome: TaskOutcome, usage: Usage) -> Result<(Task, Written)>;
     /// Cancel every task of a job that has not ended.

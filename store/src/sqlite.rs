@@ -526,7 +526,6 @@ impl Store for SqliteStore {
                     task.attempt
                 )));
             }
-            add_usage(tx, task.job_id, &usage)?;
             let ev = write_event(
                 tx,
                 task.job_id,

@@ -1,0 +1,47 @@
+//! Pre- and post-tool hooks: the guards' seam. A pre-tool hook may allow a
+//! call, deny it with a reason (recording a structural denial marker), or
+//! rewrite its input; a post-tool hook may replace the output. Hooks run the
+//! same way for the coordinator and workers; whether a call comes from the main
+//! thread is structural ([`HookContext::main_thread`]), never guessed from text.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::tool::{ToolContext, ToolOutput};
+
+/// Who is calling.
+#[derive(Clone, Debug)]
+pub struct HookContext {
+    pub tool: ToolContext,
+    /// True for the coordinator's main thread, false for every subagent.
+    pub main_thread: bool,
+}
+
+/// A pre-tool decision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PreDecision {
+    Allow,
+    /// Refuse: the model sees `reason`; the result entry gets `denial_kind = kind`.
+    Deny { kind: String, reason: String },
+    /// Run with this input instead.
+    Rewrite(serde_json::Value),
+}
+
+#[async_trait]
+pub trait PreToolHook: Send + Sync + 'static {
+    async fn before(&self, tool: &str, input: &serde_json::Value, ctx: &HookContext) -> PreDecision;
+}
+
+#[async_trait]
+pub trait PostToolHook: Send + Sync + 'static {
+    /// May replace `output` (e.g. spill a large result).
+    async fn after(&self, tool: &str, input: &serde_json::Value, output: &mut ToolOutput, ctx: &HookContext);
+}
+
+/// The hooks of a session, run in order.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    pub pre: Vec<Arc<dyn PreToolHook>>,
+    pub post: Vec<Arc<dyn PostToolHook>>,
+}

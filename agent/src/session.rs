@@ -1,0 +1,284 @@
+//! The agent loop shared by the coordinator and workers: build a request from
+//! the session's history, call the provider (streaming), run the tool calls
+//! (concurrency-safe ones in parallel), append the results, repeat until a
+//! final answer or the turn limit. Every entry is stored as it happens.
+
+use std::sync::Arc;
+
+use flower_model::{ContentBlock, Entry, EntryKind, EventKind, JobId, Markers, ResultBlock, Role, SessionId, Usage};
+use futures::future::join_all;
+use tokio_util::sync::CancellationToken;
+
+use crate::history::{NEVER_PRODUCED, to_messages, unanswered_calls};
+use crate::hooks::{HookContext, Hooks, PreDecision};
+use crate::journal::{Journal, TranscriptWriter};
+use crate::provider::{Observer, Provider, ProviderError, Request, StreamEvent, SystemBlock};
+use crate::tool::{ToolContext, ToolError, ToolOutput, ToolSet};
+
+/// Who the session is and what bounds it.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    pub job_id: JobId,
+    pub session_id: SessionId,
+    pub role: Role,
+    /// True for the coordinator's main thread.
+    pub main_thread: bool,
+    pub model: String,
+    pub system: Vec<SystemBlock>,
+    pub max_turns: u32,
+    pub max_tokens: u32,
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// The model answered without calling a tool.
+    Answered { text: String, turns: u32, usage: Usage },
+    /// `max_turns` model calls were made without a final answer.
+    TurnLimit { turns: u32, usage: Usage },
+    Cancelled { turns: u32, usage: Usage },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The provider failed for good (fatal, or retries exhausted).
+    #[error("model call failed: {0}")]
+    Provider(#[from] ProviderError),
+    /// The transcript could not be stored: nothing more may happen.
+    #[error("transcript store: {0}")]
+    Store(#[from] flower_store::StoreError),
+    #[error("{0}")]
+    Tool(String),
+}
+
+pub struct AgentSession {
+    config: SessionConfig,
+    provider: Arc<dyn Provider>,
+    tools: Arc<ToolSet>,
+    hooks: Hooks,
+    journal: Journal,
+    cancel: CancellationToken,
+    observer: Option<Observer>,
+}
+
+impl AgentSession {
+    pub fn new(
+        config: SessionConfig,
+        provider: Arc<dyn Provider>,
+        tools: Arc<ToolSet>,
+        hooks: Hooks,
+        journal: Journal,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self { config, provider, tools, hooks, journal, cancel, observer: None }
+    }
+
+    /// Observe stream progress of every model call.
+    pub fn with_observer(mut self, observer: Observer) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// Run from the stored `history` (empty for a new session), first adding
+    /// `input` as a user message when given.
+    pub async fn run(&self, mut history: Vec<Entry>, input: Option<Vec<ContentBlock>>) -> Result<Outcome, AgentError> {
+        let c = &self.config;
+        let mut w = TranscriptWriter::new(self.journal.clone(), history.last().map(|e| e.uuid));
+        // A call left without a result (the process died mid-turn) is answered
+        // with a neutral, marked result before anything else.
+        for (id, name) in unanswered_calls(&history) {
+            let mut e = self.entry(EntryKind::ToolResult, vec![ContentBlock::tool_result(id, NEVER_PRODUCED, true)]);
+            e.tool_name = Some(name);
+            e.markers.interrupted = true;
+            w.push(e.clone());
+            history.push(e);
+        }
+        if let Some(content) = input {
+            let e = self.entry(EntryKind::User, content);
+            w.push(e.clone());
+            history.push(e);
+        }
+        w.flush().await?;
+
+        let mut usage = Usage::default();
+        let mut turns = 0u32;
+        loop {
+            if self.cancel.is_cancelled() {
+                return Ok(Outcome::Cancelled { turns, usage });
+            }
+            if turns >= c.max_turns {
+                return Ok(Outcome::TurnLimit { turns, usage });
+            }
+            turns += 1;
+            let request = Request {
+                model: c.model.clone(),
+                max_tokens: c.max_tokens,
+                system: c.system.clone(),
+                messages: to_messages(&history),
+                tools: self.tools.defs(),
+                stream: true,
+            };
+            let response = tokio::select! {
+                r = self.provider.send(&request, Some(self.retry_observer())) => r?,
+                _ = self.cancel.cancelled() => return Ok(Outcome::Cancelled { turns: turns - 1, usage }),
+            };
+            usage.add(&response.usage);
+            let mut assistant = self.entry(EntryKind::Assistant, response.content.clone());
+            assistant.model = Some(response.model.clone());
+            assistant.stop_reason = response.stop_reason.clone();
+            assistant.usage = Some(response.usage);
+            w.push(assistant.clone());
+            history.push(assistant);
+            w.usage(c.job_id, response.usage);
+            w.event(
+                c.job_id,
+                EventKind::TurnCompleted {
+                    session: c.session_id,
+                    role: c.role.as_str().into(),
+                    turn: turns,
+                    usage: response.usage,
+                    stop_reason: response.stop_reason.clone().unwrap_or_default(),
+                },
+            );
+            let calls: Vec<(String, String, serde_json::Value)> = response
+                .content
+                .iter()
+                .filter_map(|b| match b {
+                    ContentBlock::ToolUse { id, name, input } => Some((id.clone(), name.clone(), input.clone())),
+                    _ => None,
+                })
+                .collect();
+            for (id, name, _) in &calls {
+                w.event(c.job_id, EventKind::ToolCalled { session: c.session_id, tool: name.clone(), tool_use_id: id.clone() });
+            }
+            // The assistant turn is durable before any tool acts on it.
+            w.flush().await?;
+            if calls.is_empty() {
+                let text = response
+                    .content
+                    .iter()
+                    .filter_map(|b| match b {
+                        ContentBlock::Text { text } => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                return Ok(Outcome::Answered { text, turns, usage });
+            }
+            let results = self.run_calls(&calls).await?;
+            for ((id, name, _), out) in calls.iter().zip(results) {
+                let chars = out.content.iter().map(|b| if let ResultBlock::Text { text } = b { text.len() } else { 0 }).sum();
+                let mut e = self.entry(
+                    EntryKind::ToolResult,
+                    vec![ContentBlock::ToolResult { tool_use_id: id.clone(), content: out.content, is_error: out.is_error }],
+                );
+                e.tool_name = Some(name.clone());
+                e.markers = out.markers;
+                w.push(e.clone());
+                history.push(e);
+                w.event(
+                    c.job_id,
+                    EventKind::ToolFinished {
+                        session: c.session_id,
+                        tool: name.clone(),
+                        tool_use_id: id.clone(),
+                        is_error: out.is_error,
+                        chars,
+                    },
+                );
+            }
+            w.flush().await?;
+        }
+    }
+
+    fn entry(&self, kind: EntryKind, content: Vec<ContentBlock>) -> Entry {
+        Entry::new(self.config.job_id, self.config.session_id, None, kind, content)
+    }
+
+    /// Forward stream events to the session's observer, and record retries as events.
+    fn retry_observer(&self) -> Observer {
+        let outer = self.observer.clone();
+        let journal = self.journal.clone();
+        let (job, session) = (self.config.job_id, self.config.session_id);
+        Arc::new(move |ev: StreamEvent| {
+            if let StreamEvent::Retrying { attempt, error, .. } = &ev {
+                let (journal, attempt, error) = (journal.clone(), *attempt, error.clone());
+                tokio::spawn(async move {
+                    let batch = flower_store::Batch {
+                        events: vec![(job, EventKind::ProviderRetry { session, attempt, error })],
+                        ..Default::default()
+                    };
+                    if let Err(e) = journal.commit(batch).await {
+                        tracing::warn!(error = %e, "retry event not stored");
+                    }
+                });
+            }
+            if let Some(o) = &outer {
+                o(ev);
+            }
+        })
+    }
+
+    /// Run a turn's calls: consecutive concurrency-safe calls together, every
+    /// other call alone, results in call order.
+    async fn run_calls(&self, calls: &[(String, String, serde_json::Value)]) -> Result<Vec<ToolOutput>, AgentError> {
+        let mut out = Vec::with_capacity(calls.len());
+        let mut i = 0;
+        while i < calls.len() {
+            let safe = |n: &str| self.tools.get(n).is_some_and(|t| t.concurrency_safe());
+            let mut j = i + 1;
+            if safe(&calls[i].1) {
+                while j < calls.len() && safe(&calls[j].1) {
+                    j += 1;
+                }
+            }
+            let group = join_all(calls[i..j].iter().map(|(id, name, input)| self.run_call(id, name, input))).await;
+            for r in group {
+                out.push(r?);
+            }
+            i = j;
+        }
+        Ok(out)
+    }
+
+    async fn run_call(&self, id: &str, name: &str, input: &serde_json::Value) -> Result<ToolOutput, AgentError> {
+        let c = &self.config;
+        let ctx = ToolContext {
+            job_id: c.job_id,
+            session_id: c.session_id,
+            role: c.role,
+            tool_use_id: id.to_string(),
+            cancel: self.cancel.child_token(),
+        };
+        let Some(tool) = self.tools.get(name) else {
+            let known = self.tools.names().join(", ");
+            return Ok(ToolOutput::error(format!("no tool named `{name}` in this session (available: {known})")));
+        };
+        let hook_ctx = HookContext { tool: ctx.clone(), main_thread: c.main_thread };
+        let mut input = input.clone();
+        for hook in &self.hooks.pre {
+            match hook.before(name, &input, &hook_ctx).await {
+                PreDecision::Allow => {}
+                PreDecision::Rewrite(new) => input = new,
+                PreDecision::Deny { kind, reason } => {
+                    let mut out = ToolOutput::error(reason);
+                    out.markers = Markers { denial_kind: Some(kind), ..Default::default() };
+                    return Ok(out);
+                }
+            }
+        }
+        let mut output = match tool.call(input.clone(), &ctx).await {
+            Ok(o) => o,
+            Err(ToolError::RespondToModel(msg)) => ToolOutput::error(msg),
+            Err(ToolError::Fatal(msg)) => return Err(AgentError::Tool(format!("{name}: {msg}"))),
+        };
+        for hook in &self.hooks.post {
+            hook.after(name, &input, &mut output, &hook_ctx).await;
+        }
+        Ok(output)
+    }
+}

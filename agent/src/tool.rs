@@ -1,0 +1,123 @@
+//! The tool seam: what a tool is, what it returns, and the set a session may use.
+//!
+//! A tool failure is one of two things: [`ToolError::RespondToModel`] (the model
+//! sees it as an error result and the run goes on) or [`ToolError::Fatal`]
+//! (the session cannot continue).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flower_model::{JobId, Markers, ResultBlock, Role, SessionId};
+use tokio_util::sync::CancellationToken;
+
+use crate::provider::ToolDef;
+
+/// What a tool call may know about where it runs.
+#[derive(Clone, Debug)]
+pub struct ToolContext {
+    pub job_id: JobId,
+    pub session_id: SessionId,
+    pub role: Role,
+    pub tool_use_id: String,
+    /// Cancelled when the job is cancelled or the session must stop.
+    pub cancel: CancellationToken,
+}
+
+/// A tool's result, before hooks.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ToolOutput {
+    pub content: Vec<ResultBlock>,
+    pub is_error: bool,
+    /// Markers to store on the result entry (e.g. the `ephemeral` verdict).
+    pub markers: Markers,
+}
+
+impl ToolOutput {
+    pub fn text(text: impl Into<String>) -> Self {
+        Self { content: vec![ResultBlock::Text { text: text.into() }], ..Default::default() }
+    }
+
+    pub fn error(text: impl Into<String>) -> Self {
+        Self { is_error: true, ..Self::text(text) }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// Shown to the model as an error result; the run goes on.
+    #[error("{0}")]
+    RespondToModel(String),
+    /// The session cannot go on (e.g. the store is gone).
+    #[error("fatal tool error: {0}")]
+    Fatal(String),
+}
+
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    fn description(&self) -> String;
+    fn input_schema(&self) -> serde_json::Value;
+    /// True when calls may run at the same time as other calls of the same turn
+    /// (reads, delegations); false for calls that change local state.
+    fn concurrency_safe(&self) -> bool {
+        false
+    }
+    async fn call(&self, input: serde_json::Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>;
+}
+
+/// The tools of one session, by name, in the order they are sent.
+#[derive(Clone, Default)]
+pub struct ToolSet {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    order: Vec<String>,
+}
+
+impl ToolSet {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn add(&mut self, tool: Arc<dyn Tool>) {
+        let name = tool.name().to_string();
+        if self.tools.insert(name.clone(), tool).is_none() {
+            self.order.push(name);
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.order
+    }
+
+    /// Definitions in a stable order (the cached prefix depends on it).
+    pub fn defs(&self) -> Vec<ToolDef> {
+        self.order
+            .iter()
+            .filter_map(|n| self.tools.get(n))
+            .map(|t| ToolDef { name: t.name().to_string(), description: t.description(), input_schema: t.input_schema() })
+            .collect()
+    }
+}
+
+/// Read a required string field of a tool input, or explain what is missing.
+pub fn str_field<'a>(input: &'a serde_json::Value, field: &str) -> Result<&'a str, ToolError> {
+    input
+        .get(field)
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| ToolError::RespondToModel(format!("missing string field `{field}` in the tool input")))
+}
+
+/// Read an optional non-negative integer field.
+pub fn uint_field(input: &serde_json::Value, field: &str) -> Result<Option<u64>, ToolError> {
+    match input.get(field) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| ToolError::RespondToModel(format!("field `{field}` must be a non-negative integer"))),
+    }
+}

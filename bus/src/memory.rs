@@ -1,0 +1,267 @@
+//! The in-process bus of the embedded mode: a work queue with acks, naks and
+//! redelivery, publish dedupe, and a broadcast notice stream.
+//!
+//! A delivery dropped without an ack (its task panicked or was aborted) is
+//! redelivered at once, as JetStream redelivers after the ack wait.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::{Notify, broadcast};
+
+use crate::{BusError, Delivery, Notice, NoticeStream, Notifier, Result, TaskMessage, TaskQueue};
+
+/// How long a dedupe id is remembered (JetStream's default window).
+const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
+
+#[derive(Default)]
+struct QueueState {
+    ready: VecDeque<(TaskMessage, u32)>,
+    seen: HashMap<String, Instant>,
+    closed: bool,
+}
+
+struct Shared {
+    state: Mutex<QueueState>,
+    wake: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // A poisoned lock only means a panic elsewhere mid-update of plain data.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn requeue(&self, msg: TaskMessage, delivered: u32) {
+        self.lock().ready.push_back((msg, delivered));
+        self.wake.notify_one();
+    }
+}
+
+#[derive(Clone)]
+pub struct MemoryBus {
+    shared: Arc<Shared>,
+    notices: broadcast::Sender<Notice>,
+}
+
+impl Default for MemoryBus {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBus {
+    pub fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared { state: Mutex::new(QueueState::default()), wake: Notify::new() }),
+            notices: broadcast::channel(4096).0,
+        }
+    }
+
+    /// Stop handing out deliveries: every waiting `next` returns `Closed`.
+    pub fn close(&self) {
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_waiters();
+    }
+
+    /// Messages waiting to be delivered.
+    pub fn pending(&self) -> usize {
+        self.shared.lock().ready.len()
+    }
+}
+
+#[async_trait]
+impl TaskQueue for MemoryBus {
+    async fn publish(&self, task: TaskMessage) -> Result<bool> {
+        {
+            let mut st = self.shared.lock();
+            if st.closed {
+                return Err(BusError::Closed);
+            }
+            let now = Instant::now();
+            st.seen.retain(|_, at| now.duration_since(*at) < DEDUPE_WINDOW);
+            if st.seen.insert(task.dedupe_id(), now).is_some() {
+                return Ok(false);
+            }
+            st.ready.push_back((task, 0));
+        }
+        self.shared.wake.notify_one();
+        Ok(true)
+    }
+
+    async fn next(&self) -> Result<Box<dyn Delivery>> {
+        loop {
+            let notified = self.shared.wake.notified();
+            {
+                let mut st = self.shared.lock();
+                if st.closed {
+                    return Err(BusError::Closed);
+                }
+                if let Some((msg, delivered)) = st.ready.pop_front() {
+                    if !st.ready.is_empty() {
+                        // Pass the baton: another consumer may be waiting.
+                        self.shared.wake.notify_one();
+                    }
+                    return Ok(Box::new(MemoryDelivery {
+                        shared: self.shared.clone(),
+                        msg,
+                        delivered: delivered + 1,
+                        settled: Mutex::new(false),
+                    }));
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+#[async_trait]
+impl Notifier for MemoryBus {
+    async fn notify(&self, notice: Notice) -> Result<()> {
+        // No subscriber is fine: notices are hints.
+        let _ = self.notices.send(notice);
+        Ok(())
+    }
+
+    fn subscribe(&self) -> NoticeStream {
+        NoticeStream::new(self.notices.subscribe())
+    }
+}
+
+struct MemoryDelivery {
+    shared: Arc<Shared>,
+    msg: TaskMessage,
+    delivered: u32,
+    settled: Mutex<bool>,
+}
+
+impl MemoryDelivery {
+    /// Mark settled; false if it already was (a second ack is a no-op).
+    fn settle(&self) -> bool {
+        let mut s = self.settled.lock().unwrap_or_else(|p| p.into_inner());
+        !std::mem::replace(&mut *s, true)
+    }
+}
+
+#[async_trait]
+impl Delivery for MemoryDelivery {
+    fn message(&self) -> &TaskMessage {
+        &self.msg
+    }
+    fn delivered(&self) -> u32 {
+        self.delivered
+    }
+    async fn ack(&self) -> Result<()> {
+        self.settle();
+        Ok(())
+    }
+    async fn nak(&self, delay: Option<Duration>) -> Result<()> {
+        if self.settle() {
+            let (shared, msg, n) = (self.shared.clone(), self.msg.clone(), self.delivered);
+            match delay {
+                Some(d) if !d.is_zero() => {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(d).await;
+                        shared.requeue(msg, n);
+                    });
+                }
+                _ => shared.requeue(msg, n),
+            }
+        }
+        Ok(())
+    }
+    async fn progress(&self) -> Result<()> {
+        Ok(())
+    }
+    async fn term(&self) -> Result<()> {
+        self.settle();
+        Ok(())
+    }
+}
+
+impl Drop for MemoryDelivery {
+    fn drop(&mut self) {
+        if self.settle() {
+            self.shared.requeue(self.msg.clone(), self.delivered);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flower_model::{JobId, TaskId};
+
+    fn msg() -> TaskMessage {
+        TaskMessage { job_id: JobId::random(), task_id: TaskId::random(), worker: "w".into(), epoch: 1 }
+    }
+
+    #[tokio::test]
+    async fn publish_is_deduplicated() {
+        let bus = MemoryBus::new();
+        let m = msg();
+        assert!(bus.publish(m.clone()).await.unwrap());
+        assert!(!bus.publish(m.clone()).await.unwrap());
+        assert!(bus.publish(TaskMessage { epoch: 2, ..m }).await.unwrap(), "a new epoch is a new dispatch");
+        assert_eq!(bus.pending(), 2);
+    }
+
+    #[tokio::test]
+    async fn nak_and_drop_redeliver_with_a_higher_count_ack_and_term_do_not() {
+        let bus = MemoryBus::new();
+        bus.publish(msg()).await.unwrap();
+        let d = bus.next().await.unwrap();
+        assert_eq!(d.delivered(), 1);
+        d.nak(None).await.unwrap();
+        let d = bus.next().await.unwrap();
+        assert_eq!(d.delivered(), 2);
+        drop(d);
+        let d = bus.next().await.unwrap();
+        assert_eq!(d.delivered(), 3);
+        d.ack().await.unwrap();
+        d.nak(None).await.unwrap();
+        drop(d);
+        assert_eq!(bus.pending(), 0, "an acked delivery is settled for good");
+        bus.publish(msg()).await.unwrap();
+        bus.next().await.unwrap().term().await.unwrap();
+        assert_eq!(bus.pending(), 0);
+    }
+
+    #[tokio::test]
+    async fn competing_consumers_each_get_one_message() {
+        let bus = MemoryBus::new();
+        let (a, b) = (bus.clone(), bus.clone());
+        let ta = tokio::spawn(async move { a.next().await.map(|d| d.message().task_id) });
+        let tb = tokio::spawn(async move { b.next().await.map(|d| d.message().task_id) });
+        let (m1, m2) = (msg(), msg());
+        bus.publish(m1.clone()).await.unwrap();
+        bus.publish(m2.clone()).await.unwrap();
+        let mut got = vec![ta.await.unwrap().unwrap(), tb.await.unwrap().unwrap()];
+        got.sort();
+        let mut want = vec![m1.task_id, m2.task_id];
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test]
+    async fn close_wakes_consumers() {
+        let bus = MemoryBus::new();
+        let b = bus.clone();
+        let waiter = tokio::spawn(async move { b.next().await.err() });
+        tokio::task::yield_now().await;
+        bus.close();
+        assert!(matches!(waiter.await.unwrap(), Some(BusError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn notices_fan_out() {
+        let bus = MemoryBus::new();
+        let (mut s1, mut s2) = (bus.subscribe(), bus.subscribe());
+        let n = Notice::Cancel { job: JobId::random() };
+        bus.notify(n.clone()).await.unwrap();
+        assert_eq!(s1.recv().await, crate::Heard::Notice(n.clone()));
+        assert_eq!(s2.recv().await, crate::Heard::Notice(n));
+    }
+}

@@ -1,0 +1,450 @@
+//! Deciding a reply: validate the request as the API would, pick the role and
+//! the step from what the request shows, render the step. Pure apart from the
+//! fault counters, so the server stays a thin shell around it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::scenario::{Scenario, Step, ToolCall};
+
+/// What to answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    Message(Planned),
+    /// An API error: HTTP status, error type, message.
+    Error { status: u16, kind: String, message: String },
+}
+
+/// A planned assistant message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Planned {
+    pub id: String,
+    pub model: String,
+    /// Content blocks in the Messages API shape.
+    pub content: Vec<Value>,
+    pub stop_reason: &'static str,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Cut the stream before `message_stop`.
+    pub drop_stream: bool,
+}
+
+/// The text answered to a request no scripted role matches.
+pub const DEFAULT_TEXT: &str = "Hello from flower sim. No scripted role matched this request, so this is the default reply.";
+const TEMPLATE_CAP: usize = 4000;
+
+pub struct Engine {
+    scenario: Scenario,
+    /// Faults already served, per (request fingerprint, kind).
+    served: Mutex<HashMap<(String, &'static str), u32>>,
+}
+
+fn invalid(message: impl Into<String>) -> Reply {
+    Reply::Error { status: 400, kind: "invalid_request_error".into(), message: message.into() }
+}
+
+/// Rough token count: the simulator has no tokenizer; 4 characters a token.
+pub fn estimate_tokens(chars: usize) -> u64 {
+    chars.div_ceil(4) as u64
+}
+
+fn nonce() -> String {
+    let n: u64 = rand::random();
+    format!("{n:016x}")
+}
+
+impl Engine {
+    pub fn new(scenario: Scenario) -> Self {
+        Self { scenario, served: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn scenario(&self) -> &Scenario {
+        &self.scenario
+    }
+
+    pub fn reply(&self, body: &Value) -> Reply {
+        if let Err(e) = validate(body) {
+            return e;
+        }
+        let model = body["model"].as_str().unwrap_or_default().to_string();
+        let model = self.scenario.model.clone().unwrap_or(model);
+        let messages = body["messages"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let input_tokens = estimate_tokens(body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len());
+        let system = system_text(&body["system"]);
+        let first_user = messages.first().map(|m| content_text(&m["content"])).unwrap_or_default();
+
+        let Some(role_idx) = self.scenario.role_for(&system, &first_user) else {
+            return Reply::Message(planned(model, vec![json!({"type": "text", "text": DEFAULT_TEXT})], input_tokens, false));
+        };
+        let role = &self.scenario.roles[role_idx];
+        let seen = highest_step(messages);
+        let next = seen.map_or(0, |s| s + 1);
+        let Some(step) = role.steps.get(next) else {
+            return Reply::Message(planned(model, vec![json!({"type": "text", "text": "(scenario complete)"})], input_tokens, false));
+        };
+        let fingerprint = hex::encode(Sha256::digest(body.to_string().as_bytes()));
+        if let Some(f) = &step.fail
+            && self.take_fault(&fingerprint, "fail", f.times)
+        {
+            return Reply::Error { status: f.status, kind: f.kind.clone(), message: f.message.clone() };
+        }
+        let drop = step.drop_stream.as_ref().is_some_and(|d| self.take_fault(&fingerprint, "drop", d.times));
+        let (text, calls) = choose(step, messages);
+        let results = ResultIndex::new(messages);
+        let mut content = Vec::new();
+        if let Some(t) = text {
+            content.push(json!({"type": "text", "text": results.render(t, &role.steps)}));
+        }
+        for (k, call) in calls.iter().enumerate() {
+            content.push(json!({
+                "type": "tool_use",
+                "id": format!("toolu_s{next:03}_{k}_{}", nonce()),
+                "name": call.name,
+                "input": render_value(&call.input, &results, &role.steps),
+            }));
+        }
+        if content.is_empty() {
+            content.push(json!({"type": "text", "text": ""}));
+        }
+        Reply::Message(planned(model, content, input_tokens, drop))
+    }
+
+    /// Serve a fault if this fingerprint has had fewer than `times` of it.
+    fn take_fault(&self, fingerprint: &str, kind: &'static str, times: u32) -> bool {
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        let n = served.entry((fingerprint.to_string(), kind)).or_insert(0);
+        if *n < times {
+            *n += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+fn planned(model: String, content: Vec<Value>, input_tokens: u64, drop_stream: bool) -> Planned {
+    let chars: usize = content.iter().map(|b| b.to_string().len()).sum();
+    let has_tools = content.iter().any(|b| b["type"] == "tool_use");
+    Planned {
+        id: format!("msg_sim_{}", nonce()),
+        model,
+        content,
+        stop_reason: if has_tools { "tool_use" } else { "end_turn" },
+        input_tokens,
+        output_tokens: estimate_tokens(chars).max(1),
+        drop_stream,
+    }
+}
+
+/// The step chosen by its branches, given the last tool result.
+fn choose<'a>(step: &'a Step, messages: &[Value]) -> (Option<&'a String>, &'a [ToolCall]) {
+    if let Some((text, is_error)) = last_tool_result(messages) {
+        for b in &step.branches {
+            if b.when.matches(&text, is_error) {
+                return (b.text.as_ref(), &b.tool_calls);
+            }
+        }
+    }
+    (step.text.as_ref(), &step.tool_calls)
+}
+
+/// The step index encoded in a tool_use id written by the simulator.
+pub fn step_of(tool_use_id: &str) -> Option<usize> {
+    let rest = tool_use_id.strip_prefix("toolu_s")?;
+    rest.split('_').next()?.parse().ok()
+}
+
+fn highest_step(messages: &[Value]) -> Option<usize> {
+    messages
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["type"] == "tool_use")
+        .filter_map(|b| b["id"].as_str().and_then(step_of))
+        .max()
+}
+
+fn system_text(system: &Value) -> String {
+    match system {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Text of a content value (string or blocks), tool results included.
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .map(|b| match b["type"].as_str() {
+                Some("text") => b["text"].as_str().unwrap_or_default().to_string(),
+                Some("tool_result") => content_text(&b["content"]),
+                _ => String::new(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+fn last_tool_result(messages: &[Value]) -> Option<(String, bool)> {
+    let last = messages.last()?;
+    let blocks = last["content"].as_array()?;
+    let r = blocks.iter().rev().find(|b| b["type"] == "tool_result")?;
+    Some((content_text(&r["content"]), r["is_error"].as_bool().unwrap_or(false)))
+}
+
+/// Tool results of the request by the step that made the call.
+struct ResultIndex {
+    last: String,
+    by_step: HashMap<usize, Vec<String>>,
+}
+
+impl ResultIndex {
+    fn new(messages: &[Value]) -> Self {
+        let mut by_step: HashMap<usize, Vec<String>> = HashMap::new();
+        for m in messages.iter().filter(|m| m["role"] == "user") {
+            for b in m["content"].as_array().map(Vec::as_slice).unwrap_or_default() {
+                if b["type"] == "tool_result"
+                    && let Some(step) = b["tool_use_id"].as_str().and_then(step_of)
+                {
+                    by_step.entry(step).or_default().push(content_text(&b["content"]));
+                }
+            }
+        }
+        let last = last_tool_result(messages).map(|(t, _)| t).unwrap_or_default();
+        Self { last, by_step }
+    }
+
+    fn render(&self, template: &str, steps: &[Step]) -> String {
+        let mut out = template.replace("{{last_result}}", &cap(&self.last));
+        while let Some(start) = out.find("{{result:") {
+            let Some(len) = out[start..].find("}}") else { break };
+            let id = &out[start + 9..start + len];
+            let text = steps
+                .iter()
+                .position(|s| s.id == id)
+                .and_then(|i| self.by_step.get(&i))
+                .map(|v| cap(&v.join("\n\n")))
+                .unwrap_or_else(|| format!("(no result of step {id})"));
+            out.replace_range(start..start + len + 2, &text);
+        }
+        out
+    }
+}
+
+fn cap(s: &str) -> String {
+    let s = s.trim();
+    if s.len() <= TEMPLATE_CAP {
+        return s.to_string();
+    }
+    let mut end = TEMPLATE_CAP;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+fn render_value(v: &Value, results: &ResultIndex, steps: &[Step]) -> Value {
+    match v {
+        Value::String(s) => Value::String(results.render(s, steps)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| render_value(x, results, steps)).collect()),
+        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), render_value(x, results, steps))).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The request checks the real API makes that a harness most easily gets wrong.
+fn validate(body: &Value) -> Result<(), Reply> {
+    if !body["model"].is_string() {
+        return Err(invalid("model: Field required"));
+    }
+    if !body["max_tokens"].is_u64() {
+        return Err(invalid("max_tokens: Field required"));
+    }
+    let Some(messages) = body["messages"].as_array() else { return Err(invalid("messages: Field required")) };
+    if messages.is_empty() {
+        return Err(invalid("messages: at least one message is required"));
+    }
+    if let Some(tools) = body["tools"].as_array() {
+        for (i, t) in tools.iter().enumerate() {
+            let name = t["name"].as_str().unwrap_or_default();
+            let ok = !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !ok {
+                return Err(invalid(format!("tools.{i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'")));
+            }
+        }
+    }
+    let cache_marks = body.to_string().matches("\"cache_control\"").count();
+    if cache_marks > 4 {
+        return Err(invalid(format!("A maximum of 4 blocks with cache_control may be provided. Found {cache_marks}.")));
+    }
+    let mut prev_role = "";
+    for (i, m) in messages.iter().enumerate() {
+        let role = m["role"].as_str().unwrap_or_default();
+        if role != "user" && role != "assistant" {
+            return Err(invalid(format!("messages.{i}.role: Input should be 'user' or 'assistant'")));
+        }
+        if i == 0 && role != "user" {
+            return Err(invalid("messages.0.role: the first message must use the \"user\" role"));
+        }
+        if role == prev_role {
+            return Err(invalid(format!("messages.{i}: roles must alternate between \"user\" and \"assistant\"")));
+        }
+        prev_role = role;
+        if role != "assistant" {
+            continue;
+        }
+        let ids: Vec<&str> = m["content"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter(|b| b["type"] == "tool_use")
+            .filter_map(|b| b["id"].as_str())
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let next = messages.get(i + 1).and_then(|n| n["content"].as_array()).map(Vec::as_slice).unwrap_or_default();
+        let leading: Vec<&str> = next
+            .iter()
+            .take_while(|b| b["type"] == "tool_result")
+            .filter_map(|b| b["tool_use_id"].as_str())
+            .collect();
+        let missing: Vec<&str> = ids.iter().copied().filter(|id| !leading.contains(id)).collect();
+        if !missing.is_empty() && i + 1 < messages.len() {
+            return Err(invalid(format!(
+                "messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: {}. Each `tool_use` block must have a corresponding `tool_result` block in the next message.",
+                missing.join(", ")
+            )));
+        }
+        if i + 1 == messages.len() {
+            return Err(invalid("the final message must be a user message; an assistant prefill cannot end in tool_use"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    const SCRIPT: &str = r#"
+roles:
+  - name: lead
+    match: {system: coordinator}
+    steps:
+      - id: look
+        text: looking
+        tool_calls:
+          - {name: Read, input: {file_path: a.txt}}
+          - {name: Read, input: {file_path: b.txt}}
+      - id: react
+        text: plain
+        branches:
+          - when: {error: true}
+            text: "it failed: {{last_result}}"
+      - id: last
+        text: "a={{result:look}}"
+"#;
+
+    fn engine() -> Engine {
+        Engine::new(Scenario::parse(SCRIPT).unwrap())
+    }
+
+    fn req(messages: Value) -> Value {
+        json!({"model": "m", "max_tokens": 100, "system": "you are the coordinator", "messages": messages})
+    }
+
+    fn msg(r: Reply) -> Planned {
+        match r {
+            Reply::Message(p) => p,
+            Reply::Error { message, .. } => panic!("error: {message}"),
+        }
+    }
+
+    #[test]
+    fn steps_follow_the_highest_step_id_the_request_shows() {
+        let e = engine();
+        let first = msg(e.reply(&req(json!([{"role": "user", "content": "go"}]))));
+        assert_eq!(first.stop_reason, "tool_use");
+        let ids: Vec<String> = first.content.iter().filter_map(|b| b["id"].as_str().map(str::to_string)).collect();
+        assert_eq!(ids.len(), 2);
+        assert!(ids.iter().all(|i| step_of(i) == Some(0)));
+
+        let results = json!([
+            {"type": "tool_result", "tool_use_id": ids[0], "content": "AAA"},
+            {"type": "tool_result", "tool_use_id": ids[1], "content": [{"type": "text", "text": "BBB"}], "is_error": true},
+        ]);
+        let history = json!([
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": results},
+        ]);
+        let second = msg(e.reply(&req(history.clone())));
+        assert_eq!(second.content, vec![json!({"type": "text", "text": "it failed: BBB"})], "branch on the last result");
+        assert_eq!(second.stop_reason, "end_turn");
+
+        // The same request again gives the same step: choice is stateless.
+        assert_eq!(msg(e.reply(&req(history))).content, second.content);
+    }
+
+    #[test]
+    fn templates_see_results_of_a_named_step() {
+        let e = engine();
+        let tu = |id: &str| json!({"type": "tool_use", "id": id, "name": "Read", "input": {}});
+        let history = json!([
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [tu("toolu_s000_0_x"), tu("toolu_s000_1_y")]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_s000_0_x", "content": "one"},
+                {"type": "tool_result", "tool_use_id": "toolu_s000_1_y", "content": "two"}]},
+            {"role": "assistant", "content": [tu("toolu_s001_0_z")]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s001_0_z", "content": "x"}]},
+        ]);
+        let p = msg(e.reply(&req(history)));
+        assert_eq!(p.content, vec![json!({"type": "text", "text": "a=one\n\ntwo"})]);
+    }
+
+    #[test]
+    fn unmatched_requests_get_the_default_reply() {
+        let p = msg(engine().reply(&json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})));
+        assert_eq!(p.content, vec![json!({"type": "text", "text": DEFAULT_TEXT})]);
+        assert!(p.input_tokens > 0 && p.output_tokens > 0);
+    }
+
+    #[test]
+    fn malformed_histories_get_the_api_error() {
+        let e = engine();
+        let r = e.reply(&req(json!([
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "text", "text": "no result"}]},
+        ])));
+        let Reply::Error { status, kind, message } = r else { panic!() };
+        assert_eq!((status, kind.as_str()), (400, "invalid_request_error"));
+        assert!(message.contains("`tool_use` ids were found without `tool_result` blocks immediately after: toolu_1"), "{message}");
+        assert!(matches!(e.reply(&json!({"model": "m", "messages": []})), Reply::Error { status: 400, .. }));
+        assert!(matches!(e.reply(&req(json!([{"role": "assistant", "content": "x"}]))), Reply::Error { status: 400, .. }));
+    }
+
+    #[test]
+    fn faults_fail_k_times_per_fingerprint() {
+        let e = Engine::new(
+            Scenario::parse("roles:\n  - name: r\n    steps:\n      - id: a\n        text: ok\n        fail: {times: 2}\n").unwrap(),
+        );
+        let r = req(json!([{"role": "user", "content": "x"}]));
+        assert!(matches!(e.reply(&r), Reply::Error { status: 529, .. }));
+        assert!(matches!(e.reply(&r), Reply::Error { status: 529, .. }));
+        assert!(matches!(e.reply(&r), Reply::Message(_)));
+        let other = req(json!([{"role": "user", "content": "y"}]));
+        assert!(matches!(e.reply(&other), Reply::Error { .. }), "counted per request fingerprint");
+    }
+}

@@ -1,0 +1,249 @@
+//! The HTTP shell: `POST /v1/messages`, streaming and not.
+//!
+//! Shapes emitted, exactly as the Anthropic Messages API does:
+//!
+//! Non-streaming (`200`, `application/json`):
+//! `{"id":"msg_…","type":"message","role":"assistant","model":…,"content":[…],
+//!   "stop_reason":"end_turn"|"tool_use","stop_sequence":null,"usage":{…}}`
+//!
+//! Streaming (`text/event-stream`), each frame `event: <type>\ndata: <json>\n\n`:
+//! 1. `message_start` `{"type":"message_start","message":{…, "content":[], "stop_reason":null, "usage":{input…, "output_tokens":1}}}`
+//! 2. `ping` `{"type":"ping"}`
+//! 3. per block *i*: `content_block_start` `{"type":"content_block_start","index":i,"content_block":{"type":"text","text":""}}`
+//!    (or `{"type":"tool_use","id":…,"name":…,"input":{}}`), then `content_block_delta`s
+//!    (`{"type":"text_delta","text":…}` / `{"type":"input_json_delta","partial_json":…}`),
+//!    then `content_block_stop` `{"type":"content_block_stop","index":i}`
+//! 4. `message_delta` `{"type":"message_delta","delta":{"stop_reason":…,"stop_sequence":null},"usage":{…,"output_tokens":N}}` (cumulative counts)
+//! 5. `message_stop` `{"type":"message_stop"}`
+//!
+//! Errors: HTTP status with `{"type":"error","error":{"type":…,"message":…}}`
+//! (400 `invalid_request_error`, 429 `rate_limit_error`, 529 `overloaded_error`, …);
+//! inside a stream, `event: error` with the same body.
+//!
+//! Usage always carries `input_tokens`, `output_tokens`,
+//! `cache_creation_input_tokens`, `cache_read_input_tokens` and the
+//! `cache_creation` per-TTL split.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::{Engine, Planned, Reply};
+use crate::scenario::{Latency, Scenario};
+
+/// A running simulator.
+pub struct SimHandle {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SimHandle {
+    /// `http://ADDR`, what a client's base URL should be.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stop accepting and wait for the server task.
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// Start a simulator on `addr` (`127.0.0.1:0` for an ephemeral port).
+pub async fn start(scenario: Scenario, addr: SocketAddr) -> std::io::Result<SimHandle> {
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let (tx, rx) = oneshot::channel::<()>();
+    let app = router(Arc::new(Engine::new(scenario)));
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, app).with_graceful_shutdown(async {
+            let _ = rx.await;
+        });
+        if let Err(e) = served.await {
+            tracing::error!(error = %e, "simulator stopped");
+        }
+    });
+    Ok(SimHandle { addr, stop: Some(tx), task })
+}
+
+pub fn router(engine: Arc<Engine>) -> Router {
+    Router::new()
+        .route("/v1/messages", post(messages))
+        .route("/", get(|| async { "flower sim: POST /v1/messages\n" }))
+        .with_state(engine)
+}
+
+fn error_body(kind: &str, message: &str) -> Value {
+    json!({"type": "error", "error": {"type": kind, "message": message}})
+}
+
+fn error_response(status: u16, kind: &str, message: &str) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (code, axum::Json(error_body(kind, message))).into_response();
+    if status == 429 || status == 529 {
+        resp.headers_mut().insert("retry-after", header::HeaderValue::from_static("0"));
+    }
+    resp
+}
+
+fn usage(p: &Planned, output_tokens: u64) -> Value {
+    json!({
+        "input_tokens": p.input_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+        "output_tokens": output_tokens,
+    })
+}
+
+async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> Response {
+    if !headers.contains_key("anthropic-version") {
+        return error_response(400, "invalid_request_error", "anthropic-version: header is required");
+    }
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error_response(400, "invalid_request_error", &format!("There was an error parsing the body: {e}")),
+    };
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let latency = engine.scenario().latency;
+    let planned = match engine.reply(&body) {
+        Reply::Error { status, kind, message } => {
+            sleep_ms(latency.ttft_ms).await;
+            return error_response(status, &kind, &message);
+        }
+        Reply::Message(p) => p,
+    };
+    if !stream {
+        sleep_ms(latency.ttft_ms).await;
+        let body = json!({
+            "id": planned.id,
+            "type": "message",
+            "role": "assistant",
+            "model": planned.model,
+            "content": planned.content,
+            "stop_reason": planned.stop_reason,
+            "stop_sequence": null,
+            "usage": usage(&planned, planned.output_tokens),
+        });
+        return axum::Json(body).into_response();
+    }
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    tokio::spawn(stream_message(planned, latency, tx));
+    let body = Body::from_stream(tokio_stream_from(rx));
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .unwrap_or_else(|_| error_response(500, "api_error", "could not build the response"))
+}
+
+fn tokio_stream_from(
+    mut rx: mpsc::Receiver<Result<Bytes, std::io::Error>>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+async fn sleep_ms(ms: u64) {
+    if ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
+fn frame(event: &str, data: &Value) -> Bytes {
+    Bytes::from(format!("event: {event}\ndata: {data}\n\n"))
+}
+
+/// Split into pieces of about `n` bytes on char boundaries.
+fn chunks(s: &str, n: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < s.len() {
+        let mut end = (start + n).min(s.len());
+        while !s.is_char_boundary(end) {
+            end += 1;
+        }
+        out.push(&s[start..end]);
+        start = end;
+    }
+    out
+}
+
+async fn stream_message(p: Planned, latency: Latency, tx: mpsc::Sender<Result<Bytes, std::io::Error>>) -> Result<(), Infallible> {
+    sleep_ms(latency.ttft_ms).await;
+    let send = |b: Bytes| {
+        let tx = tx.clone();
+        async move { tx.send(Ok(b)).await.is_ok() }
+    };
+    let pace = |piece: &str| {
+        let tokens = piece.len().div_ceil(4) as u64;
+        if latency.tokens_per_sec == 0 { 0 } else { tokens * 1000 / latency.tokens_per_sec }
+    };
+    let start = json!({"type": "message_start", "message": {
+        "id": p.id, "type": "message", "role": "assistant", "model": p.model, "content": [],
+        "stop_reason": null, "stop_sequence": null, "usage": usage(&p, 1),
+    }});
+    if !send(frame("message_start", &start)).await || !send(frame("ping", &json!({"type": "ping"}))).await {
+        return Ok(());
+    }
+    for (i, block) in p.content.iter().enumerate() {
+        let (start_block, pieces, delta_kind, field) = match block["type"].as_str() {
+            Some("tool_use") => (
+                json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}),
+                block["input"].to_string(),
+                "input_json_delta",
+                "partial_json",
+            ),
+            _ => (json!({"type": "text", "text": ""}), block["text"].as_str().unwrap_or_default().to_string(), "text_delta", "text"),
+        };
+        if !send(frame("content_block_start", &json!({"type": "content_block_start", "index": i, "content_block": start_block}))).await {
+            return Ok(());
+        }
+        for piece in chunks(&pieces, 48) {
+            sleep_ms(pace(piece)).await;
+            let delta = json!({"type": "content_block_delta", "index": i, "delta": {"type": delta_kind, field: piece}});
+            if !send(frame("content_block_delta", &delta)).await {
+                return Ok(());
+            }
+            if p.drop_stream {
+                // Cut the connection mid-stream: the body ends in an error, not a clean close.
+                let _ = tx.send(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "simulated drop"))).await;
+                return Ok(());
+            }
+        }
+        if !send(frame("content_block_stop", &json!({"type": "content_block_stop", "index": i}))).await {
+            return Ok(());
+        }
+    }
+    let delta = json!({
+        "type": "message_delta",
+        "delta": {"stop_reason": p.stop_reason, "stop_sequence": null},
+        "usage": usage(&p, p.output_tokens),
+    });
+    if send(frame("message_delta", &delta)).await {
+        send(frame("message_stop", &json!({"type": "message_stop"}))).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! The simulator's HTTP responses, read raw: event order and field shapes of
+//! the Anthropic Messages API.
+
+use serde_json::{Value, json};
+
+async fn post(base: &str, body: Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{base}/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .header("content-type", "application/json")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn body(stream: bool) -> Value {
+    json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "stream": stream, "system": "you are tooler",
+           "messages": [{"role": "user", "content": "hi"}]})
+}
+
+async fn sim() -> flower_sim::SimHandle {
+    let s = flower_sim::Scenario::parse(
+        "roles:\n  - name: t\n    match: {system: tooler}\n    steps:\n      - id: a\n        text: hello\n        tool_calls: [{name: Read, input: {file_path: x}}]\n",
+    )
+    .unwrap();
+    flower_sim::start(s, "127.0.0.1:0".parse().unwrap()).await.unwrap()
+}
+
+#[tokio::test]
+async fn streaming_events_follow_the_messages_api() {
+    let sim = sim().await;
+    let resp = post(&sim.base_url(), body(true)).await;
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let text = resp.text().await.unwrap();
+    let frames: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter(|f| !f.trim().is_empty())
+        .map(|f| {
+            let mut lines = f.lines();
+            let event = lines.next().unwrap().strip_prefix("event: ").unwrap().to_string();
+            let data: Value = serde_json::from_str(lines.next().unwrap().strip_prefix("data: ").unwrap()).unwrap();
+            assert_eq!(data["type"], event.as_str(), "data.type repeats the event name");
+            (event, data)
+        })
+        .collect();
+    let names: Vec<&str> = frames.iter().map(|(e, _)| e.as_str()).collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(names.last(), Some(&"message_stop"));
+    assert_eq!(names[names.len() - 2], "message_delta");
+    let start = &frames[0].1["message"];
+    assert_eq!(start["content"], json!([]));
+    assert_eq!(start["role"], "assistant");
+    assert!(start["stop_reason"].is_null());
+    for field in ["input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"] {
+        assert!(start["usage"][field].is_u64(), "usage.{field}");
+    }
+    assert!(start["usage"]["cache_creation"]["ephemeral_5m_input_tokens"].is_u64());
+    let block_starts: Vec<&Value> = frames.iter().filter(|(e, _)| e == "content_block_start").map(|(_, d)| d).collect();
+    assert_eq!(block_starts[0]["content_block"], json!({"type": "text", "text": ""}));
+    assert_eq!(block_starts[1]["index"], 1);
+    assert_eq!(block_starts[1]["content_block"]["type"], "tool_use");
+    assert_eq!(block_starts[1]["content_block"]["input"], json!({}));
+    let partial: String = frames
+        .iter()
+        .filter(|(e, d)| e == "content_block_delta" && d["delta"]["type"] == "input_json_delta")
+        .map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(serde_json::from_str::<Value>(&partial).unwrap(), json!({"file_path": "x"}));
+    let delta = &frames[frames.len() - 2].1;
+    assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    assert!(delta["usage"]["output_tokens"].as_u64().unwrap() > 1);
+    assert_eq!(frames.iter().filter(|(e, _)| e == "content_block_stop").count(), 2);
+}
+
+#[tokio::test]
+async fn non_streaming_and_error_bodies() {
+    let sim = sim().await;
+    let resp = post(&sim.base_url(), body(false)).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["stop_reason"], "tool_use");
+    assert!(v["stop_sequence"].is_null());
+    assert_eq!(v["content"][1]["input"], json!({"file_path": "x"}));
+
+    let resp = post(&sim.base_url(), json!({"model": "m", "max_tokens": 1, "messages": []})).await;
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(v["error"]["message"].is_string());
+
+    let no_version = reqwest::Client::new().post(format!("{}/v1/messages", sim.base_url())).json(&body(false)).send().await.unwrap();
+    assert_eq!(no_version.status(), 400);
+}
