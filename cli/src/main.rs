@@ -1,1 +1,80 @@
-fn main() {}
+//! `flower`: the one binary. Runs jobs in one process (embedded mode), the
+//! bundled demo, the LLM simulator, and reads transcripts.
+//!
+//! # Layout
+//! - `cmd/run.rs`: `flower run` and `flower demo`, with live progress
+//! - `cmd/sim.rs`: `flower sim`
+//! - `cmd/transcript.rs`: `flower transcript show`
+//! - `cmd/status.rs`: `flower status`
+//! - `home.rs`: where the embedded mode keeps its state
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+mod home;
+
+/// flower: a runtime for long-horizon LLM agent jobs. A coordinator agent
+/// delegates to worker agents; their long outputs go to a workbench, not into
+/// the coordinator's context.
+#[derive(Parser)]
+#[command(name = "flower", version, about, long_about = None)]
+struct Cli {
+    /// Where the embedded mode keeps its database, objects and task folders
+    /// [default: $XDG_DATA_HOME/flower or ~/.local/share/flower]
+    #[arg(long, global = true, env = "FLOWER_HOME")]
+    home: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a job in this process (embedded mode: SQLite + local files)
+    Run(cmd::run::RunArgs),
+    /// Run the bundled demo job against an in-process simulator (no key, no network)
+    Demo(cmd::run::DemoArgs),
+    /// Serve the Anthropic-compatible LLM simulator, playing a scenario
+    Sim(cmd::sim::SimArgs),
+    /// Read transcripts
+    #[command(subcommand)]
+    Transcript(cmd::transcript::TranscriptCommand),
+    /// Show jobs: one in detail, or the most recent ones
+    Status(cmd::status::StatusArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let home = home::resolve(cli.home);
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => cmd::run::run(home, args).await,
+            Command::Demo(args) => cmd::run::demo(home, args).await,
+            Command::Sim(args) => cmd::sim::serve(args).await,
+            Command::Transcript(c) => cmd::transcript::run(home, c).await,
+            Command::Status(args) => cmd::status::run(home, args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,1 +1,19 @@
-//! placeholder
+//! The coordinator: the agent that only delegates, the dispatch of its
+//! `Agent` calls as tasks, and the embedded job runner.
+//!
+//! # Layout
+//! - [`prompts`]: the coordinator role's base system prompt
+//! - [`tools`]: `Agent`, `TodoWrite`, `Read` — nothing hands-on
+//! - [`dispatch`]: task creation (derived ids), publish, waiting for reports,
+//!   applying workspace changesets in completion order
+//! - [`embedded`]: one job in one process (SQLite, local objects, in-process bus)
+//!
+//! The coordinator never runs a tool on files itself and never writes a
+//! worker's transcript; everything it learns from workers arrives as reports.
+
+pub mod dispatch;
+pub mod embedded;
+pub mod prompts;
+pub mod tools;
+
+pub use embedded::{EmbeddedRuntime, RunError, RunSummary};

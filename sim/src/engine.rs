@@ -239,7 +239,8 @@ impl ResultIndex {
 }
 
 fn cap(s: &str) -> String {
-    let s = s.trim();
+    // Keep a leading indent (column output), drop surrounding blank lines.
+    let s = s.trim_end().trim_start_matches(['\n', '\r']);
     if s.len() <= TEMPLATE_CAP {
         return s.to_string();
     }

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use flower_model::JobId;
+use flower_model::{JobId, TaskId};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, path::Path as ObjPath};
 use serde::{Deserialize, Serialize};
 
@@ -20,10 +20,18 @@ use crate::localfs::{self, FileRef, Manifest};
 use crate::workbench::{MOUNT, blocking, obj_err};
 use crate::{Result, StoreError};
 
-/// Changes of one task: path → new content, or `None` for a deletion.
+/// One changed path: what the task started from and what it left
+/// (`None`: absent).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub before: Option<FileRef>,
+    pub after: Option<FileRef>,
+}
+
+/// Changes of one task, by path.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Changeset {
-    pub changes: BTreeMap<String, Option<FileRef>>,
+    pub changes: BTreeMap<String, Change>,
 }
 
 impl Changeset {
@@ -35,6 +43,7 @@ impl Changeset {
 #[derive(Clone)]
 pub struct Workspace {
     store: Arc<dyn ObjectStore>,
+    job: JobId,
     manifest_key: ObjPath,
 }
 
@@ -44,7 +53,30 @@ fn blob_key(sha: &str) -> ObjPath {
 
 impl Workspace {
     pub fn new(store: Arc<dyn ObjectStore>, job: JobId) -> Self {
-        Self { manifest_key: ObjPath::from(format!("jobs/{job}/workspace/manifest.json")), store }
+        Self { manifest_key: ObjPath::from(format!("jobs/{job}/workspace/manifest.json")), job, store }
+    }
+
+    fn changeset_key(&self, task: TaskId, attempt: u32) -> ObjPath {
+        ObjPath::from(format!("jobs/{}/changesets/{task}-{attempt}.json", self.job))
+    }
+
+    /// Store a task attempt's changeset for the job's owner to apply.
+    pub async fn put_changeset(&self, task: TaskId, attempt: u32, cs: &Changeset) -> Result<()> {
+        let body = serde_json::to_vec(cs).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.store.put(&self.changeset_key(task, attempt), PutPayload::from(body)).await.map_err(obj_err)?;
+        Ok(())
+    }
+
+    /// The changeset a task attempt left, if it changed anything.
+    pub async fn changeset(&self, task: TaskId, attempt: u32) -> Result<Option<Changeset>> {
+        match self.store.get(&self.changeset_key(task, attempt)).await {
+            Ok(got) => {
+                let bytes = got.bytes().await.map_err(obj_err)?;
+                serde_json::from_slice(&bytes).map(Some).map_err(|e| StoreError::Corrupt(e.to_string()))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(obj_err(e)),
+        }
     }
 
     /// Upload a local directory as the job's workspace; refuses a tree larger
@@ -94,6 +126,13 @@ impl Workspace {
         Ok(())
     }
 
+    /// The content of one workspace file in the current state.
+    pub async fn read(&self, rel: &str) -> Result<Bytes> {
+        let manifest = self.load().await?;
+        let file = manifest.get(rel).ok_or_else(|| StoreError::NotFound(rel.to_string()))?;
+        self.store.get(&blob_key(&file.sha256)).await.map_err(obj_err)?.bytes().await.map_err(obj_err)
+    }
+
     /// Write the files of `manifest` into `dir`.
     pub async fn checkout(&self, manifest: &Manifest, dir: &Path) -> Result<()> {
         for (rel, file) in manifest {
@@ -112,29 +151,30 @@ impl Workspace {
         let mut cs = Changeset::default();
         for (rel, file) in &now {
             if base.get(rel) != Some(file) {
-                cs.changes.insert(rel.clone(), Some(file.clone()));
+                cs.changes.insert(rel.clone(), Change { before: base.get(rel).cloned(), after: Some(file.clone()) });
             }
         }
-        for rel in base.keys() {
+        for (rel, file) in base {
             if !now.contains_key(rel) {
-                cs.changes.insert(rel.clone(), None);
+                cs.changes.insert(rel.clone(), Change { before: Some(file.clone()), after: None });
             }
         }
-        self.put_blobs(dir, cs.changes.iter().filter_map(|(p, f)| f.as_ref().map(|f| (p.as_str(), f)))).await?;
+        self.put_blobs(dir, cs.changes.iter().filter_map(|(p, c)| c.after.as_ref().map(|f| (p.as_str(), f)))).await?;
         Ok(cs)
     }
 }
 
-/// Apply a task's changeset (made from `base`) to the job's `current`
-/// manifest. Returns the paths that conflicted: changed since `base` by an
+/// Apply a task's changeset to the job's `current` manifest. Returns the
+/// paths that conflicted: changed since the task's start by an
 /// earlier-finishing task. The later change wins either way.
-pub fn apply(current: &mut Manifest, base: &Manifest, changeset: &Changeset) -> Vec<String> {
+pub fn apply(current: &mut Manifest, changeset: &Changeset) -> Vec<String> {
     let mut conflicts = Vec::new();
     for (rel, change) in &changeset.changes {
-        if current.get(rel) != base.get(rel) && current.get(rel) != change.as_ref() {
+        let now = current.get(rel);
+        if now != change.before.as_ref() && now != change.after.as_ref() {
             conflicts.push(rel.clone());
         }
-        match change {
+        match &change.after {
             Some(file) => {
                 current.insert(rel.clone(), file.clone());
             }
@@ -154,24 +194,32 @@ mod tests {
         FileRef { sha256: s.into(), size: 1 }
     }
 
+    fn ch(before: Option<&str>, after: Option<&str>) -> Change {
+        Change { before: before.map(f), after: after.map(f) }
+    }
+
     #[test]
     fn later_change_wins_and_conflicts_are_reported() {
-        let base: Manifest = [("a".to_string(), f("1")), ("b".to_string(), f("1"))].into();
-        let mut current = base.clone();
-        let first = Changeset { changes: [("a".to_string(), Some(f("2")))].into() };
-        let second =
-            Changeset { changes: [("a".to_string(), Some(f("3"))), ("b".to_string(), None), ("c".to_string(), Some(f("9")))].into() };
-        assert!(apply(&mut current, &base, &first).is_empty());
-        assert_eq!(apply(&mut current, &base, &second), vec!["a".to_string()]);
+        let mut current: Manifest = [("a".to_string(), f("1")), ("b".to_string(), f("1"))].into();
+        let first = Changeset { changes: [("a".to_string(), ch(Some("1"), Some("2")))].into() };
+        let second = Changeset {
+            changes: [
+                ("a".to_string(), ch(Some("1"), Some("3"))),
+                ("b".to_string(), ch(Some("1"), None)),
+                ("c".to_string(), ch(None, Some("9"))),
+            ]
+            .into(),
+        };
+        assert!(apply(&mut current, &first).is_empty());
+        assert_eq!(apply(&mut current, &second), vec!["a".to_string()]);
         assert_eq!(current, [("a".to_string(), f("3")), ("c".to_string(), f("9"))].into());
     }
 
     #[test]
     fn the_same_change_twice_is_no_conflict() {
-        let base = Manifest::new();
         let mut current = Manifest::new();
-        let cs = Changeset { changes: [("x".to_string(), Some(f("7")))].into() };
-        assert!(apply(&mut current, &base, &cs).is_empty());
-        assert!(apply(&mut current, &base, &cs).is_empty());
+        let cs = Changeset { changes: [("x".to_string(), ch(None, Some("7")))].into() };
+        assert!(apply(&mut current, &cs).is_empty());
+        assert!(apply(&mut current, &cs).is_empty());
     }
 }

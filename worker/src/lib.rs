@@ -1,1 +1,18 @@
-//! placeholder
+//! The worker: consumes tasks, runs the worker agent for each in its own
+//! working directory, and returns a report.
+//!
+//! # Layout
+//! - [`runner`]: the task consumer (claim → run → report → ack), heartbeats, cancel
+//! - [`tools`]: the hands-on tools (`Read`, `Write`, `Edit`, `Bash`, `Glob`, `Grep`)
+//! - [`sandbox`]: the working directory as a capability (paths opened beneath it)
+//! - [`prompts`]: the worker role's base system prompt
+//!
+//! A worker never writes another session's transcript and never reports for an
+//! attempt it does not hold: the store's claim decides.
+
+pub mod prompts;
+pub mod runner;
+pub mod sandbox;
+pub mod tools;
+
+pub use runner::{Worker, WorkerOptions};

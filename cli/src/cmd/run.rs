@@ -1,0 +1,218 @@
+//! `flower run` and `flower demo`: one job in this process, with live progress
+//! on stderr and a summary at the end.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use flower_bus::{Heard, Notifier};
+use flower_coordinator::{EmbeddedRuntime, RunSummary};
+use flower_model::{EventKind, JobId, JobSpec, JobState};
+use flower_store::Store;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio_util::sync::CancellationToken;
+
+use super::human_count;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The job spec (YAML or JSON)
+    pub spec: PathBuf,
+    /// Directory the tasks work on (overrides the spec's `workspace`)
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+    /// Print the summary as JSON on stdout, and no progress
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Print the summary as JSON on stdout, and no progress
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The bundled demo, in the source tree.
+const DEMO_SPEC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/demo/job.yaml");
+
+pub async fn demo(home: PathBuf, args: DemoArgs) -> anyhow::Result<ExitCode> {
+    let spec = PathBuf::from(DEMO_SPEC);
+    anyhow::ensure!(
+        spec.exists(),
+        "the demo lives in the source tree ({}); run `flower run examples/demo/job.yaml` from a checkout",
+        spec.display()
+    );
+    run(home, RunArgs { spec, workspace: None, json: args.json }).await
+}
+
+pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
+    // An invalid spec fails here, before anything runs.
+    let spec = match JobSpec::load(&args.spec) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {}: {e}", args.spec.display());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if let Some(path) = &spec.scenario
+        && let Err(e) = flower_sim::Scenario::load(path)
+    {
+        eprintln!("error: {}: scenario {}: {e}", args.spec.display(), path.display());
+        return Ok(ExitCode::from(2));
+    }
+    if let Some(w) = &args.workspace {
+        anyhow::ensure!(w.is_dir(), "--workspace {}: not a directory", w.display());
+    }
+    let runtime = EmbeddedRuntime::open(&home).with_context(|| format!("opening {}", home.display()))?;
+    let started = Instant::now();
+    let job = runtime.submit(&spec, args.workspace.as_deref()).await?;
+
+    let cancel = CancellationToken::new();
+    let on_ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\ncancelling the job (Ctrl-C again to abort)…");
+            on_ctrl_c.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        }
+    });
+    let progress = (!args.json).then(|| {
+        let p = Progress::new(&spec.name, job);
+        tokio::spawn(p.follow(runtime.store(), runtime.notifier()))
+    });
+    let summary = runtime.run(job, cancel).await;
+    if let Some(p) = progress {
+        p.abort();
+        let _ = p.await;
+    }
+    let summary = summary?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print_summary(&summary, started.elapsed());
+    }
+    Ok(if summary.state == JobState::Succeeded { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn print_summary(s: &RunSummary, took: Duration) {
+    let short = &s.job_id.to_string()[..8];
+    eprintln!();
+    println!("job {short} ({}) {} in {:.1}s", s.name, s.state, took.as_secs_f64());
+    if let Some(r) = &s.reason {
+        println!("  reason: {r}");
+    }
+    println!(
+        "  coordinator turns: {} · tasks: {} ({} succeeded, {} failed) · tokens: {} in, {} cache read, {} out",
+        s.coordinator_turns,
+        s.tasks,
+        s.tasks_succeeded,
+        s.tasks_failed,
+        human_count(s.usage.input_tokens + s.usage.cache_creation_input_tokens),
+        human_count(s.usage.cache_read_input_tokens),
+        human_count(s.usage.output_tokens)
+    );
+    println!("  transcripts: flower transcript show {short}   (database {})", s.database.display());
+    println!("  workbench:   {}", s.workbench.display());
+    for (path, size) in &s.artifacts {
+        println!("    {path} ({size} B)");
+    }
+    if let Some(answer) = &s.final_answer {
+        println!("\nFinal answer:\n{}", answer.trim_end());
+    }
+}
+
+/// Live progress from the job's events (the same rows `Watch` streams).
+struct Progress {
+    bar: ProgressBar,
+    job: JobId,
+    turns: u32,
+    running: usize,
+    done: usize,
+    queued: usize,
+    tokens_in: u64,
+    tokens_out: u64,
+}
+
+impl Progress {
+    fn new(name: &str, job: JobId) -> Self {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        bar.set_style(ProgressStyle::with_template("{spinner} {prefix} {wide_msg} [{elapsed}]").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+        bar.set_prefix(format!("{name} {}", &job.to_string()[..8]));
+        bar.enable_steady_tick(Duration::from_millis(120));
+        Self { bar, job, turns: 0, running: 0, done: 0, queued: 0, tokens_in: 0, tokens_out: 0 }
+    }
+
+    fn line(&self, text: String) {
+        self.bar.suspend(|| eprintln!("{text}"));
+    }
+
+    fn redraw(&self) {
+        self.bar.set_message(format!(
+            "turn {} · tasks {} queued, {} running, {} done · tokens {} in / {} out",
+            self.turns,
+            self.queued,
+            self.running,
+            self.done,
+            human_count(self.tokens_in),
+            human_count(self.tokens_out)
+        ));
+    }
+
+    async fn follow(mut self, store: Arc<dyn Store>, notifier: Arc<dyn Notifier>) {
+        let mut notices = notifier.subscribe();
+        let mut cursor = 0;
+        loop {
+            match store.events(self.job, cursor, 500).await {
+                Ok(events) => {
+                    for e in events {
+                        cursor = e.seq;
+                        self.apply(&e.kind);
+                    }
+                }
+                Err(e) => self.line(format!("  (progress: {e})")),
+            }
+            self.redraw();
+            // Wake on the next notice, or re-read after a moment anyway.
+            if let Ok(Heard::Closed) = tokio::time::timeout(Duration::from_millis(500), notices.recv()).await {
+                break;
+            }
+        }
+    }
+
+    fn apply(&mut self, kind: &EventKind) {
+        match kind {
+            EventKind::TurnCompleted { role, usage, .. } => {
+                if role == "coordinator" {
+                    self.turns += 1;
+                }
+                self.tokens_in += usage.context_tokens();
+                self.tokens_out += usage.output_tokens;
+            }
+            EventKind::TaskQueued { worker, description, task } => {
+                self.queued += 1;
+                self.line(format!("  → task {} to {worker}: {description}", &task.to_string()[..8]));
+            }
+            EventKind::TaskStarted { .. } => {
+                self.queued = self.queued.saturating_sub(1);
+                self.running += 1;
+            }
+            EventKind::TaskFinished { task, succeeded, .. } => {
+                self.running = self.running.saturating_sub(1);
+                self.done += 1;
+                let verdict = if *succeeded { "reported" } else { "failed" };
+                self.line(format!("  ← task {} {verdict}", &task.to_string()[..8]));
+            }
+            EventKind::ProviderRetry { error, attempt, .. } => self.line(format!("  ! model call retry {attempt}: {error}")),
+            EventKind::WorkspaceConflict { path, .. } => self.line(format!("  ! workspace conflict on {path} (later change kept)")),
+            EventKind::JobState { state, .. } if state.is_terminal() => self.bar.finish_and_clear(),
+            _ => {}
+        }
+    }
+}
+

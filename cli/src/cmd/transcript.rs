@@ -1,0 +1,121 @@
+//! `flower transcript show`: the coordinator's main thread and each
+//! subagent's transcript, separately.
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use flower_model::content::result_text;
+use flower_model::{ContentBlock, Entry, Session, SessionId};
+
+use super::{open_store, resolve_job};
+
+#[derive(Subcommand)]
+pub enum TranscriptCommand {
+    /// Show a job's transcripts, one session after another
+    Show(ShowArgs),
+}
+
+#[derive(Args)]
+pub struct ShowArgs {
+    /// The job id (or a unique prefix)
+    pub job: String,
+    /// Only this session (id or unique prefix; see the session headers)
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Print JSON: `{"job": …, "sessions": [{…, "entries": […]}]}`
+    #[arg(long)]
+    pub json: bool,
+    /// Characters of each text shown (0: everything)
+    #[arg(long, default_value_t = 600)]
+    pub width: usize,
+}
+
+pub async fn run(home: std::path::PathBuf, cmd: TranscriptCommand) -> anyhow::Result<ExitCode> {
+    let TranscriptCommand::Show(args) = cmd;
+    let store = open_store(&home)?;
+    let job = resolve_job(store.as_ref(), &args.job).await?;
+    let mut sessions = store.sessions(job).await?;
+    if let Some(want) = &args.session {
+        let want = want.to_lowercase();
+        sessions.retain(|s| s.id.to_string().starts_with(&want));
+        anyhow::ensure!(!sessions.is_empty(), "job {job} has no session `{want}`");
+        anyhow::ensure!(sessions.len() == 1, "`{want}` matches several sessions; give more of the id");
+    }
+    let mut out = Vec::new();
+    for s in &sessions {
+        out.push((s.clone(), store.entries(s.id, 0, u32::MAX).await?));
+    }
+    if args.json {
+        let sessions: Vec<serde_json::Value> = out
+            .iter()
+            .map(|(s, entries)| {
+                serde_json::json!({
+                    "session": s.id, "role": s.role, "label": s.label, "task_id": s.task_id,
+                    "entries": entries,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"job": job, "sessions": sessions}))?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (s, entries) in &out {
+        print_session(s, entries, args.width);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cut(s: &str, width: usize) -> String {
+    let s = s.trim();
+    if width == 0 || s.chars().count() <= width {
+        return s.to_string();
+    }
+    let head: String = s.chars().take(width).collect();
+    format!("{head}… [{} more chars]", s.chars().count() - width)
+}
+
+fn indent(s: &str) -> String {
+    s.lines().map(|l| format!("      {l}")).collect::<Vec<_>>().join("\n")
+}
+
+fn short(id: SessionId) -> String {
+    id.to_string()[..8].to_string()
+}
+
+fn print_session(s: &Session, entries: &[Entry], width: usize) {
+    let chars: usize = entries.iter().map(Entry::body_chars).sum();
+    let task = s.task_id.map(|t| format!(", task {}", &t.to_string()[..8])).unwrap_or_default();
+    println!("== {} `{}` — session {}{task} — {} entries, {chars} chars", s.role.as_str(), s.label, short(s.id), entries.len());
+    for e in entries {
+        let mut marks = Vec::new();
+        if let Some(d) = &e.markers.denial_kind {
+            marks.push(format!("denied:{d}"));
+        }
+        if e.markers.synthetic_error {
+            marks.push("synthetic".into());
+        }
+        if e.markers.interrupted {
+            marks.push("interrupted".into());
+        }
+        if let Some(eph) = e.markers.ephemeral {
+            marks.push(format!("ephemeral:{eph}"));
+        }
+        let marks = if marks.is_empty() { String::new() } else { format!(" [{}]", marks.join(", ")) };
+        let usage = e.usage.map(|u| format!(" ({} in, {} out)", u.context_tokens(), u.output_tokens)).unwrap_or_default();
+        println!("  #{} {:?}{usage}{marks}", e.seq, e.kind);
+        for b in &e.content {
+            match b {
+                ContentBlock::Text { text } => println!("{}", indent(&cut(text, width))),
+                ContentBlock::ToolUse { name, input, id } => {
+                    println!("      → {name} {} ({id})", cut(&input.to_string(), width))
+                }
+                ContentBlock::ToolResult { content, is_error, tool_use_id } => {
+                    let tag = if *is_error { "error result" } else { "result" };
+                    println!("      ← {tag} for {tool_use_id}:\n{}", indent(&cut(&result_text(content), width)));
+                }
+                ContentBlock::Image { .. } => println!("      [image]"),
+                ContentBlock::Thinking { thinking, .. } => println!("      (thinking) {}", cut(thinking, width)),
+            }
+        }
+    }
+    println!();
+}

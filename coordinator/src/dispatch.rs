@@ -1,0 +1,122 @@
+//! Delegation: an `Agent` call becomes a task row (id derived from the call),
+//! a task message on the queue, and — once a worker reports — the report. The
+//! finished task's workspace changeset is applied here, by the job's owner, in
+//! completion order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flower_agent::Journal;
+use flower_bus::{Heard, Notice, TaskMessage, TaskQueue};
+use flower_model::{EventKind, JobId, SessionId, Task, TaskId, TaskState, Usage, now_ms};
+use flower_store::workspace::{Workspace, apply};
+use flower_store::{Batch, StoreError};
+use tokio_util::sync::CancellationToken;
+
+/// How often a waiting delegation re-reads the store even without a notice
+/// (notices are hints; this bounds the delay if one is lost).
+const RECHECK: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("task queue: {0}")]
+    Bus(#[from] flower_bus::BusError),
+    #[error("cancelled while waiting for the task")]
+    Cancelled,
+}
+
+pub struct Dispatcher {
+    journal: Journal,
+    queue: Arc<dyn TaskQueue>,
+    workspace: Workspace,
+    /// Changesets are applied one at a time.
+    apply_lock: tokio::sync::Mutex<()>,
+    epoch: i64,
+}
+
+/// What a delegation asks for.
+pub struct Delegation<'a> {
+    pub job: JobId,
+    pub session: SessionId,
+    pub tool_use_id: &'a str,
+    pub worker: &'a str,
+    pub description: &'a str,
+    pub mandate: &'a str,
+}
+
+impl Dispatcher {
+    pub fn new(journal: Journal, queue: Arc<dyn TaskQueue>, workspace: Workspace, epoch: i64) -> Self {
+        Self { journal, queue, workspace, apply_lock: tokio::sync::Mutex::new(()), epoch }
+    }
+
+    /// Create the task (or find it again: the id is derived from the call) and
+    /// publish it unless it already ended.
+    pub async fn dispatch(&self, d: Delegation<'_>) -> Result<Task, DispatchError> {
+        let id = TaskId::derive(d.job, d.session, d.tool_use_id);
+        let task = Task {
+            id,
+            job_id: d.job,
+            parent_session: d.session,
+            tool_use_id: d.tool_use_id.to_string(),
+            worker: d.worker.to_string(),
+            mandate: d.mandate.to_string(),
+            description: d.description.to_string(),
+            state: TaskState::Queued,
+            attempt: 0,
+            claimed_by: None,
+            report: None,
+            error: None,
+            usage: Usage::default(),
+            created_at: now_ms(),
+            updated_at: now_ms(),
+        };
+        let (task, _created, written) = self.journal.store().create_task(task).await?;
+        // The row is committed before the message that points at it is published.
+        self.journal.announce(&written).await;
+        if !task.state.is_terminal() {
+            self.queue.publish(TaskMessage { job_id: d.job, task_id: id, worker: task.worker.clone(), epoch: self.epoch }).await?;
+        }
+        Ok(task)
+    }
+
+    /// Wait until the task ends; its row holds the report.
+    pub async fn wait(&self, id: TaskId, cancel: &CancellationToken) -> Result<Task, DispatchError> {
+        let mut notices = self.journal.notifier().subscribe();
+        loop {
+            let task = self.journal.store().get_task(id).await?;
+            if task.state.is_terminal() {
+                return Ok(task);
+            }
+            let deadline = tokio::time::sleep(RECHECK);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    heard = notices.recv() => match heard {
+                        Heard::Notice(Notice::TaskDone { task, .. }) if task == id => break,
+                        Heard::Lagged => break,
+                        Heard::Closed => return Err(DispatchError::Bus(flower_bus::BusError::Closed)),
+                        Heard::Notice(_) => continue,
+                    },
+                    _ = &mut deadline => break,
+                    _ = cancel.cancelled() => return Err(DispatchError::Cancelled),
+                }
+            }
+        }
+    }
+
+    /// Apply the changeset a finished task left, recording conflicts.
+    pub async fn apply_changes(&self, task: &Task) -> Result<usize, DispatchError> {
+        let Some(cs) = self.workspace.changeset(task.id, task.attempt).await? else { return Ok(0) };
+        let _one_at_a_time = self.apply_lock.lock().await;
+        let mut current = self.workspace.load().await?;
+        let conflicts = apply(&mut current, &cs);
+        self.workspace.save(&current).await?;
+        if !conflicts.is_empty() {
+            let events = conflicts.into_iter().map(|path| (task.job_id, EventKind::WorkspaceConflict { path, task: task.id })).collect();
+            self.journal.commit(Batch { events, ..Default::default() }).await?;
+        }
+        Ok(cs.changes.len())
+    }
+}

@@ -1,0 +1,271 @@
+//! The embedded mode: a whole job in one process, on SQLite + a local object
+//! store + the in-process bus, with an in-process simulator when the spec
+//! names `sim`. The same coordinator and worker code as the distributed mode;
+//! only the backends differ.
+//!
+//! Layout of the home directory (`FLOWER_HOME`):
+//! `flower.db` (jobs, tasks, transcripts, events), `objects/` (workbenches,
+//! workspace blobs), `work/` (per-task working directories while they run).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use flower_agent::hooks::Hooks;
+use flower_agent::provider::{AnthropicClient, AnthropicConfig, Provider, SingleProvider, SystemBlock};
+use flower_agent::{AgentSession, Journal, Outcome, SessionConfig, ToolSet};
+use flower_bus::{MemoryBus, Notice, Notifier};
+use flower_model::spec::ProviderKind;
+use flower_model::{ContentBlock, JobId, JobSpec, JobState, Role, Session, SessionId, TaskState, Usage, now_ms};
+use flower_sim::{Scenario, SimHandle};
+use flower_store::workspace::Workspace;
+use flower_store::{NewJob, SqliteStore, Store, StoreError, Workbench};
+use flower_worker::{Worker, WorkerOptions};
+use object_store::ObjectStore;
+use object_store::local::LocalFileSystem;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::Dispatcher;
+use crate::tools::agent::AgentTool;
+use crate::tools::read::CoordinatorRead;
+use crate::tools::todo::TodoTool;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Spec(#[from] flower_model::SpecError),
+    #[error(transparent)]
+    Scenario(#[from] flower_sim::ScenarioError),
+    #[error("cannot start the simulator: {0}")]
+    Simulator(std::io::Error),
+    #[error("provider: {0}")]
+    Provider(#[from] flower_agent::provider::ProviderError),
+    #[error("home directory {path}: {source}")]
+    Home { path: PathBuf, source: std::io::Error },
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSummary {
+    pub job_id: JobId,
+    pub name: String,
+    pub state: JobState,
+    pub reason: Option<String>,
+    pub final_answer: Option<String>,
+    pub coordinator_session: SessionId,
+    pub coordinator_turns: u32,
+    pub tasks: usize,
+    pub tasks_succeeded: usize,
+    pub tasks_failed: usize,
+    pub usage: Usage,
+    pub database: PathBuf,
+    pub workbench: PathBuf,
+    pub artifacts: Vec<(String, u64)>,
+}
+
+pub struct EmbeddedRuntime {
+    home: PathBuf,
+    store: Arc<SqliteStore>,
+    objects: Arc<dyn ObjectStore>,
+    bus: MemoryBus,
+}
+
+impl EmbeddedRuntime {
+    /// Open (creating) the home directory and its database.
+    pub fn open(home: &Path) -> Result<Self, RunError> {
+        let home_err = |source| RunError::Home { path: home.to_path_buf(), source };
+        std::fs::create_dir_all(home.join("objects")).map_err(home_err)?;
+        let home = home.canonicalize().map_err(home_err)?;
+        let store = Arc::new(SqliteStore::open(&home.join("flower.db"))?);
+        let objects: Arc<dyn ObjectStore> =
+            Arc::new(LocalFileSystem::new_with_prefix(home.join("objects")).map_err(|e| StoreError::Backend(e.to_string()))?);
+        Ok(Self { home, store, objects, bus: MemoryBus::new() })
+    }
+
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    pub fn notifier(&self) -> Arc<dyn Notifier> {
+        Arc::new(self.bus.clone())
+    }
+
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+
+    /// Where a job's workbench lives on disk.
+    pub fn workbench_dir(&self, job: JobId) -> PathBuf {
+        self.home.join("objects").join(Workbench::new(self.objects.clone(), job).location())
+    }
+
+    /// Record a job (state `queued`) and upload its workspace snapshot.
+    pub async fn submit(&self, spec: &JobSpec, workspace: Option<&Path>) -> Result<JobId, RunError> {
+        let value = serde_json::to_value(spec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let (job, _) = self
+            .store
+            .create_job(NewJob { id: JobId::random(), name: spec.name.clone(), spec: value, idempotency_key: None })
+            .await?;
+        if let Some(dir) = workspace.or(spec.workspace.as_deref()) {
+            Workspace::new(self.objects.clone(), job.id).upload_dir(dir, spec.runtime.workspace_limit.as_u64()).await?;
+        }
+        Ok(job.id)
+    }
+
+    /// Run a submitted job to its end. `cancel` stops it cleanly (state `cancelled`).
+    pub async fn run(&self, job_id: JobId, cancel: CancellationToken) -> Result<RunSummary, RunError> {
+        let store: Arc<dyn Store> = self.store.clone();
+        let job = store.get_job(job_id).await?;
+        let spec = JobSpec::from_value(job.spec.clone())?;
+        let journal = Journal::new(store.clone(), self.notifier());
+        let (provider, sim) = match self.provider(&spec).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.end(&journal, job_id, JobState::Failed, Some(e.to_string()), None).await?;
+                return Err(e);
+            }
+        };
+        self.end(&journal, job_id, JobState::Running, None, None).await?;
+
+        let shutdown = CancellationToken::new();
+        let worker = Worker::new(
+            WorkerOptions::new(format!("embedded-{}", std::process::id()), self.home.join("work")),
+            journal.clone(),
+            Arc::new(self.bus.clone()),
+            self.objects.clone(),
+            Arc::new(SingleProvider(provider.clone())),
+        );
+        let workers = tokio::spawn(worker.run(spec.runtime.concurrency as usize, shutdown.clone()));
+
+        let session = SessionId::random();
+        let result = self.coordinate(&spec, job_id, session, &journal, provider, cancel.clone()).await;
+        let (state, reason, answer, turns) = match result {
+            Ok(Outcome::Answered { text, turns, .. }) => (JobState::Succeeded, None, Some(text), turns),
+            Ok(Outcome::TurnLimit { turns, .. }) => (
+                JobState::Failed,
+                Some(format!("the coordinator reached runtime.max_turns ({turns}) without a final answer")),
+                None,
+                turns,
+            ),
+            Ok(Outcome::Cancelled { turns, .. }) => (JobState::Cancelled, Some("cancelled by the user".into()), None, turns),
+            Err(e) => (JobState::Failed, Some(e.to_string()), None, 0),
+        };
+        if state != JobState::Succeeded {
+            let written = store.cancel_tasks(job_id, reason.as_deref().unwrap_or("job ended")).await?;
+            journal.announce(&written).await;
+            let _ = journal.notifier().notify(Notice::Cancel { job: job_id }).await;
+        }
+        self.end(&journal, job_id, state, reason, answer).await?;
+        shutdown.cancel();
+        if let Err(e) = workers.await {
+            tracing::error!(error = %e, "worker pool ended abnormally");
+        }
+        if let Some(sim) = sim {
+            sim.shutdown().await;
+        }
+        self.summary(job_id, session, turns).await
+    }
+
+    async fn coordinate(
+        &self,
+        spec: &JobSpec,
+        job_id: JobId,
+        session: SessionId,
+        journal: &Journal,
+        provider: Arc<dyn Provider>,
+        cancel: CancellationToken,
+    ) -> Result<Outcome, flower_agent::AgentError> {
+        let written = journal
+            .store()
+            .create_session(Session {
+                id: session,
+                job_id,
+                role: Role::Coordinator,
+                label: spec.coordinator.name.clone(),
+                task_id: None,
+                created_at: now_ms(),
+            })
+            .await?;
+        journal.announce(&written).await;
+        let workspace = Workspace::new(self.objects.clone(), job_id);
+        let dispatcher = Arc::new(Dispatcher::new(journal.clone(), Arc::new(self.bus.clone()), workspace.clone(), 1));
+        let mut tools = ToolSet::new();
+        tools.add(Arc::new(AgentTool::new(dispatcher, spec)));
+        tools.add(Arc::new(TodoTool));
+        tools.add(Arc::new(CoordinatorRead::new(Workbench::new(self.objects.clone(), job_id), workspace)));
+        let config = SessionConfig {
+            job_id,
+            session_id: session,
+            role: Role::Coordinator,
+            main_thread: true,
+            model: spec.model.clone(),
+            system: crate::prompts::system_prompt(spec).into_iter().map(SystemBlock::text).collect(),
+            max_turns: spec.runtime.max_turns,
+            max_tokens: spec.runtime.max_output_tokens,
+        };
+        let agent = AgentSession::new(config, provider, Arc::new(tools), Hooks::default(), journal.clone(), cancel);
+        agent.run(Vec::new(), Some(vec![ContentBlock::text(spec.goal.clone())])).await
+    }
+
+    /// The provider a spec names; for `sim`, a simulator started here on an
+    /// ephemeral loopback port (the client still speaks real HTTP to it).
+    async fn provider(&self, spec: &JobSpec) -> Result<(Arc<dyn Provider>, Option<SimHandle>), RunError> {
+        let mut config = AnthropicConfig::from_env();
+        let mut sim = None;
+        match spec.provider {
+            ProviderKind::Sim => {
+                let path = spec.scenario.as_deref().ok_or_else(|| flower_model::SpecError {
+                    field: "scenario".into(),
+                    message: "required with provider `sim`".into(),
+                })?;
+                let scenario = Scenario::load(path)?;
+                let handle = flower_sim::start(scenario, ([127, 0, 0, 1], 0).into()).await.map_err(RunError::Simulator)?;
+                config.base_url = handle.base_url();
+                config.api_key = None;
+                sim = Some(handle);
+            }
+            ProviderKind::Anthropic => {
+                if let Some(url) = &spec.base_url {
+                    config.base_url = url.clone();
+                }
+            }
+        }
+        Ok((Arc::new(AnthropicClient::new(config)?), sim))
+    }
+
+    /// Move the job to `state`, with its event.
+    async fn end(&self, journal: &Journal, job: JobId, state: JobState, reason: Option<String>, answer: Option<String>) -> Result<(), RunError> {
+        let written = journal.store().set_job_state(job, state, reason, answer).await?;
+        journal.announce(&written).await;
+        Ok(())
+    }
+
+    async fn summary(&self, job_id: JobId, session: SessionId, turns: u32) -> Result<RunSummary, RunError> {
+        let job = self.store.get_job(job_id).await?;
+        let tasks = self.store.tasks(job_id).await?;
+        let artifacts = Workbench::new(self.objects.clone(), job_id)
+            .list()
+            .await?
+            .into_iter()
+            .filter(|(p, _)| p.starts_with("artifacts/"))
+            .collect();
+        Ok(RunSummary {
+            job_id,
+            name: job.name,
+            state: job.state,
+            reason: job.reason,
+            final_answer: job.final_answer,
+            coordinator_session: session,
+            coordinator_turns: turns,
+            tasks: tasks.len(),
+            tasks_succeeded: tasks.iter().filter(|t| t.state == TaskState::Succeeded).count(),
+            tasks_failed: tasks.iter().filter(|t| matches!(t.state, TaskState::Failed | TaskState::Cancelled)).count(),
+            usage: job.usage,
+            database: self.home.join("flower.db"),
+            workbench: self.workbench_dir(job_id),
+            artifacts,
+        })
+    }
+}

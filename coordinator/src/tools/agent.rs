@@ -1,0 +1,104 @@
+//! `Agent`: delegate a task to a worker. The call becomes a task; the
+//! worker's report becomes this call's result. Calls of one turn run in
+//! parallel.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flower_agent::tool::str_field;
+use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
+use flower_model::{JobSpec, TaskState};
+use serde_json::{Value, json};
+
+use crate::dispatch::{Delegation, DispatchError, Dispatcher};
+
+pub struct AgentTool {
+    dispatcher: Arc<Dispatcher>,
+    /// (name, description) of the workers this coordinator may use.
+    workers: Vec<(String, String)>,
+}
+
+impl AgentTool {
+    pub fn new(dispatcher: Arc<Dispatcher>, spec: &JobSpec) -> Self {
+        let workers = spec.delegable_workers().iter().map(|(n, w)| (n.to_string(), w.description.trim().to_string())).collect();
+        Self { dispatcher, workers }
+    }
+}
+
+#[async_trait]
+impl Tool for AgentTool {
+    fn name(&self) -> &str {
+        "Agent"
+    }
+    fn description(&self) -> String {
+        let list: Vec<String> = self.workers.iter().map(|(n, d)| format!("- {n}: {d}")).collect();
+        format!(
+            "Delegate a task to a worker (a subagent with its own context and tools). Give the worker's name as \
+             `subagent_type`, a 3–5 word `description`, and the task itself as `prompt`: the goal, what counts as done, \
+             where long outputs go. The worker's report comes back as the result. Several calls in one turn run in parallel.\n\
+             Workers:\n{}",
+            list.join("\n")
+        )
+    }
+    fn input_schema(&self) -> Value {
+        let names: Vec<&str> = self.workers.iter().map(|(n, _)| n.as_str()).collect();
+        json!({
+            "type": "object",
+            "properties": {
+                "subagent_type": {"type": "string", "enum": names, "description": "The worker to delegate to"},
+                "description": {"type": "string", "description": "A short (3-5 words) description of the task"},
+                "prompt": {"type": "string", "description": "The task for the worker"}
+            },
+            "required": ["subagent_type", "description", "prompt"]
+        })
+    }
+    fn concurrency_safe(&self) -> bool {
+        true
+    }
+    async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        let worker = str_field(&input, "subagent_type")?;
+        let prompt = str_field(&input, "prompt")?;
+        let description = input.get("description").and_then(Value::as_str).unwrap_or_default();
+        if !self.workers.iter().any(|(n, _)| n == worker) {
+            let names: Vec<&str> = self.workers.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(ToolError::RespondToModel(format!(
+                "no worker named `{worker}`; this job's workers are: {}",
+                names.join(", ")
+            )));
+        }
+        if prompt.trim().is_empty() {
+            return Err(ToolError::RespondToModel("`prompt` is empty: say what the worker should do".into()));
+        }
+        let d = Delegation {
+            job: ctx.job_id,
+            session: ctx.session_id,
+            tool_use_id: &ctx.tool_use_id,
+            worker,
+            description,
+            mandate: prompt,
+        };
+        let fatal = |e: DispatchError| ToolError::Fatal(e.to_string());
+        let task = self.dispatcher.dispatch(d).await.map_err(fatal)?;
+        let task = match self.dispatcher.wait(task.id, &ctx.cancel).await {
+            Ok(t) => t,
+            Err(DispatchError::Cancelled) => return Ok(ToolOutput::error("[cancelled before the worker reported]")),
+            Err(e) => return Err(fatal(e)),
+        };
+        match task.state {
+            TaskState::Succeeded => {
+                if let Err(e) = self.dispatcher.apply_changes(&task).await {
+                    tracing::warn!(task = %task.id, error = %e, "workspace changes not applied");
+                }
+                Ok(ToolOutput::text(task.report.unwrap_or_default()))
+            }
+            TaskState::Cancelled => Ok(ToolOutput::error(format!(
+                "task cancelled: {}",
+                task.error.unwrap_or_else(|| "no reason given".into())
+            ))),
+            _ => Ok(ToolOutput::error(format!(
+                "worker `{worker}` failed: {}",
+                task.error.unwrap_or_else(|| "no reason given".into())
+            ))),
+        }
+    }
+}

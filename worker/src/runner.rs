@@ -1,0 +1,338 @@
+//! The task consumer: take a delivery, claim its attempt in the store, run the
+//! worker agent in a fresh working directory (workspace checked out, workbench
+//! mounted at `.flower/`), publish the report, ack.
+//!
+//! The claim — not the queue — guarantees a task completes once: a stale or
+//! superseded delivery is acked without running; a delivery past
+//! `max_attempts` is recorded as failed without running (dead letter).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flower_agent::hooks::{HookContext, Hooks, PostToolHook};
+use flower_agent::provider::{ProviderSource, SystemBlock};
+use flower_agent::{AgentSession, Journal, Outcome, SessionConfig, ToolOutput};
+use flower_bus::{BusError, Delivery, Heard, Notice, TaskQueue};
+use flower_model::{JobId, JobSpec, Role, Session, Task, TaskOutcome, Usage, now_ms};
+use flower_store::localfs::Manifest;
+use flower_store::workbench::MOUNT;
+use flower_store::workspace::Workspace;
+use flower_store::{Claim, StoreError, Workbench};
+use object_store::ObjectStore;
+use tokio_util::sync::CancellationToken;
+
+use crate::sandbox::Sandbox;
+use crate::tools::{ToolLimits, may_write, toolset};
+
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// Names this process in claims and events.
+    pub worker_id: String,
+    /// Where per-task working directories are made.
+    pub work_root: PathBuf,
+    /// Deliveries of one task before it is failed without running (default 3).
+    pub max_attempts: u32,
+    /// Interval of in-progress acks while a task runs (default 10 s).
+    pub heartbeat: Duration,
+    /// Keep task directories after the task (debugging).
+    pub keep_workdirs: bool,
+}
+
+impl WorkerOptions {
+    pub fn new(worker_id: impl Into<String>, work_root: impl Into<PathBuf>) -> Self {
+        Self {
+            worker_id: worker_id.into(),
+            work_root: work_root.into(),
+            max_attempts: 3,
+            heartbeat: Duration::from_secs(10),
+            keep_workdirs: false,
+        }
+    }
+}
+
+pub struct Worker {
+    opts: WorkerOptions,
+    journal: Journal,
+    queue: Arc<dyn TaskQueue>,
+    objects: Arc<dyn ObjectStore>,
+    providers: Arc<dyn ProviderSource>,
+    running: Mutex<HashMap<JobId, Vec<(flower_model::TaskId, CancellationToken)>>>,
+}
+
+/// Why a task attempt produced no report.
+type Failure = String;
+
+impl Worker {
+    pub fn new(
+        opts: WorkerOptions,
+        journal: Journal,
+        queue: Arc<dyn TaskQueue>,
+        objects: Arc<dyn ObjectStore>,
+        providers: Arc<dyn ProviderSource>,
+    ) -> Arc<Self> {
+        Arc::new(Self { opts, journal, queue, objects, providers, running: Mutex::new(HashMap::new()) })
+    }
+
+    /// Consume with `concurrency` loops until `shutdown`; running tasks finish
+    /// (drain) before this returns. Cancel notices stop a job's running tasks.
+    pub async fn run(self: Arc<Self>, concurrency: usize, shutdown: CancellationToken) {
+        let mut loops = Vec::new();
+        for slot in 0..concurrency.max(1) {
+            let me = self.clone();
+            let stop = shutdown.clone();
+            loops.push(tokio::spawn(async move { me.consume(slot, stop).await }));
+        }
+        let me = self.clone();
+        let stop = shutdown.clone();
+        let listener = tokio::spawn(async move { me.listen_for_cancels(stop).await });
+        for l in loops {
+            if let Err(e) = l.await {
+                tracing::error!(error = %e, "worker loop ended abnormally");
+            }
+        }
+        listener.abort();
+    }
+
+    async fn consume(&self, slot: usize, shutdown: CancellationToken) {
+        loop {
+            let delivery = tokio::select! {
+                d = self.queue.next() => d,
+                _ = shutdown.cancelled() => return,
+            };
+            match delivery {
+                Ok(d) => self.handle(d).await,
+                Err(BusError::Closed) => return,
+                Err(e) => {
+                    tracing::warn!(slot, error = %e, "task queue unavailable, retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    async fn listen_for_cancels(&self, shutdown: CancellationToken) {
+        let mut notices = self.journal.notifier().subscribe();
+        loop {
+            let heard = tokio::select! {
+                h = notices.recv() => h,
+                _ = shutdown.cancelled() => return,
+            };
+            match heard {
+                Heard::Notice(Notice::Cancel { job }) => {
+                    let tokens = self.lock_running().remove(&job).unwrap_or_default();
+                    for (_, t) in tokens {
+                        t.cancel();
+                    }
+                }
+                Heard::Closed => return,
+                _ => {}
+            }
+        }
+    }
+
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Vec<(flower_model::TaskId, CancellationToken)>>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Handle one delivery from claim to ack.
+    pub async fn handle(&self, delivery: Box<dyn Delivery>) {
+        let msg = delivery.message().clone();
+        let attempt = delivery.delivered();
+        let store = self.journal.store().clone();
+        let claim = match store.claim_task(msg.task_id, attempt, &self.opts.worker_id).await {
+            Ok(c) => c,
+            Err(StoreError::NotFound(_)) => {
+                tracing::warn!(task = %msg.task_id, "delivery for an unknown task, dropped");
+                let _ = delivery.term().await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(task = %msg.task_id, error = %e, "claim failed, redelivering later");
+                let _ = delivery.nak(Some(Duration::from_secs(1))).await;
+                return;
+            }
+        };
+        let task = match claim {
+            Claim::Claimed { task, events } => {
+                self.journal.announce(&flower_store::Written { events, entry_seqs: vec![] }).await;
+                task
+            }
+            Claim::AlreadyFinished(_) | Claim::Superseded { .. } => {
+                // Someone else owns or finished it: this delivery is stale.
+                let _ = delivery.ack().await;
+                return;
+            }
+        };
+        if attempt > self.opts.max_attempts {
+            let error = format!("gave up after {} attempts (no worker finished the task)", self.opts.max_attempts);
+            self.finish(&task, attempt, TaskOutcome::Failed { error }, Usage::default()).await;
+            let _ = delivery.term().await;
+            return;
+        }
+        let cancel = CancellationToken::new();
+        self.lock_running().entry(task.job_id).or_default().push((task.id, cancel.clone()));
+        let delivery: Arc<dyn Delivery> = Arc::from(delivery);
+        let beat = {
+            let d = delivery.clone();
+            let every = self.opts.heartbeat;
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    if let Err(e) = d.progress().await {
+                        tracing::warn!(error = %e, "heartbeat not sent");
+                    }
+                }
+            })
+        };
+        let (outcome, usage) = match self.execute(&task, attempt, cancel.clone()).await {
+            Ok((report, usage)) => (TaskOutcome::Succeeded { report }, usage),
+            Err((error, usage)) => (TaskOutcome::Failed { error }, usage),
+        };
+        beat.abort();
+        self.lock_running().entry(task.job_id).or_default().retain(|(id, _)| *id != task.id);
+        if !cancel.is_cancelled() {
+            self.finish(&task, attempt, outcome, usage).await;
+        }
+        let _ = delivery.ack().await;
+    }
+
+    async fn finish(&self, task: &Task, attempt: u32, outcome: TaskOutcome, usage: Usage) {
+        match self.journal.store().finish_task(task.id, attempt, outcome, usage).await {
+            Ok((_, written)) => {
+                self.journal.announce(&written).await;
+                let _ = self.journal.notifier().notify(Notice::TaskDone { job: task.job_id, task: task.id }).await;
+            }
+            // Superseded or cancelled meanwhile: the store refused, as it must.
+            Err(e) => tracing::warn!(task = %task.id, attempt, error = %e, "report not recorded"),
+        }
+    }
+
+    /// Run the worker agent for one attempt; the report, or why there is none.
+    async fn execute(&self, task: &Task, attempt: u32, cancel: CancellationToken) -> Result<(String, Usage), (Failure, Usage)> {
+        let none = Usage::default();
+        let store = self.journal.store().clone();
+        let job = store.get_job(task.job_id).await.map_err(|e| (e.to_string(), none))?;
+        let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| (e.to_string(), none))?;
+        let Some(wspec) = spec.workers.get(&task.worker) else {
+            return Err((format!("this job has no worker named `{}`", task.worker), none));
+        };
+        let provider = self.providers.for_job(job.id, &spec).map_err(|e| (e.to_string(), none))?;
+
+        let workdir = self.opts.work_root.join(job.id.to_string()).join(format!("{}-{attempt}", task.id));
+        let prepared = self.prepare(job.id, &workdir).await.map_err(|e| (format!("preparing the working directory: {e}"), none))?;
+        let (workspace, base, workbench, wb_base) = prepared;
+        let sandbox = Sandbox::open(&workdir).map_err(|e| (format!("opening the working directory: {e}"), none))?;
+        let limits = ToolLimits {
+            bash_timeout: spec.runtime.bash_timeout,
+            bash_output_limit: spec.runtime.bash_output_limit.as_u64() as usize,
+        };
+        let tools = Arc::new(toolset(&wspec.tools, &sandbox, &limits));
+        let sync = Arc::new(WorkbenchSync { workbench, mount: workdir.join(MOUNT), base: tokio::sync::Mutex::new(wb_base) });
+        let hooks = Hooks { pre: vec![], post: vec![sync.clone()] };
+
+        let session = task.id.session();
+        let written = store
+            .create_session(Session {
+                id: session,
+                job_id: job.id,
+                role: Role::Worker,
+                label: task.worker.clone(),
+                task_id: Some(task.id),
+                created_at: now_ms(),
+            })
+            .await
+            .map_err(|e| (e.to_string(), none))?;
+        self.journal.announce(&written).await;
+        let history = store.entries(session, 0, u32::MAX).await.map_err(|e| (e.to_string(), none))?;
+        let input = history.is_empty().then(|| vec![flower_model::ContentBlock::text(task.mandate.clone())]);
+        let config = SessionConfig {
+            job_id: job.id,
+            session_id: session,
+            role: Role::Worker,
+            main_thread: false,
+            model: spec.worker_model(wspec),
+            system: crate::prompts::system_prompt(&task.worker, wspec).into_iter().map(SystemBlock::text).collect(),
+            max_turns: spec.runtime.worker_max_turns,
+            max_tokens: spec.runtime.max_output_tokens,
+        };
+        let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel);
+        let outcome = agent.run(history, input).await;
+
+        // Whatever happened, what the task wrote is kept.
+        let kept = self.collect(task, attempt, &workspace, &base, &workdir, &sync).await;
+        if !self.opts.keep_workdirs {
+            let _ = tokio::fs::remove_dir_all(&workdir).await;
+        }
+        match outcome {
+            Ok(Outcome::Answered { text, usage, .. }) => match kept {
+                Ok(()) => Ok((text, usage)),
+                Err(e) => Err((format!("the task's changes could not be saved: {e}"), usage)),
+            },
+            Ok(Outcome::TurnLimit { turns, usage }) => {
+                Err((format!("worker `{}` reached its turn limit ({turns}) without a report", task.worker), usage))
+            }
+            Ok(Outcome::Cancelled { usage, .. }) => Err(("cancelled".into(), usage)),
+            Err(e) => Err((e.to_string(), none)),
+        }
+    }
+
+    async fn prepare(&self, job: JobId, workdir: &Path) -> Result<(Workspace, Manifest, Workbench, Manifest), StoreError> {
+        if workdir.exists() {
+            tokio::fs::remove_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
+        }
+        tokio::fs::create_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
+        let workspace = Workspace::new(self.objects.clone(), job);
+        let base = workspace.load().await?;
+        workspace.checkout(&base, workdir).await?;
+        let workbench = Workbench::new(self.objects.clone(), job);
+        let wb_base = workbench.materialize(&workdir.join(MOUNT)).await?;
+        Ok((workspace, base, workbench, wb_base))
+    }
+
+    /// Final workbench sync, and the workspace changeset for the job's owner.
+    async fn collect(
+        &self,
+        task: &Task,
+        attempt: u32,
+        workspace: &Workspace,
+        base: &Manifest,
+        workdir: &Path,
+        sync: &WorkbenchSync,
+    ) -> Result<(), StoreError> {
+        sync.sync().await?;
+        let cs = workspace.diff(base, workdir).await?;
+        if !cs.is_empty() {
+            workspace.put_changeset(task.id, attempt, &cs).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Post-tool hook: after any call that may write, push workbench changes to
+/// object storage so the coordinator and other tasks see them at once.
+struct WorkbenchSync {
+    workbench: Workbench,
+    mount: PathBuf,
+    base: tokio::sync::Mutex<Manifest>,
+}
+
+impl WorkbenchSync {
+    async fn sync(&self) -> Result<(), StoreError> {
+        let mut base = self.base.lock().await;
+        self.workbench.sync(&self.mount, &mut base).await.map(|_| ())
+    }
+}
+
+#[async_trait]
+impl PostToolHook for WorkbenchSync {
+    async fn after(&self, tool: &str, _input: &serde_json::Value, _output: &mut ToolOutput, _ctx: &HookContext) {
+        if may_write(tool)
+            && let Err(e) = self.sync().await
+        {
+            tracing::warn!(error = %e, "workbench sync failed; retried after the next write");
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! `Bash`: a shell command in the working directory, with a timeout, its own
+//! process group (killed whole on timeout or cancel), captured output capped,
+//! and an environment built from an allowlist — never the service's secrets.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flower_agent::tool::{str_field, uint_field};
+use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
+
+use crate::sandbox::Sandbox;
+
+/// Variables passed through from the worker's environment when set.
+const PASS_THROUGH: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
+/// Longest timeout a call may ask for.
+const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+
+pub struct BashTool {
+    sandbox: Sandbox,
+    timeout: Duration,
+    output_limit: usize,
+}
+
+impl BashTool {
+    pub fn new(sandbox: Sandbox, timeout: Duration, output_limit: usize) -> Self {
+        Self { sandbox, timeout, output_limit }
+    }
+}
+
+/// The environment a command gets: the allowlist, plus fixed values.
+pub fn command_env(workdir: &std::path::Path) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> =
+        PASS_THROUGH.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+    }
+    env.push(("HOME".into(), workdir.display().to_string()));
+    env.push(("PWD".into(), workdir.display().to_string()));
+    env.push(("TERM".into(), "dumb".into()));
+    env.push(("SHELL".into(), "/bin/bash".into()));
+    env
+}
+
+/// Output of both streams, interleaved as read, capped at `limit` bytes.
+#[derive(Default)]
+struct Captured {
+    bytes: Vec<u8>,
+    dropped: usize,
+}
+
+async fn pump(mut r: impl AsyncRead + Unpin, sink: Arc<Mutex<Captured>>, limit: usize) {
+    let mut buf = [0u8; 8192];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let mut c = sink.lock().unwrap_or_else(|p| p.into_inner());
+                let room = limit.saturating_sub(c.bytes.len());
+                let take = room.min(n);
+                c.bytes.extend_from_slice(&buf[..take]);
+                c.dropped += n - take;
+            }
+        }
+    }
+}
+
+enum Ended {
+    Exited(std::process::ExitStatus),
+    TimedOut,
+    Cancelled,
+}
+
+#[async_trait]
+impl Tool for BashTool {
+    fn name(&self) -> &str {
+        "Bash"
+    }
+    fn description(&self) -> String {
+        format!(
+            "Run a bash command in the working directory. Output (stdout and stderr) is captured up to {} KiB. \
+             Optional `timeout` in milliseconds (default {} s, at most {} s); on timeout the whole process group is killed. \
+             The environment is minimal: no credentials are available.",
+            self.output_limit / 1024,
+            self.timeout.as_secs(),
+            MAX_TIMEOUT.as_secs()
+        )
+    }
+    fn input_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "The command line"},
+                "timeout": {"type": "integer", "minimum": 1, "description": "Milliseconds"},
+                "description": {"type": "string", "description": "What the command does, in a few words"}
+            },
+            "required": ["command"]
+        })
+    }
+    async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        let command = str_field(&input, "command")?.to_string();
+        let timeout = uint_field(&input, "timeout")?.map_or(self.timeout, Duration::from_millis).min(MAX_TIMEOUT);
+        let root = self.sandbox.root().to_path_buf();
+        let mut child = Command::new("bash")
+            .arg("-c")
+            .arg(&command)
+            .current_dir(&root)
+            .env_clear()
+            .envs(command_env(&root))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| ToolError::RespondToModel(format!("could not start bash: {e}")))?;
+        let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+        let captured = Arc::new(Mutex::new(Captured::default()));
+        let mut readers = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            readers.push(tokio::spawn(pump(out, captured.clone(), self.output_limit)));
+        }
+        if let Some(err) = child.stderr.take() {
+            readers.push(tokio::spawn(pump(err, captured.clone(), self.output_limit)));
+        }
+        let ended = tokio::select! {
+            status = child.wait() => Ended::Exited(status.map_err(|e| ToolError::RespondToModel(e.to_string()))?),
+            _ = tokio::time::sleep(timeout) => Ended::TimedOut,
+            _ = ctx.cancel.cancelled() => Ended::Cancelled,
+        };
+        if !matches!(ended, Ended::Exited(_)) {
+            if let Some(pgid) = pgid {
+                // The group may already be gone; that is the wanted state.
+                let _ = killpg(pgid, Signal::SIGKILL);
+            }
+            let _ = child.wait().await;
+        }
+        for r in readers {
+            // Background children that kept the pipes open: stop waiting after a moment.
+            let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
+        }
+        let c = std::mem::take(&mut *captured.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut text = String::from_utf8_lossy(&c.bytes).into_owned();
+        if c.dropped > 0 {
+            text.push_str(&format!("\n[output cut: {} more bytes not captured]", c.dropped));
+        }
+        let (suffix, is_error) = match ended {
+            Ended::Exited(s) if s.success() => (String::new(), false),
+            Ended::Exited(s) => (format!("\n[exit code {}]", s.code().map_or("signal".into(), |c| c.to_string())), true),
+            Ended::TimedOut => (format!("\n[timed out after {} ms; process group killed]", timeout.as_millis()), true),
+            Ended::Cancelled => ("\n[cancelled; process group killed]".into(), true),
+        };
+        text.push_str(&suffix);
+        if text.trim().is_empty() {
+            text = "(no output)".into();
+        }
+        Ok(ToolOutput { is_error, ..ToolOutput::text(text) })
+    }
+}

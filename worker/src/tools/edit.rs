@@ -1,0 +1,91 @@
+//! `Edit`: replace an exact string in a file beneath the working directory.
+
+use async_trait::async_trait;
+use flower_agent::tool::str_field;
+use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
+use serde_json::{Value, json};
+
+use crate::sandbox::Sandbox;
+use crate::tools::write::write_beneath;
+
+pub struct EditTool {
+    sandbox: Sandbox,
+}
+
+impl EditTool {
+    pub fn new(sandbox: Sandbox) -> Self {
+        Self { sandbox }
+    }
+}
+
+/// The edited text, or why the edit cannot be made.
+pub fn apply_edit(text: &str, old: &str, new: &str, replace_all: bool) -> Result<(String, usize), String> {
+    if old.is_empty() {
+        return Err("old_string is empty; use Write to create a file".into());
+    }
+    if old == new {
+        return Err("old_string and new_string are the same; nothing to change".into());
+    }
+    let n = text.matches(old).count();
+    match (n, replace_all) {
+        (0, _) => Err("old_string was not found in the file (it must match exactly, whitespace included)".into()),
+        (1, _) | (_, true) => Ok((text.replace(old, new), n)),
+        (n, false) => Err(format!(
+            "old_string occurs {n} times; give more surrounding context to make it unique, or set replace_all"
+        )),
+    }
+}
+
+#[async_trait]
+impl Tool for EditTool {
+    fn name(&self) -> &str {
+        "Edit"
+    }
+    fn description(&self) -> String {
+        "Replace `old_string` with `new_string` in a file beneath the working directory. \
+         `old_string` must occur exactly once unless `replace_all` is true."
+            .into()
+    }
+    fn input_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "file_path": {"type": "string"},
+                "old_string": {"type": "string"},
+                "new_string": {"type": "string"},
+                "replace_all": {"type": "boolean", "default": false}
+            },
+            "required": ["file_path", "old_string", "new_string"]
+        })
+    }
+    async fn call(&self, input: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        let given = str_field(&input, "file_path")?.to_string();
+        let old = str_field(&input, "old_string")?.to_string();
+        let new = str_field(&input, "new_string")?.to_string();
+        let all = input.get("replace_all").and_then(Value::as_bool).unwrap_or(false);
+        let rel = self.sandbox.relative(&given)?;
+        let sb = self.sandbox.clone();
+        tokio::task::spawn_blocking(move || {
+            let text = sb.dir().read_to_string(&rel).map_err(|e| sb.io_error(&given, e))?;
+            let (edited, n) = apply_edit(&text, &old, &new, all).map_err(|m| ToolError::RespondToModel(format!("{given}: {m}")))?;
+            write_beneath(&sb, &given, &rel, &edited)?;
+            Ok(ToolOutput::text(format!("edited {given}: {n} replacement(s)")))
+        })
+        .await
+        .map_err(|e| ToolError::Fatal(e.to_string()))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edits_must_be_unique_unless_replace_all() {
+        assert_eq!(apply_edit("a b a", "b", "c", false).unwrap(), ("a c a".to_string(), 1));
+        assert!(apply_edit("a b a", "a", "c", false).unwrap_err().contains("occurs 2 times"));
+        assert_eq!(apply_edit("a b a", "a", "c", true).unwrap(), ("c b c".to_string(), 2));
+        assert!(apply_edit("a", "z", "c", false).is_err());
+        assert!(apply_edit("a", "", "c", false).is_err());
+    }
+}
