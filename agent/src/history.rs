@@ -65,30 +65,39 @@ mod tests {
     fn consecutive_user_entries_merge_with_results_first() {
         let entries = vec![
             entry(EntryKind::User, vec![ContentBlock::text("goal")]),
-            entry(EntryKind::Assistant, vec![
-                ContentBlock::ToolUse { id: "a".into(), name: "Read".into(), input: json!({}) },
-                ContentBlock::ToolUse { id: "b".into(), name: "Read".into(), input: json!({}) },
-            ]),
+            entry(
+                EntryKind::Assistant,
+                vec![
+                    ContentBlock::ToolUse { id: "a".into(), name: "Read".into(), input: json!({}) },
+                    ContentBlock::ToolUse { id: "b".into(), name: "Read".into(), input: json!({}) },
+                ],
+            ),
             entry(EntryKind::ToolResult, vec![ContentBlock::tool_result("a", "1", false)]),
             entry(EntryKind::Notice, vec![ContentBlock::text("<system-reminder>x</system-reminder>")]),
             entry(EntryKind::ToolResult, vec![ContentBlock::tool_result("b", "2", false)]),
         ];
         let m = to_messages(&entries);
         assert_eq!(m.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(), vec!["user", "assistant", "user"]);
-        assert_eq!(m[2].content, vec![
-            ContentBlock::tool_result("a", "1", false),
-            ContentBlock::tool_result("b", "2", false),
-            ContentBlock::text("<system-reminder>x</system-reminder>"),
-        ]);
+        assert_eq!(
+            m[2].content,
+            vec![
+                ContentBlock::tool_result("a", "1", false),
+                ContentBlock::tool_result("b", "2", false),
+                ContentBlock::text("<system-reminder>x</system-reminder>"),
+            ]
+        );
     }
 
     #[test]
     fn unanswered_calls_are_found() {
         let entries = vec![
-            entry(EntryKind::Assistant, vec![
-                ContentBlock::ToolUse { id: "a".into(), name: "Bash".into(), input: json!({}) },
-                ContentBlock::ToolUse { id: "b".into(), name: "Read".into(), input: json!({}) },
-            ]),
+            entry(
+                EntryKind::Assistant,
+                vec![
+                    ContentBlock::ToolUse { id: "a".into(), name: "Bash".into(), input: json!({}) },
+                    ContentBlock::ToolUse { id: "b".into(), name: "Read".into(), input: json!({}) },
+                ],
+            ),
             entry(EntryKind::ToolResult, vec![ContentBlock::tool_result("a", "1", false)]),
         ];
         assert_eq!(unanswered_calls(&entries), vec![("b".to_string(), "Read".to_string())]);

@@ -23,7 +23,10 @@ pub struct HookContext {
 pub enum PreDecision {
     Allow,
     /// Refuse: the model sees `reason`; the result entry gets `denial_kind = kind`.
-    Deny { kind: String, reason: String },
+    Deny {
+        kind: String,
+        reason: String,
+    },
     /// Run with this input instead.
     Rewrite(serde_json::Value),
 }

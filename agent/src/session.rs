@@ -33,10 +33,20 @@ pub struct SessionConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
     /// The model answered without calling a tool.
-    Answered { text: String, turns: u32, usage: Usage },
+    Answered {
+        text: String,
+        turns: u32,
+        usage: Usage,
+    },
     /// `max_turns` model calls were made without a final answer.
-    TurnLimit { turns: u32, usage: Usage },
-    Cancelled { turns: u32, usage: Usage },
+    TurnLimit {
+        turns: u32,
+        usage: Usage,
+    },
+    Cancelled {
+        turns: u32,
+        usage: Usage,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -153,7 +163,10 @@ impl AgentSession {
                 })
                 .collect();
             for (id, name, _) in &calls {
-                w.event(c.job_id, EventKind::ToolCalled { session: c.session_id, tool: name.clone(), tool_use_id: id.clone() });
+                w.event(
+                    c.job_id,
+                    EventKind::ToolCalled { session: c.session_id, tool: name.clone(), tool_use_id: id.clone() },
+                );
             }
             // The assistant turn is durable before any tool acts on it.
             w.flush().await?;
@@ -171,10 +184,15 @@ impl AgentSession {
             }
             let results = self.run_calls(&calls).await?;
             for ((id, name, _), out) in calls.iter().zip(results) {
-                let chars = out.content.iter().map(|b| if let ResultBlock::Text { text } = b { text.len() } else { 0 }).sum();
+                let chars =
+                    out.content.iter().map(|b| if let ResultBlock::Text { text } = b { text.len() } else { 0 }).sum();
                 let mut e = self.entry(
                     EntryKind::ToolResult,
-                    vec![ContentBlock::ToolResult { tool_use_id: id.clone(), content: out.content, is_error: out.is_error }],
+                    vec![ContentBlock::ToolResult {
+                        tool_use_id: id.clone(),
+                        content: out.content,
+                        is_error: out.is_error,
+                    }],
                 );
                 e.tool_name = Some(name.clone());
                 e.markers = out.markers;

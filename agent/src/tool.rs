@@ -98,7 +98,11 @@ impl ToolSet {
         self.order
             .iter()
             .filter_map(|n| self.tools.get(n))
-            .map(|t| ToolDef { name: t.name().to_string(), description: t.description(), input_schema: t.input_schema() })
+            .map(|t| ToolDef {
+                name: t.name().to_string(),
+                description: t.description(),
+                input_schema: t.input_schema(),
+            })
             .collect()
     }
 }

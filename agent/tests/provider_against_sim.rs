@@ -1,6 +1,7 @@
 //! The Anthropic client against the simulator over real HTTP: streaming and
 //! non-streaming assembly, retries of retryable failures, fast failure of
 //! fatal ones.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -20,7 +20,7 @@ mod home;
 /// delegates to worker agents; their long outputs go to a workbench, not into
 /// the coordinator's context.
 #[derive(Parser)]
-#[command(name = "flower", version, about, long_about = None)]
+#[command(name = "flower", version)]
 struct Cli {
     /// Where the embedded mode keeps its database, objects and task folders
     /// [default: $XDG_DATA_HOME/flower or ~/.local/share/flower]
@@ -49,7 +49,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -76,7 +76,9 @@ impl Dispatcher {
         // The row is committed before the message that points at it is published.
         self.journal.announce(&written).await;
         if !task.state.is_terminal() {
-            self.queue.publish(TaskMessage { job_id: d.job, task_id: id, worker: task.worker.clone(), epoch: self.epoch }).await?;
+            self.queue
+                .publish(TaskMessage { job_id: d.job, task_id: id, worker: task.worker.clone(), epoch: self.epoch })
+                .await?;
         }
         Ok(task)
     }
@@ -114,7 +116,10 @@ impl Dispatcher {
         let conflicts = apply(&mut current, &cs);
         self.workspace.save(&current).await?;
         if !conflicts.is_empty() {
-            let events = conflicts.into_iter().map(|path| (task.job_id, EventKind::WorkspaceConflict { path, task: task.id })).collect();
+            let events = conflicts
+                .into_iter()
+                .map(|path| (task.job_id, EventKind::WorkspaceConflict { path, task: task.id }))
+                .collect();
             self.journal.commit(Batch { events, ..Default::default() }).await?;
         }
         Ok(cs.changes.len())

@@ -79,8 +79,9 @@ impl EmbeddedRuntime {
         std::fs::create_dir_all(home.join("objects")).map_err(home_err)?;
         let home = home.canonicalize().map_err(home_err)?;
         let store = Arc::new(SqliteStore::open(&home.join("flower.db"))?);
-        let objects: Arc<dyn ObjectStore> =
-            Arc::new(LocalFileSystem::new_with_prefix(home.join("objects")).map_err(|e| StoreError::Backend(e.to_string()))?);
+        let objects: Arc<dyn ObjectStore> = Arc::new(
+            LocalFileSystem::new_with_prefix(home.join("objects")).map_err(|e| StoreError::Backend(e.to_string()))?,
+        );
         Ok(Self { home, store, objects, bus: MemoryBus::new() })
     }
 
@@ -149,7 +150,9 @@ impl EmbeddedRuntime {
                 None,
                 turns,
             ),
-            Ok(Outcome::Cancelled { turns, .. }) => (JobState::Cancelled, Some("cancelled by the user".into()), None, turns),
+            Ok(Outcome::Cancelled { turns, .. }) => {
+                (JobState::Cancelled, Some("cancelled by the user".into()), None, turns)
+            }
             Err(e) => (JobState::Failed, Some(e.to_string()), None, 0),
         };
         if state != JobState::Succeeded {
@@ -221,7 +224,8 @@ impl EmbeddedRuntime {
                     message: "required with provider `sim`".into(),
                 })?;
                 let scenario = Scenario::load(path)?;
-                let handle = flower_sim::start(scenario, ([127, 0, 0, 1], 0).into()).await.map_err(RunError::Simulator)?;
+                let handle =
+                    flower_sim::start(scenario, ([127, 0, 0, 1], 0).into()).await.map_err(RunError::Simulator)?;
                 config.base_url = handle.base_url();
                 config.api_key = None;
                 sim = Some(handle);
@@ -236,7 +240,14 @@ impl EmbeddedRuntime {
     }
 
     /// Move the job to `state`, with its event.
-    async fn end(&self, journal: &Journal, job: JobId, state: JobState, reason: Option<String>, answer: Option<String>) -> Result<(), RunError> {
+    async fn end(
+        &self,
+        journal: &Journal,
+        job: JobId,
+        state: JobState,
+        reason: Option<String>,
+        answer: Option<String>,
+    ) -> Result<(), RunError> {
         let written = journal.store().set_job_state(job, state, reason, answer).await?;
         journal.announce(&written).await;
         Ok(())

@@ -4,11 +4,8 @@
 use flower_model::JobSpec;
 
 pub fn system_prompt(spec: &JobSpec) -> Vec<String> {
-    let workers: Vec<String> = spec
-        .delegable_workers()
-        .iter()
-        .map(|(name, w)| format!("- `{name}`: {}", w.description.trim()))
-        .collect();
+    let workers: Vec<String> =
+        spec.delegable_workers().iter().map(|(name, w)| format!("- `{name}`: {}", w.description.trim())).collect();
     let base = format!(
         "You are the flower coordinator `{name}`. You lead one job: you break the goal down, delegate each piece \
          of hands-on work to a worker with the `Agent` tool, read the workers' short reports, decide, and give the \

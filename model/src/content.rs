@@ -122,9 +122,10 @@ mod tests {
 
     #[test]
     fn tool_result_content_may_be_a_string() {
-        let r: ContentBlock =
-            serde_json::from_value(json!({"type": "tool_result", "tool_use_id": "t", "content": "plain", "is_error": true}))
-                .unwrap();
+        let r: ContentBlock = serde_json::from_value(
+            json!({"type": "tool_result", "tool_use_id": "t", "content": "plain", "is_error": true}),
+        )
+        .unwrap();
         assert_eq!(r, ContentBlock::tool_result("t", "plain", true));
     }
 }

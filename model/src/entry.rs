@@ -73,7 +73,13 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn new(job_id: JobId, session_id: SessionId, parent_uuid: Option<Uuid>, kind: EntryKind, content: Vec<ContentBlock>) -> Self {
+    pub fn new(
+        job_id: JobId,
+        session_id: SessionId,
+        parent_uuid: Option<Uuid>,
+        kind: EntryKind,
+        content: Vec<ContentBlock>,
+    ) -> Self {
         Self {
             uuid: Uuid::new_v4(),
             parent_uuid,

@@ -155,7 +155,10 @@ impl JobSpec {
     /// Deserialize a JSON value (as stored with a job) and validate it.
     pub fn from_value(value: serde_json::Value) -> Result<Self, SpecError> {
         if !value.is_object() {
-            return Err(SpecError::new("(document)", "a job spec is a mapping with `name`, `goal`, `coordinator` and `workers`"));
+            return Err(SpecError::new(
+                "(document)",
+                "a job spec is a mapping with `name`, `goal`, `coordinator` and `workers`",
+            ));
         }
         let spec: JobSpec = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
@@ -224,7 +227,10 @@ impl JobSpec {
         }
         if let Some(list) = &self.coordinator.workers {
             if list.is_empty() {
-                return Err(SpecError::new("coordinator.workers", "empty: the coordinator needs a worker to delegate to"));
+                return Err(SpecError::new(
+                    "coordinator.workers",
+                    "empty: the coordinator needs a worker to delegate to",
+                ));
             }
             for (i, name) in list.iter().enumerate() {
                 if !self.workers.contains_key(name) {
@@ -273,7 +279,9 @@ impl JobSpec {
     /// The workers the coordinator may delegate to, by name.
     pub fn delegable_workers(&self) -> Vec<(&str, &WorkerSpec)> {
         match &self.coordinator.workers {
-            Some(list) => list.iter().filter_map(|n| self.workers.get_key_value(n)).map(|(k, v)| (k.as_str(), v)).collect(),
+            Some(list) => {
+                list.iter().filter_map(|n| self.workers.get_key_value(n)).map(|(k, v)| (k.as_str(), v)).collect()
+            }
             None => self.workers.iter().map(|(k, v)| (k.as_str(), v)).collect(),
         }
     }
@@ -369,7 +377,8 @@ workers:
 
     #[test]
     fn durations_and_sizes_are_typed() {
-        let spec = JobSpec::parse(&format!("{GOOD}runtime:\n  bash_timeout: 5s\n  bash_output_limit: 1 MiB\n")).unwrap();
+        let spec =
+            JobSpec::parse(&format!("{GOOD}runtime:\n  bash_timeout: 5s\n  bash_output_limit: 1 MiB\n")).unwrap();
         assert_eq!(spec.runtime.bash_timeout, Duration::from_secs(5));
         assert_eq!(spec.runtime.bash_output_limit, ByteSize::mib(1));
         let e = err(&format!("{GOOD}runtime:\n  bash_timeout: 0s\n"));

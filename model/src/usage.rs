@@ -55,14 +55,8 @@ impl Usage {
         take(&mut self.output_tokens, later.output_tokens);
         take(&mut self.cache_creation_input_tokens, later.cache_creation_input_tokens);
         take(&mut self.cache_read_input_tokens, later.cache_read_input_tokens);
-        take(
-            &mut self.cache_creation.ephemeral_5m_input_tokens,
-            later.cache_creation.ephemeral_5m_input_tokens,
-        );
-        take(
-            &mut self.cache_creation.ephemeral_1h_input_tokens,
-            later.cache_creation.ephemeral_1h_input_tokens,
-        );
+        take(&mut self.cache_creation.ephemeral_5m_input_tokens, later.cache_creation.ephemeral_5m_input_tokens);
+        take(&mut self.cache_creation.ephemeral_1h_input_tokens, later.cache_creation.ephemeral_1h_input_tokens);
     }
 
     /// Cache reads / (uncached input + cache reads + cache writes); `None` before any input.

@@ -15,7 +15,11 @@ use crate::scenario::{Scenario, Step, ToolCall};
 pub enum Reply {
     Message(Planned),
     /// An API error: HTTP status, error type, message.
-    Error { status: u16, kind: String, message: String },
+    Error {
+        status: u16,
+        kind: String,
+        message: String,
+    },
 }
 
 /// A planned assistant message.
@@ -33,7 +37,8 @@ pub struct Planned {
 }
 
 /// The text answered to a request no scripted role matches.
-pub const DEFAULT_TEXT: &str = "Hello from flower sim. No scripted role matched this request, so this is the default reply.";
+pub const DEFAULT_TEXT: &str =
+    "Hello from flower sim. No scripted role matched this request, so this is the default reply.";
 const TEMPLATE_CAP: usize = 4000;
 
 pub struct Engine {
@@ -72,18 +77,30 @@ impl Engine {
         let model = body["model"].as_str().unwrap_or_default().to_string();
         let model = self.scenario.model.clone().unwrap_or(model);
         let messages = body["messages"].as_array().map(Vec::as_slice).unwrap_or_default();
-        let input_tokens = estimate_tokens(body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len());
+        let input_tokens = estimate_tokens(
+            body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len(),
+        );
         let system = system_text(&body["system"]);
         let first_user = messages.first().map(|m| content_text(&m["content"])).unwrap_or_default();
 
         let Some(role_idx) = self.scenario.role_for(&system, &first_user) else {
-            return Reply::Message(planned(model, vec![json!({"type": "text", "text": DEFAULT_TEXT})], input_tokens, false));
+            return Reply::Message(planned(
+                model,
+                vec![json!({"type": "text", "text": DEFAULT_TEXT})],
+                input_tokens,
+                false,
+            ));
         };
         let role = &self.scenario.roles[role_idx];
         let seen = highest_step(messages);
         let next = seen.map_or(0, |s| s + 1);
         let Some(step) = role.steps.get(next) else {
-            return Reply::Message(planned(model, vec![json!({"type": "text", "text": "(scenario complete)"})], input_tokens, false));
+            return Reply::Message(planned(
+                model,
+                vec![json!({"type": "text", "text": "(scenario complete)"})],
+                input_tokens,
+                false,
+            ));
         };
         let fingerprint = hex::encode(Sha256::digest(body.to_string().as_bytes()));
         if let Some(f) = &step.fail
@@ -255,7 +272,9 @@ fn render_value(v: &Value, results: &ResultIndex, steps: &[Step]) -> Value {
     match v {
         Value::String(s) => Value::String(results.render(s, steps)),
         Value::Array(a) => Value::Array(a.iter().map(|x| render_value(x, results, steps)).collect()),
-        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), render_value(x, results, steps))).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, x)| (k.clone(), render_value(x, results, steps))).collect())
+        }
         other => other.clone(),
     }
 }
@@ -275,9 +294,13 @@ fn validate(body: &Value) -> Result<(), Reply> {
     if let Some(tools) = body["tools"].as_array() {
         for (i, t) in tools.iter().enumerate() {
             let name = t["name"].as_str().unwrap_or_default();
-            let ok = !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            let ok = !name.is_empty()
+                && name.len() <= 64
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
             if !ok {
-                return Err(invalid(format!("tools.{i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'")));
+                return Err(invalid(format!(
+                    "tools.{i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'"
+                )));
             }
         }
     }
@@ -313,11 +336,8 @@ fn validate(body: &Value) -> Result<(), Reply> {
             continue;
         }
         let next = messages.get(i + 1).and_then(|n| n["content"].as_array()).map(Vec::as_slice).unwrap_or_default();
-        let leading: Vec<&str> = next
-            .iter()
-            .take_while(|b| b["type"] == "tool_result")
-            .filter_map(|b| b["tool_use_id"].as_str())
-            .collect();
+        let leading: Vec<&str> =
+            next.iter().take_while(|b| b["type"] == "tool_result").filter_map(|b| b["tool_use_id"].as_str()).collect();
         let missing: Vec<&str> = ids.iter().copied().filter(|id| !leading.contains(id)).collect();
         if !missing.is_empty() && i + 1 < messages.len() {
             return Err(invalid(format!(
@@ -326,7 +346,9 @@ fn validate(body: &Value) -> Result<(), Reply> {
             )));
         }
         if i + 1 == messages.len() {
-            return Err(invalid("the final message must be a user message; an assistant prefill cannot end in tool_use"));
+            return Err(invalid(
+                "the final message must be a user message; an assistant prefill cannot end in tool_use",
+            ));
         }
     }
     Ok(())
@@ -390,7 +412,11 @@ roles:
             {"role": "user", "content": results},
         ]);
         let second = msg(e.reply(&req(history.clone())));
-        assert_eq!(second.content, vec![json!({"type": "text", "text": "it failed: BBB"})], "branch on the last result");
+        assert_eq!(
+            second.content,
+            vec![json!({"type": "text", "text": "it failed: BBB"})],
+            "branch on the last result"
+        );
         assert_eq!(second.stop_reason, "end_turn");
 
         // The same request again gives the same step: choice is stateless.
@@ -416,7 +442,9 @@ roles:
 
     #[test]
     fn unmatched_requests_get_the_default_reply() {
-        let p = msg(engine().reply(&json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})));
+        let p =
+            msg(engine()
+                .reply(&json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})));
         assert_eq!(p.content, vec![json!({"type": "text", "text": DEFAULT_TEXT})]);
         assert!(p.input_tokens > 0 && p.output_tokens > 0);
     }
@@ -431,15 +459,24 @@ roles:
         ])));
         let Reply::Error { status, kind, message } = r else { panic!() };
         assert_eq!((status, kind.as_str()), (400, "invalid_request_error"));
-        assert!(message.contains("`tool_use` ids were found without `tool_result` blocks immediately after: toolu_1"), "{message}");
+        assert!(
+            message.contains("`tool_use` ids were found without `tool_result` blocks immediately after: toolu_1"),
+            "{message}"
+        );
         assert!(matches!(e.reply(&json!({"model": "m", "messages": []})), Reply::Error { status: 400, .. }));
-        assert!(matches!(e.reply(&req(json!([{"role": "assistant", "content": "x"}]))), Reply::Error { status: 400, .. }));
+        assert!(matches!(
+            e.reply(&req(json!([{"role": "assistant", "content": "x"}]))),
+            Reply::Error { status: 400, .. }
+        ));
     }
 
     #[test]
     fn faults_fail_k_times_per_fingerprint() {
         let e = Engine::new(
-            Scenario::parse("roles:\n  - name: r\n    steps:\n      - id: a\n        text: ok\n        fail: {times: 2}\n").unwrap(),
+            Scenario::parse(
+                "roles:\n  - name: r\n    steps:\n      - id: a\n        text: ok\n        fail: {times: 2}\n",
+            )
+            .unwrap(),
         );
         let r = req(json!([{"role": "user", "content": "x"}]));
         assert!(matches!(e.reply(&r), Reply::Error { status: 529, .. }));

@@ -183,8 +183,10 @@ impl Scenario {
     }
 
     pub fn load(path: &std::path::Path) -> Result<Self, ScenarioError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ScenarioError { field: "(document)".into(), message: format!("cannot read {}: {e}", path.display()) })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+            field: "(document)".into(),
+            message: format!("cannot read {}: {e}", path.display()),
+        })?;
         Self::parse(&text)
     }
 
@@ -194,10 +196,16 @@ impl Scenario {
             for (s, step) in role.steps.iter().enumerate() {
                 let field = format!("roles[{r}].steps[{s}].id");
                 if step.id.is_empty() || !step.id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-                    return Err(ScenarioError { field, message: format!("`{}`: use letters, digits and `-`", step.id) });
+                    return Err(ScenarioError {
+                        field,
+                        message: format!("`{}`: use letters, digits and `-`", step.id),
+                    });
                 }
                 if !seen.insert(step.id.as_str()) {
-                    return Err(ScenarioError { field, message: format!("`{}` is used twice in role `{}`", step.id, role.name) });
+                    return Err(ScenarioError {
+                        field,
+                        message: format!("`{}` is used twice in role `{}`", step.id, role.name),
+                    });
                 }
                 for (b, br) in step.branches.iter().enumerate() {
                     if br.when == When::default() {

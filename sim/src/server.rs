@@ -125,7 +125,9 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
     }
     let body: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
-        Err(e) => return error_response(400, "invalid_request_error", &format!("There was an error parsing the body: {e}")),
+        Err(e) => {
+            return error_response(400, "invalid_request_error", &format!("There was an error parsing the body: {e}"));
+        }
     };
     let stream = body["stream"].as_bool().unwrap_or(false);
     let latency = engine.scenario().latency;
@@ -191,7 +193,11 @@ fn chunks(s: &str, n: usize) -> Vec<&str> {
     out
 }
 
-async fn stream_message(p: Planned, latency: Latency, tx: mpsc::Sender<Result<Bytes, std::io::Error>>) -> Result<(), Infallible> {
+async fn stream_message(
+    p: Planned,
+    latency: Latency,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+) -> Result<(), Infallible> {
     sleep_ms(latency.ttft_ms).await;
     let send = |b: Bytes| {
         let tx = tx.clone();
@@ -199,7 +205,7 @@ async fn stream_message(p: Planned, latency: Latency, tx: mpsc::Sender<Result<By
     };
     let pace = |piece: &str| {
         let tokens = piece.len().div_ceil(4) as u64;
-        if latency.tokens_per_sec == 0 { 0 } else { tokens * 1000 / latency.tokens_per_sec }
+        (tokens * 1000).checked_div(latency.tokens_per_sec).unwrap_or(0)
     };
     let start = json!({"type": "message_start", "message": {
         "id": p.id, "type": "message", "role": "assistant", "model": p.model, "content": [],
@@ -216,9 +222,19 @@ async fn stream_message(p: Planned, latency: Latency, tx: mpsc::Sender<Result<By
                 "input_json_delta",
                 "partial_json",
             ),
-            _ => (json!({"type": "text", "text": ""}), block["text"].as_str().unwrap_or_default().to_string(), "text_delta", "text"),
+            _ => (
+                json!({"type": "text", "text": ""}),
+                block["text"].as_str().unwrap_or_default().to_string(),
+                "text_delta",
+                "text",
+            ),
         };
-        if !send(frame("content_block_start", &json!({"type": "content_block_start", "index": i, "content_block": start_block}))).await {
+        if !send(frame(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": i, "content_block": start_block}),
+        ))
+        .await
+        {
             return Ok(());
         }
         for piece in chunks(&pieces, 48) {

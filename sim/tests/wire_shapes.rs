@@ -1,5 +1,6 @@
 //! The simulator's HTTP responses, read raw: event order and field shapes of
 //! the Anthropic Messages API.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use serde_json::{Value, json};
 
@@ -91,6 +92,7 @@ async fn non_streaming_and_error_bodies() {
     assert_eq!(v["error"]["type"], "invalid_request_error");
     assert!(v["error"]["message"].is_string());
 
-    let no_version = reqwest::Client::new().post(format!("{}/v1/messages", sim.base_url())).json(&body(false)).send().await.unwrap();
+    let no_version =
+        reqwest::Client::new().post(format!("{}/v1/messages", sim.base_url())).json(&body(false)).send().await.unwrap();
     assert_eq!(no_version.status(), 400);
 }

@@ -58,7 +58,12 @@ fn task(job: JobId, session: SessionId, tool_use: &str) -> Task {
 async fn jobs_and_idempotency(store: &dyn Store) {
     let id = new_job(store, Some("key-1")).await;
     let (again, created) = store
-        .create_job(NewJob { id: JobId::random(), name: "t".into(), spec: serde_json::json!({}), idempotency_key: Some("key-1".into()) })
+        .create_job(NewJob {
+            id: JobId::random(),
+            name: "t".into(),
+            spec: serde_json::json!({}),
+            idempotency_key: Some("key-1".into()),
+        })
         .await
         .unwrap();
     assert!(!created, "a repeated idempotency key returns the first job");
@@ -89,7 +94,8 @@ async fn transcripts_are_ordered_per_session(store: &dyn Store) {
     }
     let mut first = Entry::new(job, a, None, EntryKind::User, vec![ContentBlock::text("goal")]);
     first.markers.ephemeral = Some(true);
-    let mut second = Entry::new(job, a, Some(first.uuid), EntryKind::ToolResult, vec![ContentBlock::tool_result("t1", "no", true)]);
+    let mut second =
+        Entry::new(job, a, Some(first.uuid), EntryKind::ToolResult, vec![ContentBlock::tool_result("t1", "no", true)]);
     second.markers.denial_kind = Some("delegate_guard".into());
     second.markers.interrupted = true;
     let other = Entry::new(job, b, None, EntryKind::User, vec![ContentBlock::text("mandate")]);
@@ -129,9 +135,15 @@ async fn task_attempts_are_fenced(store: &dyn Store) {
     let (_, created, _) = store.create_task(t.clone()).await.unwrap();
     assert!(!created, "the derived id finds the existing task");
 
-    let Claim::Claimed { task: claimed, .. } = store.claim_task(t.id, 1, "w1").await.unwrap() else { panic!("first claim") };
+    let Claim::Claimed { task: claimed, .. } = store.claim_task(t.id, 1, "w1").await.unwrap() else {
+        panic!("first claim")
+    };
     assert_eq!((claimed.state, claimed.attempt, claimed.claimed_by.as_deref()), (TaskState::Running, 1, Some("w1")));
-    assert_eq!(store.claim_task(t.id, 1, "w2").await.unwrap(), Claim::Superseded { current_attempt: 1 }, "an attempt is claimed once");
+    assert_eq!(
+        store.claim_task(t.id, 1, "w2").await.unwrap(),
+        Claim::Superseded { current_attempt: 1 },
+        "an attempt is claimed once"
+    );
     assert!(matches!(store.claim_task(t.id, 2, "w2").await.unwrap(), Claim::Claimed { .. }), "a redelivery takes over");
     let stale = store.finish_task(t.id, 1, TaskOutcome::Succeeded { report: "old".into() }, Usage::default()).await;
     assert!(matches!(stale, Err(StoreError::Conflict(_))), "a superseded attempt cannot finish");
@@ -143,7 +155,11 @@ async fn task_attempts_are_fenced(store: &dyn Store) {
     assert!(matches!(store.claim_task(t.id, 3, "w3").await.unwrap(), Claim::AlreadyFinished(_)));
     assert_eq!(store.get_task(t.id).await.unwrap().report.as_deref(), Some("ok"));
     assert_eq!(store.get_task(t.id).await.unwrap().usage.input_tokens, 7);
-    assert_eq!(store.get_job(job).await.unwrap().usage.input_tokens, 0, "turn usage is counted per turn, not again per task");
+    assert_eq!(
+        store.get_job(job).await.unwrap().usage.input_tokens,
+        0,
+        "turn usage is counted per turn, not again per task"
+    );
 
     let pending = task(job, session, "toolu_b");
     store.create_task(pending.clone()).await.unwrap();

@@ -16,7 +16,9 @@
 //! never notifies anyone: callers publish notices after a write commits.
 
 use async_trait::async_trait;
-use flower_model::{Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, Usage};
+use flower_model::{
+    Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, Usage,
+};
 
 pub mod conformance;
 pub mod localfs;
@@ -105,7 +107,13 @@ pub trait Store: Send + Sync + 'static {
     /// Newest first.
     async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>>;
     /// Move a job to `state`, with its event, in one transaction.
-    async fn set_job_state(&self, id: JobId, state: JobState, reason: Option<String>, final_answer: Option<String>) -> Result<Written>;
+    async fn set_job_state(
+        &self,
+        id: JobId,
+        state: JobState,
+        reason: Option<String>,
+        final_answer: Option<String>,
+    ) -> Result<Written>;
 
     // ---- sessions and transcripts
     /// Register a session (idempotent), with its event when new.
@@ -129,7 +137,13 @@ pub trait Store: Send + Sync + 'static {
     /// End the task from `attempt`, recording its usage on the task (the job's
     /// total already counted it turn by turn). Rejected with [`StoreError::Conflict`] if that
     /// attempt no longer holds the task (superseded) or the task already ended.
-    async fn finish_task(&self, id: TaskId, attempt: u32, outcome: TaskOutcome, usage: Usage) -> Result<(Task, Written)>;
+    async fn finish_task(
+        &self,
+        id: TaskId,
+        attempt: u32,
+        outcome: TaskOutcome,
+        usage: Usage,
+    ) -> Result<(Task, Written)>;
     /// Cancel every task of a job that has not ended.
     async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written>;
 

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use flower_model::{
-    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, TaskState, Usage,
-    now_ms,
+    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, TaskState,
+    Usage, now_ms,
 };
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
@@ -273,18 +273,25 @@ impl Store for SqliteStore {
             let now = now_ms();
             tx.execute(
                 &format!("INSERT INTO jobs ({JOB_COLS}) VALUES (?1, ?2, 'queued', NULL, ?3, NULL, ?4, ?5, ?6, ?6)"),
-                params![job.id.to_string(), job.name, json(&job.spec)?, job.idempotency_key, json(&Usage::default())?, now],
+                params![
+                    job.id.to_string(),
+                    job.name,
+                    json(&job.spec)?,
+                    job.idempotency_key,
+                    json(&Usage::default())?,
+                    now
+                ],
             )?;
             write_event(tx, job.id, EventKind::JobState { state: JobState::Queued, reason: None })?;
-            let created = load_job(tx, &job.id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("job {}", job.id)))?;
+            let created =
+                load_job(tx, &job.id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("job {}", job.id)))?;
             Ok((created, true))
         })
         .await
     }
 
     async fn get_job(&self, id: JobId) -> Result<Job> {
-        self.run(move |c| load_job(c, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("job {id}"))))
-            .await
+        self.run(move |c| load_job(c, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("job {id}")))).await
     }
 
     async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId> {
@@ -315,7 +322,13 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn set_job_state(&self, id: JobId, state: JobState, reason: Option<String>, final_answer: Option<String>) -> Result<Written> {
+    async fn set_job_state(
+        &self,
+        id: JobId,
+        state: JobState,
+        reason: Option<String>,
+        final_answer: Option<String>,
+    ) -> Result<Written> {
         self.tx(move |tx| {
             let current = load_job(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
             if current.state.is_terminal() {
@@ -374,7 +387,8 @@ impl Store for SqliteStore {
 
     async fn get_session(&self, id: SessionId) -> Result<Session> {
         self.run(move |c| {
-            let mut stmt = c.prepare("SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE id = ?1")?;
+            let mut stmt =
+                c.prepare("SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE id = ?1")?;
             let mut rows = stmt.query(params![id.to_string()])?;
             match rows.next()? {
                 Some(r) => decode_session(r),
@@ -467,12 +481,14 @@ impl Store for SqliteStore {
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Task> {
-        self.run(move |c| load_task(c, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))).await
+        self.run(move |c| load_task(c, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}"))))
+            .await
     }
 
     async fn tasks(&self, job: JobId) -> Result<Vec<Task>> {
         self.run(move |c| {
-            let mut stmt = c.prepare(&format!("SELECT {TASK_COLS} FROM tasks WHERE job_id = ?1 ORDER BY created_at, rowid"))?;
+            let mut stmt =
+                c.prepare(&format!("SELECT {TASK_COLS} FROM tasks WHERE job_id = ?1 ORDER BY created_at, rowid"))?;
             let mut rows = stmt.query(params![job.to_string()])?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
@@ -506,7 +522,13 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn finish_task(&self, id: TaskId, attempt: u32, outcome: TaskOutcome, usage: Usage) -> Result<(Task, Written)> {
+    async fn finish_task(
+        &self,
+        id: TaskId,
+        attempt: u32,
+        outcome: TaskOutcome,
+        usage: Usage,
+    ) -> Result<(Task, Written)> {
         self.tx(move |tx| {
             let sid = id.to_string();
             let (state, report, error) = match &outcome {
@@ -542,7 +564,8 @@ impl Store for SqliteStore {
             let ids: Vec<(String, u32)> = {
                 let mut stmt =
                     tx.prepare("SELECT id, attempt FROM tasks WHERE job_id = ?1 AND state IN ('queued', 'running')")?;
-                stmt.query_map(params![job.to_string()], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?
+                stmt.query_map(params![job.to_string()], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<rusqlite::Result<_>>()?
             };
             let mut written = Written::default();
             for (id, attempt) in ids {
@@ -553,7 +576,12 @@ impl Store for SqliteStore {
                 written.events.push(write_event(
                     tx,
                     job,
-                    EventKind::TaskFinished { task: parse_id(&id)?, attempt, succeeded: false, usage: Usage::default() },
+                    EventKind::TaskFinished {
+                        task: parse_id(&id)?,
+                        attempt,
+                        succeeded: false,
+                        usage: Usage::default(),
+                    },
                 )?);
             }
             Ok(written)
@@ -563,8 +591,9 @@ impl Store for SqliteStore {
 
     async fn events(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<Event>> {
         self.run(move |c| {
-            let mut stmt =
-                c.prepare_cached("SELECT seq, at, payload FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")?;
+            let mut stmt = c.prepare_cached(
+                "SELECT seq, at, payload FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            )?;
             let rows: Vec<(i64, i64, String)> = stmt
                 .query_map(params![job.to_string(), after_seq, limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
                 .collect::<rusqlite::Result<_>>()?;

@@ -136,7 +136,8 @@ impl Workspace {
     /// Write the files of `manifest` into `dir`.
     pub async fn checkout(&self, manifest: &Manifest, dir: &Path) -> Result<()> {
         for (rel, file) in manifest {
-            let bytes = self.store.get(&blob_key(&file.sha256)).await.map_err(obj_err)?.bytes().await.map_err(obj_err)?;
+            let bytes =
+                self.store.get(&blob_key(&file.sha256)).await.map_err(obj_err)?.bytes().await.map_err(obj_err)?;
             let (d, rel) = (dir.to_path_buf(), rel.clone());
             blocking(move || localfs::write_file(&d, &rel, &bytes)).await?;
         }

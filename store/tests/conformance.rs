@@ -1,4 +1,5 @@
 //! Every backend against the one conformance suite.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use std::sync::Arc;
 

@@ -1,1 +1,11 @@
+//! End-to-end tests: the real `flower` binary, real files, the simulator over
+//! real HTTP (in-process for `provider: sim`, a `flower sim` server process
+//! otherwise). Each test has its own `FLOWER_HOME`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
+mod demo;
+mod invalid_specs;
+mod sandbox;
+mod sim_server;

@@ -133,7 +133,9 @@ impl Worker {
         }
     }
 
-    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Vec<(flower_model::TaskId, CancellationToken)>>> {
+    fn lock_running(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<JobId, Vec<(flower_model::TaskId, CancellationToken)>>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -211,7 +213,12 @@ impl Worker {
     }
 
     /// Run the worker agent for one attempt; the report, or why there is none.
-    async fn execute(&self, task: &Task, attempt: u32, cancel: CancellationToken) -> Result<(String, Usage), (Failure, Usage)> {
+    async fn execute(
+        &self,
+        task: &Task,
+        attempt: u32,
+        cancel: CancellationToken,
+    ) -> Result<(String, Usage), (Failure, Usage)> {
         let none = Usage::default();
         let store = self.journal.store().clone();
         let job = store.get_job(task.job_id).await.map_err(|e| (e.to_string(), none))?;
@@ -222,7 +229,10 @@ impl Worker {
         let provider = self.providers.for_job(job.id, &spec).map_err(|e| (e.to_string(), none))?;
 
         let workdir = self.opts.work_root.join(job.id.to_string()).join(format!("{}-{attempt}", task.id));
-        let prepared = self.prepare(job.id, &workdir).await.map_err(|e| (format!("preparing the working directory: {e}"), none))?;
+        let prepared = self
+            .prepare(job.id, &workdir)
+            .await
+            .map_err(|e| (format!("preparing the working directory: {e}"), none))?;
         let (workspace, base, workbench, wb_base) = prepared;
         let sandbox = Sandbox::open(&workdir).map_err(|e| (format!("opening the working directory: {e}"), none))?;
         let limits = ToolLimits {
@@ -230,7 +240,8 @@ impl Worker {
             bash_output_limit: spec.runtime.bash_output_limit.as_u64() as usize,
         };
         let tools = Arc::new(toolset(&wspec.tools, &sandbox, &limits));
-        let sync = Arc::new(WorkbenchSync { workbench, mount: workdir.join(MOUNT), base: tokio::sync::Mutex::new(wb_base) });
+        let sync =
+            Arc::new(WorkbenchSync { workbench, mount: workdir.join(MOUNT), base: tokio::sync::Mutex::new(wb_base) });
         let hooks = Hooks { pre: vec![], post: vec![sync.clone()] };
 
         let session = task.id.session();
@@ -279,7 +290,11 @@ impl Worker {
         }
     }
 
-    async fn prepare(&self, job: JobId, workdir: &Path) -> Result<(Workspace, Manifest, Workbench, Manifest), StoreError> {
+    async fn prepare(
+        &self,
+        job: JobId,
+        workdir: &Path,
+    ) -> Result<(Workspace, Manifest, Workbench, Manifest), StoreError> {
         if workdir.exists() {
             tokio::fs::remove_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
         }

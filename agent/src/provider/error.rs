@@ -64,7 +64,9 @@ impl ProviderError {
 pub fn classify(status: u16, kind: &str, message: &str) -> ErrorClass {
     let lower = message.to_ascii_lowercase();
     if (status == 400 || status == 413)
-        && (lower.contains("prompt is too long") || lower.contains("context length") || lower.contains("context window"))
+        && (lower.contains("prompt is too long")
+            || lower.contains("context length")
+            || lower.contains("context window"))
     {
         return ErrorClass::PromptTooLong;
     }
@@ -90,7 +92,10 @@ mod tests {
         assert_eq!(classify(401, "authentication_error", ""), ErrorClass::Fatal);
         assert_eq!(classify(403, "permission_error", ""), ErrorClass::Fatal);
         assert_eq!(classify(404, "not_found_error", ""), ErrorClass::Fatal);
-        assert_eq!(classify(400, "invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum"), ErrorClass::PromptTooLong);
+        assert_eq!(
+            classify(400, "invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum"),
+            ErrorClass::PromptTooLong
+        );
         // An in-stream error event carries the type but no HTTP status of its own.
         assert_eq!(classify(200, "overloaded_error", "Overloaded"), ErrorClass::Retryable);
         assert_eq!(ProviderError::StreamDropped("eof".into()).class(), ErrorClass::Retryable);

@@ -86,14 +86,22 @@ pub type Observer = Arc<dyn Fn(StreamEvent) + Send + Sync>;
 /// Where a job's model calls go: the provider its spec names, as configured
 /// on this process (an in-process simulator, an endpoint, …).
 pub trait ProviderSource: Send + Sync + 'static {
-    fn for_job(&self, job: flower_model::JobId, spec: &flower_model::JobSpec) -> Result<Arc<dyn Provider>, ProviderError>;
+    fn for_job(
+        &self,
+        job: flower_model::JobId,
+        spec: &flower_model::JobSpec,
+    ) -> Result<Arc<dyn Provider>, ProviderError>;
 }
 
 /// One provider for every job (embedded mode: the run's own provider).
 pub struct SingleProvider(pub Arc<dyn Provider>);
 
 impl ProviderSource for SingleProvider {
-    fn for_job(&self, _job: flower_model::JobId, _spec: &flower_model::JobSpec) -> Result<Arc<dyn Provider>, ProviderError> {
+    fn for_job(
+        &self,
+        _job: flower_model::JobId,
+        _spec: &flower_model::JobSpec,
+    ) -> Result<Arc<dyn Provider>, ProviderError> {
         Ok(self.0.clone())
     }
 }

@@ -14,8 +14,15 @@ use super::{Response, StreamEvent};
 /// A block being streamed.
 enum Partial {
     Text(String),
-    ToolUse { id: String, name: String, json: String },
-    Thinking { thinking: String, signature: String },
+    ToolUse {
+        id: String,
+        name: String,
+        json: String,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
     /// A block type flower does not interpret; kept as the start payload.
     Other(Value),
 }
@@ -80,7 +87,11 @@ impl Accumulator {
             "content_block_delta" => {
                 let index = index_of(&v)?;
                 let d = &v["delta"];
-                let block = self.blocks.get_mut(index).and_then(Option::as_mut).ok_or_else(|| malformed("delta for an unknown block"))?;
+                let block = self
+                    .blocks
+                    .get_mut(index)
+                    .and_then(Option::as_mut)
+                    .ok_or_else(|| malformed("delta for an unknown block"))?;
                 let piece = |k: &str| d[k].as_str().unwrap_or_default();
                 let chars = match (d["type"].as_str(), block) {
                     (Some("text_delta"), Partial::Text(t)) => {
@@ -147,7 +158,9 @@ impl Accumulator {
                     ContentBlock::ToolUse { id, name, input }
                 }
                 Partial::Thinking { thinking, signature } => ContentBlock::Thinking { thinking, signature },
-                Partial::Other(v) => serde_json::from_value(v.clone()).map_err(|_| malformed(format!("unsupported block {v}")))?,
+                Partial::Other(v) => {
+                    serde_json::from_value(v.clone()).map_err(|_| malformed(format!("unsupported block {v}")))?
+                }
             });
         }
         Ok(Response { id: self.id, model: self.model, content, stop_reason: self.stop_reason, usage: self.usage })
@@ -168,28 +181,55 @@ mod tests {
     fn assembles_text_and_tool_use_with_cumulative_usage() {
         let mut acc = Accumulator::default();
         let events = [
-            ("message_start", json!({"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":10,"output_tokens":1,"cache_read_input_tokens":5}}})),
+            (
+                "message_start",
+                json!({"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":10,"output_tokens":1,"cache_read_input_tokens":5}}}),
+            ),
             ("ping", json!({"type":"ping"})),
-            ("content_block_start", json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"lo"}})),
+            (
+                "content_block_start",
+                json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"lo"}}),
+            ),
             ("content_block_stop", json!({"type":"content_block_stop","index":0})),
-            ("content_block_start", json!({"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"Read","input":{}}})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"file_"}})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"path\": \"a\"}"}})),
+            (
+                "content_block_start",
+                json!({"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"Read","input":{}}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"file_"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"path\": \"a\"}"}}),
+            ),
             ("content_block_stop", json!({"type":"content_block_stop","index":1})),
             ("some_future_event", json!({"type":"some_future_event"})),
-            ("message_delta", json!({"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":42}})),
+            (
+                "message_delta",
+                json!({"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":42}}),
+            ),
             ("message_stop", json!({"type":"message_stop"})),
         ];
         for (e, d) in events {
             acc.push(e, &d.to_string()).unwrap();
         }
         let r = acc.finish().unwrap();
-        assert_eq!(r.content, vec![
-            ContentBlock::text("Hello"),
-            ContentBlock::ToolUse { id: "toolu_1".into(), name: "Read".into(), input: json!({"file_path": "a"}) },
-        ]);
+        assert_eq!(
+            r.content,
+            vec![
+                ContentBlock::text("Hello"),
+                ContentBlock::ToolUse { id: "toolu_1".into(), name: "Read".into(), input: json!({"file_path": "a"}) },
+            ]
+        );
         assert_eq!(r.stop_reason.as_deref(), Some("tool_use"));
         assert_eq!((r.usage.input_tokens, r.usage.output_tokens, r.usage.cache_read_input_tokens), (10, 42, 5));
     }
@@ -197,7 +237,11 @@ mod tests {
     #[test]
     fn a_stream_without_message_stop_was_dropped() {
         let mut acc = Accumulator::default();
-        acc.push("message_start", &json!({"type":"message_start","message":{"id":"m","model":"m","usage":{}}}).to_string()).unwrap();
+        acc.push(
+            "message_start",
+            &json!({"type":"message_start","message":{"id":"m","model":"m","usage":{}}}).to_string(),
+        )
+        .unwrap();
         assert!(matches!(acc.finish(), Err(ProviderError::StreamDropped(_))));
     }
 

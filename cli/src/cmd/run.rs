@@ -142,7 +142,10 @@ struct Progress {
 impl Progress {
     fn new(name: &str, job: JobId) -> Self {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        bar.set_style(ProgressStyle::with_template("{spinner} {prefix} {wide_msg} [{elapsed}]").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {prefix} {wide_msg} [{elapsed}]")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
         bar.set_prefix(format!("{name} {}", &job.to_string()[..8]));
         bar.enable_steady_tick(Duration::from_millis(120));
         Self { bar, job, turns: 0, running: 0, done: 0, queued: 0, tokens_in: 0, tokens_out: 0 }
@@ -208,11 +211,14 @@ impl Progress {
                 let verdict = if *succeeded { "reported" } else { "failed" };
                 self.line(format!("  ← task {} {verdict}", &task.to_string()[..8]));
             }
-            EventKind::ProviderRetry { error, attempt, .. } => self.line(format!("  ! model call retry {attempt}: {error}")),
-            EventKind::WorkspaceConflict { path, .. } => self.line(format!("  ! workspace conflict on {path} (later change kept)")),
+            EventKind::ProviderRetry { error, attempt, .. } => {
+                self.line(format!("  ! model call retry {attempt}: {error}"))
+            }
+            EventKind::WorkspaceConflict { path, .. } => {
+                self.line(format!("  ! workspace conflict on {path} (later change kept)"))
+            }
             EventKind::JobState { state, .. } if state.is_terminal() => self.bar.finish_and_clear(),
             _ => {}
         }
     }
 }
-

@@ -25,7 +25,8 @@ pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
         None => Scenario::default(),
     };
     let roles = scenario.roles.len();
-    let handle = flower_sim::start(scenario, args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let handle =
+        flower_sim::start(scenario, args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     println!("flower sim listening on {} ({roles} scripted roles); POST /v1/messages", handle.base_url());
     tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
     handle.shutdown().await;

@@ -35,7 +35,8 @@ pub async fn run(home: std::path::PathBuf, args: StatusArgs) -> anyhow::Result<E
                 })
             })
             .collect();
-        let value = if args.job.is_some() { out.into_iter().next().unwrap_or_default() } else { serde_json::Value::Array(out) };
+        let value =
+            if args.job.is_some() { out.into_iter().next().unwrap_or_default() } else { serde_json::Value::Array(out) };
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
     }

@@ -65,7 +65,7 @@ pub async fn run(home: std::path::PathBuf, cmd: TranscriptCommand) -> anyhow::Re
 }
 
 fn cut(s: &str, width: usize) -> String {
-    let s = s.trim();
+    let s = s.trim_end().trim_start_matches('\n');
     if width == 0 || s.chars().count() <= width {
         return s.to_string();
     }
@@ -84,7 +84,13 @@ fn short(id: SessionId) -> String {
 fn print_session(s: &Session, entries: &[Entry], width: usize) {
     let chars: usize = entries.iter().map(Entry::body_chars).sum();
     let task = s.task_id.map(|t| format!(", task {}", &t.to_string()[..8])).unwrap_or_default();
-    println!("== {} `{}` — session {}{task} — {} entries, {chars} chars", s.role.as_str(), s.label, short(s.id), entries.len());
+    println!(
+        "== {} `{}` — session {}{task} — {} entries, {chars} chars",
+        s.role.as_str(),
+        s.label,
+        short(s.id),
+        entries.len()
+    );
     for e in entries {
         let mut marks = Vec::new();
         if let Some(d) = &e.markers.denial_kind {
@@ -100,7 +106,8 @@ fn print_session(s: &Session, entries: &[Entry], width: usize) {
             marks.push(format!("ephemeral:{eph}"));
         }
         let marks = if marks.is_empty() { String::new() } else { format!(" [{}]", marks.join(", ")) };
-        let usage = e.usage.map(|u| format!(" ({} in, {} out)", u.context_tokens(), u.output_tokens)).unwrap_or_default();
+        let usage =
+            e.usage.map(|u| format!(" ({} in, {} out)", u.context_tokens(), u.output_tokens)).unwrap_or_default();
         println!("  #{} {:?}{usage}{marks}", e.seq, e.kind);
         for b in &e.content {
             match b {

@@ -20,7 +20,8 @@ pub struct AgentTool {
 
 impl AgentTool {
     pub fn new(dispatcher: Arc<Dispatcher>, spec: &JobSpec) -> Self {
-        let workers = spec.delegable_workers().iter().map(|(n, w)| (n.to_string(), w.description.trim().to_string())).collect();
+        let workers =
+            spec.delegable_workers().iter().map(|(n, w)| (n.to_string(), w.description.trim().to_string())).collect();
         Self { dispatcher, workers }
     }
 }

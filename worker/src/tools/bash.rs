@@ -152,7 +152,9 @@ impl Tool for BashTool {
         }
         let (suffix, is_error) = match ended {
             Ended::Exited(s) if s.success() => (String::new(), false),
-            Ended::Exited(s) => (format!("\n[exit code {}]", s.code().map_or("signal".into(), |c| c.to_string())), true),
+            Ended::Exited(s) => {
+                (format!("\n[exit code {}]", s.code().map_or("signal".into(), |c| c.to_string())), true)
+            }
             Ended::TimedOut => (format!("\n[timed out after {} ms; process group killed]", timeout.as_millis()), true),
             Ended::Cancelled => ("\n[cancelled; process group killed]".into(), true),
         };

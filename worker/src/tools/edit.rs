@@ -67,7 +67,8 @@ impl Tool for EditTool {
         let sb = self.sandbox.clone();
         tokio::task::spawn_blocking(move || {
             let text = sb.dir().read_to_string(&rel).map_err(|e| sb.io_error(&given, e))?;
-            let (edited, n) = apply_edit(&text, &old, &new, all).map_err(|m| ToolError::RespondToModel(format!("{given}: {m}")))?;
+            let (edited, n) =
+                apply_edit(&text, &old, &new, all).map_err(|m| ToolError::RespondToModel(format!("{given}: {m}")))?;
             write_beneath(&sb, &given, &rel, &edited)?;
             Ok(ToolOutput::text(format!("edited {given}: {n} replacement(s)")))
         })

@@ -82,7 +82,8 @@ impl Tool for GlobTool {
         let sb = self.sandbox.clone();
         tokio::task::spawn_blocking(move || {
             let files = walk(&sb, &given, &start)?;
-            let prefix = if start == std::path::Path::new(".") { String::new() } else { format!("{}/", start.display()) };
+            let prefix =
+                if start == std::path::Path::new(".") { String::new() } else { format!("{}/", start.display()) };
             let hits: Vec<&String> = files
                 .iter()
                 .filter(|f| glob.is_match(f.as_str()) || glob.is_match(f.strip_prefix(&prefix).unwrap_or(f)))

@@ -63,7 +63,9 @@ impl Tool for GrepTool {
         let caseless = input.get("-i").and_then(Value::as_bool).unwrap_or(false);
         let filter = match input.get("glob").and_then(Value::as_str) {
             Some(g) => Some(
-                globset::Glob::new(g).map_err(|e| ToolError::RespondToModel(format!("bad glob `{g}`: {e}")))?.compile_matcher(),
+                globset::Glob::new(g)
+                    .map_err(|e| ToolError::RespondToModel(format!("bad glob `{g}`: {e}")))?
+                    .compile_matcher(),
             ),
             None => None,
         };
@@ -75,10 +77,14 @@ impl Tool for GrepTool {
         let sb = self.sandbox.clone();
         tokio::task::spawn_blocking(move || {
             let files = walk(&sb, &given, &start)?;
-            let mut searcher = SearcherBuilder::new().binary_detection(BinaryDetection::quit(0)).line_number(true).build();
+            let mut searcher =
+                SearcherBuilder::new().binary_detection(BinaryDetection::quit(0)).line_number(true).build();
             let mut lines: Vec<String> = Vec::new();
             for rel in files {
-                let name = std::path::Path::new(&rel).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let name = std::path::Path::new(&rel)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 if filter.as_ref().is_some_and(|g| !g.is_match(&rel) && !g.is_match(&name)) {
                     continue;
                 }

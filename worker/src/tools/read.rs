@@ -91,7 +91,10 @@ impl Tool for ReadTool {
             let mut bytes = Vec::new();
             (&mut file).take(MAX_BYTES).read_to_end(&mut bytes).map_err(|e| sb.io_error(&given, e))?;
             if bytes.contains(&0) {
-                return Err(ToolError::RespondToModel(format!("{given}: binary file ({} bytes), not shown", meta.len())));
+                return Err(ToolError::RespondToModel(format!(
+                    "{given}: binary file ({} bytes), not shown",
+                    meta.len()
+                )));
             }
             let text = String::from_utf8_lossy(&bytes);
             Ok(ToolOutput::text(number_lines(&text, offset, limit)))

@@ -24,7 +24,15 @@ pub fn write_beneath(sb: &Sandbox, given: &str, rel: &std::path::Path, content: 
     if let Some(parent) = rel.parent()
         && !parent.as_os_str().is_empty()
     {
-        sb.dir().create_dir_all(parent).map_err(|e| sb.io_error(given, e))?;
+        // Open the parent beneath the root first: an existing parent that is a
+        // symlink leading outside is refused here, not reported as "exists".
+        match sb.dir().open_dir(parent) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                sb.dir().create_dir_all(parent).map_err(|e| sb.io_error(given, e))?
+            }
+            Err(e) => return Err(sb.io_error(given, e)),
+        }
     }
     let mut f = sb.dir().create(rel).map_err(|e| sb.io_error(given, e))?;
     f.write_all(content.as_bytes()).map_err(|e| sb.io_error(given, e))

@@ -1,0 +1,61 @@
+//! Bad job specs fail before anything runs, naming the field.
+
+use crate::support::{Home, repo};
+
+fn run_spec(home: &Home, text: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(repo().join("examples/demo/scenario.yaml"), dir.path().join("scenario.yaml")).unwrap();
+    let spec = dir.path().join("job.yaml");
+    std::fs::write(&spec, text).unwrap();
+    let out = home.run(&["run", spec.to_str().unwrap()]);
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn demo_spec() -> String {
+    std::fs::read_to_string(repo().join("examples/demo/job.yaml")).unwrap().replace("workspace: .\n", "")
+}
+
+#[test]
+fn a_nonexistent_worker_name_is_named() {
+    let home = Home::new();
+    let spec = demo_spec().replace("  name: lead\n", "  name: lead\n  workers: [counter, ghost]\n");
+    let (code, err) = run_spec(&home, &spec);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("coordinator.workers[1]") && err.contains("no worker named `ghost`"), "{err}");
+    assert!(!home.dir.path().join("flower.db").exists(), "nothing ran");
+}
+
+#[test]
+fn a_missing_goal_is_named() {
+    let home = Home::new();
+    let spec = demo_spec();
+    let start = spec.find("goal: |").unwrap();
+    let end = spec.find("provider:").unwrap();
+    let (code, err) = run_spec(&home, &format!("{}{}", &spec[..start], &spec[end..]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("goal: missing (required)"), "{err}");
+}
+
+#[test]
+fn a_wrong_type_is_named() {
+    let home = Home::new();
+    let (code, err) = run_spec(&home, &demo_spec().replace("concurrency: 3", "concurrency: lots"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("runtime.concurrency") && err.contains("invalid type"), "{err}");
+    let (code, err) = run_spec(&home, &demo_spec().replace("tools: [Bash, Glob]", "tools: [Bash, Glbo]"));
+    assert_eq!(code, 2);
+    assert!(err.contains("workers.counter.tools[1]") && err.contains("unknown tool `Glbo`"), "{err}");
+}
+
+#[test]
+fn a_bad_scenario_is_named_before_running() {
+    let home = Home::new();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("scenario.yaml"), "roles:\n  - name: x\n    steps: [{id: 'a b'}]\n").unwrap();
+    let spec = dir.path().join("job.yaml");
+    std::fs::write(&spec, demo_spec()).unwrap();
+    let out = home.run(&["run", spec.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("roles[0].steps[0].id"), "{err}");
+}

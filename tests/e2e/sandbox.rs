@@ -1,0 +1,53 @@
+//! A worker trying to leave its working directory or read the service's
+//! secrets gets clear tool errors; the job goes on.
+
+use crate::support::{Home, repo, sessions, tool_results};
+
+#[test]
+fn file_tools_stay_beneath_the_working_directory_and_bash_sees_no_secrets() {
+    let home = Home::new();
+    let secret = "sk-ant-test-do-not-leak-4242";
+    let summary = home.run_job(
+        &repo().join("tests/fixtures/sandbox/job.yaml"),
+        &[("ANTHROPIC_API_KEY", secret), ("FLOWER_TEST_SECRET", "hunter2")],
+    );
+    assert_eq!(summary["state"], "succeeded", "the job goes on after refusals");
+    let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    let prober = sessions(&t, "worker")[0];
+    let results = tool_results(prober);
+    let refused = |i: usize| {
+        let (text, is_error) = &results[i];
+        assert!(*is_error, "call {i} should be an error: {text}");
+        assert!(text.contains("outside the task's working directory"), "call {i}: {text}");
+    };
+    refused(0); // Read ../outside.txt
+    refused(1); // Read /etc/passwd
+    refused(2); // Write ../escaped.txt
+    assert_eq!(results[3].0.trim(), "linked");
+    refused(4); // Read through a symlink to /etc/passwd
+    refused(5); // Write through a symlink to ..
+    refused(6); // Glob through a symlink to ..
+    let env_line = &results[7].0;
+    assert!(env_line.contains("key=[]") && env_line.contains("token=[]"), "{env_line}");
+    assert!(!env_line.contains(secret));
+    assert!(!results[8].1 && results[8].0.contains("inside the sandbox"), "reads inside still work: {:?}", results[8]);
+    assert!(!summary["final_answer"].as_str().unwrap().contains("root:x:0"), "no /etc/passwd content anywhere");
+    let escaped: Vec<_> = walk(home.dir.path()).into_iter().filter(|p| p.ends_with("escaped.txt")).collect();
+    assert!(escaped.is_empty(), "nothing was written outside: {escaped:?}");
+    for s in t["sessions"].as_array().unwrap() {
+        assert!(!s.to_string().contains(secret), "the key is in no transcript");
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}

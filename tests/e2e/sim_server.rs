@@ -1,0 +1,71 @@
+//! The simulator as its own process, driven over HTTP by a job whose provider
+//! is `anthropic` with a `base_url`: parallel `Agent` calls, real tools.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+
+use crate::support::{FLOWER, Home, repo, sessions, tool_results, tool_uses};
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start `flower sim` on an ephemeral port; its first stdout line names the address.
+fn start_sim(scenario: &std::path::Path) -> (Server, String) {
+    let mut child = std::process::Command::new(FLOWER)
+        .args(["sim", "--listen", "127.0.0.1:0", "--scenario", scenario.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    (Server(child), url)
+}
+
+#[test]
+fn a_job_against_a_sim_server_delegates_in_parallel() {
+    let fixture = repo().join("tests/fixtures/parallel");
+    let (_server, url) = start_sim(&fixture.join("scenario.yaml"));
+    let dir = tempfile::tempdir().unwrap();
+    let spec = std::fs::read_to_string(fixture.join("job.yaml")).unwrap().replace(
+        "workspace: workspace",
+        &format!("workspace: {}\nbase_url: {url}", fixture.join("workspace").display()),
+    );
+    let spec_path = dir.path().join("job.yaml");
+    std::fs::write(&spec_path, spec).unwrap();
+
+    let home = Home::new();
+    let summary = home.run_job(&spec_path, &[]);
+    assert_eq!(summary["state"], "succeeded");
+    let answer = summary["final_answer"].as_str().unwrap();
+    // a.txt has 5 words, b.txt 9: `cat | wc -w` really ran.
+    assert!(answer.starts_with("Answer: words=14"), "{answer}");
+    assert!(
+        answer.contains("src/a.txt:2:TODO: delta") && answer.contains("src/b.txt:3:# TODO second thing"),
+        "{answer}"
+    );
+    assert_eq!(summary["artifacts"][0][0], "artifacts/todos.txt");
+
+    let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    let coordinator = sessions(&t, "coordinator")[0];
+    let calls = tool_uses(coordinator);
+    assert_eq!(calls.len(), 2);
+    assert!(calls.iter().all(|(n, _)| n == "Agent"));
+    assert_eq!(tool_results(coordinator).len(), 2);
+    let workers = sessions(&t, "worker");
+    let labels: std::collections::BTreeSet<&str> = workers.iter().map(|w| w["label"].as_str().unwrap()).collect();
+    assert_eq!(labels.into_iter().collect::<Vec<_>>(), vec!["finder", "wc"]);
+    let wc = workers.iter().find(|w| w["label"] == "wc").unwrap();
+    assert_eq!(tool_uses(wc)[0].0, "Bash");
+    assert_eq!(tool_results(wc)[0].0.trim(), "14");
+}
