@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use flower_agent::Journal;
 use flower_bus::{Heard, Notice, TaskMessage, TaskQueue};
-use flower_model::{EventKind, JobId, SessionId, Task, TaskId, TaskState, Usage, now_ms};
+use flower_model::{EventKind, JobId, SessionId, Task, TaskId};
 use flower_store::workspace::{Workspace, apply};
 use flower_store::{Batch, StoreError};
 use tokio_util::sync::CancellationToken;
@@ -54,24 +54,8 @@ impl Dispatcher {
     /// Create the task (or find it again: the id is derived from the call) and
     /// publish it unless it already ended.
     pub async fn dispatch(&self, d: Delegation<'_>) -> Result<Task, DispatchError> {
-        let id = TaskId::derive(d.job, d.session, d.tool_use_id);
-        let task = Task {
-            id,
-            job_id: d.job,
-            parent_session: d.session,
-            tool_use_id: d.tool_use_id.to_string(),
-            worker: d.worker.to_string(),
-            mandate: d.mandate.to_string(),
-            description: d.description.to_string(),
-            state: TaskState::Queued,
-            attempt: 0,
-            claimed_by: None,
-            report: None,
-            error: None,
-            usage: Usage::default(),
-            created_at: now_ms(),
-            updated_at: now_ms(),
-        };
+        let task = Task::queued(d.job, d.session, d.tool_use_id, d.worker, d.description, d.mandate);
+        let id = task.id;
         let (task, _created, written) = self.journal.store().create_task(task).await?;
         // The row is committed before the message that points at it is published.
         self.journal.announce(&written).await;

@@ -143,6 +143,37 @@ pub struct Task {
     pub updated_at: i64,
 }
 
+impl Task {
+    /// A new task for the delegation `tool_use_id` of `session` (its id derived from them).
+    pub fn queued(
+        job_id: JobId,
+        parent_session: SessionId,
+        tool_use_id: &str,
+        worker: &str,
+        description: &str,
+        mandate: &str,
+    ) -> Self {
+        let now = crate::now_ms();
+        Self {
+            id: TaskId::derive(job_id, parent_session, tool_use_id),
+            job_id,
+            parent_session,
+            tool_use_id: tool_use_id.to_string(),
+            worker: worker.to_string(),
+            mandate: mandate.to_string(),
+            description: description.to_string(),
+            state: TaskState::Queued,
+            attempt: 0,
+            claimed_by: None,
+            report: None,
+            error: None,
+            usage: Usage::default(),
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
 /// How an attempt ended, as the worker reports it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]

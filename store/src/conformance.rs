@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use flower_model::{
-    ContentBlock, Entry, EntryKind, EventKind, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome,
-    TaskState, Usage, now_ms,
+    ContentBlock, Entry, EntryKind, EventKind, JobId, JobState, Role, Session, SessionId, Task, TaskOutcome, TaskState,
+    Usage, now_ms,
 };
 use object_store::ObjectStore;
 
@@ -36,23 +36,7 @@ async fn new_job(store: &dyn Store, key: Option<&str>) -> JobId {
 }
 
 fn task(job: JobId, session: SessionId, tool_use: &str) -> Task {
-    Task {
-        id: TaskId::derive(job, session, tool_use),
-        job_id: job,
-        parent_session: session,
-        tool_use_id: tool_use.into(),
-        worker: "w".into(),
-        mandate: "do it".into(),
-        description: "d".into(),
-        state: TaskState::Queued,
-        attempt: 0,
-        claimed_by: None,
-        report: None,
-        error: None,
-        usage: Usage::default(),
-        created_at: now_ms(),
-        updated_at: now_ms(),
-    }
+    Task::queued(job, session, tool_use, "w", "d", "do it")
 }
 
 async fn jobs_and_idempotency(store: &dyn Store) {

@@ -13,6 +13,10 @@ fn file_tools_stay_beneath_the_working_directory_and_bash_sees_no_secrets() {
     );
     assert_eq!(summary["state"], "succeeded", "the job goes on after refusals");
     let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    let delegations = tool_results(sessions(&t, "coordinator")[0]);
+    let (ghost, is_error) = &delegations[1];
+    assert!(*is_error && ghost.contains("no worker named `ghost`; this job's workers are: prober"), "{ghost}");
+    assert!(delegations[0].0.starts_with("probe done."), "the other delegation still ran: {:?}", delegations[0]);
     let prober = sessions(&t, "worker")[0];
     let results = tool_results(prober);
     let refused = |i: usize| {

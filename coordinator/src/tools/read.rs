@@ -8,8 +8,8 @@ use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
 use flower_store::workbench::MOUNT;
 use flower_store::workspace::Workspace;
 use flower_store::{StoreError, Workbench};
-use flower_worker::tools::read::number_lines;
-use serde_json::{Value, json};
+use flower_worker::tools::read::{number_lines, read_schema};
+use serde_json::Value;
 
 pub struct CoordinatorRead {
     workbench: Workbench,
@@ -33,15 +33,7 @@ impl Tool for CoordinatorRead {
             .into()
     }
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "file_path": {"type": "string"},
-                "offset": {"type": "integer", "minimum": 1},
-                "limit": {"type": "integer", "minimum": 1}
-            },
-            "required": ["file_path"]
-        })
+        read_schema()
     }
     fn concurrency_safe(&self) -> bool {
         true

@@ -52,6 +52,19 @@ pub fn number_lines(text: &str, offset: usize, limit: usize) -> String {
     out
 }
 
+/// The input schema of every `Read` (workers' and the coordinator's).
+pub fn read_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "file_path": {"type": "string", "description": "The file to read"},
+            "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
+            "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to read"}
+        },
+        "required": ["file_path"]
+    })
+}
+
 #[async_trait]
 impl Tool for ReadTool {
     fn name(&self) -> &str {
@@ -63,15 +76,7 @@ impl Tool for ReadTool {
             .into()
     }
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "file_path": {"type": "string", "description": "Path relative to the working directory"},
-                "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
-                "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to read"}
-            },
-            "required": ["file_path"]
-        })
+        read_schema()
     }
     fn concurrency_safe(&self) -> bool {
         true
