@@ -5,18 +5,29 @@ use std::sync::Arc;
 
 use flower_bus::{Notice, Notifier};
 use flower_model::{Entry, EventKind, JobId, Usage};
-use flower_store::{Batch, Store, StoreError, Written};
+use flower_store::{Batch, Fence, Store, StoreError, Written};
 use uuid::Uuid;
 
 #[derive(Clone)]
 pub struct Journal {
     store: Arc<dyn Store>,
     notifier: Arc<dyn Notifier>,
+    /// The coordinator's lease: every batch it commits is fenced by it.
+    fence: Option<Fence>,
 }
 
 impl Journal {
     pub fn new(store: Arc<dyn Store>, notifier: Arc<dyn Notifier>) -> Self {
-        Self { store, notifier }
+        Self { store, notifier, fence: None }
+    }
+
+    /// The same journal, with every batch fenced by a coordinator's lease.
+    pub fn fenced(&self, fence: Fence) -> Self {
+        Self { fence: Some(fence), ..self.clone() }
+    }
+
+    pub fn fence(&self) -> Option<Fence> {
+        self.fence
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -28,7 +39,8 @@ impl Journal {
     }
 
     /// Commit a batch in one transaction, then notify.
-    pub async fn commit(&self, batch: Batch) -> Result<Written, StoreError> {
+    pub async fn commit(&self, mut batch: Batch) -> Result<Written, StoreError> {
+        batch.fence = batch.fence.or(self.fence);
         let written = self.store.append(batch).await?;
         self.announce(&written).await;
         Ok(written)

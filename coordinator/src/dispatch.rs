@@ -56,7 +56,7 @@ impl Dispatcher {
     pub async fn dispatch(&self, d: Delegation<'_>) -> Result<Task, DispatchError> {
         let task = Task::queued(d.job, d.session, d.tool_use_id, d.worker, d.description, d.mandate);
         let id = task.id;
-        let (task, _created, written) = self.journal.store().create_task(task).await?;
+        let (task, _created, written) = self.journal.store().create_task(task, self.journal.fence()).await?;
         // The row is committed before the message that points at it is published.
         self.journal.announce(&written).await;
         if !task.state.is_terminal() {

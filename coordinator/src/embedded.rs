@@ -248,7 +248,7 @@ impl EmbeddedRuntime {
         reason: Option<String>,
         answer: Option<String>,
     ) -> Result<(), RunError> {
-        let written = journal.store().set_job_state(job, state, reason, answer).await?;
+        let written = journal.store().set_job_state(job, state, reason, answer, journal.fence()).await?;
         journal.announce(&written).await;
         Ok(())
     }

@@ -19,6 +19,7 @@ pub async fn store_suite(store: &dyn Store) {
     transcripts_are_ordered_per_session(store).await;
     task_attempts_are_fenced(store).await;
     events_are_a_gapless_sequence(store).await;
+    leases_fence_writes(store).await;
 }
 
 async fn new_job(store: &dyn Store, key: Option<&str>) -> JobId {
@@ -57,12 +58,12 @@ async fn jobs_and_idempotency(store: &dyn Store) {
     assert!(matches!(store.resolve_job("zz").await, Err(StoreError::NotFound(_))));
     assert!(matches!(store.get_job(JobId::random()).await, Err(StoreError::NotFound(_))));
 
-    store.set_job_state(id, JobState::Running, None, None).await.unwrap();
-    store.set_job_state(id, JobState::Succeeded, None, Some("42".into())).await.unwrap();
+    store.set_job_state(id, JobState::Running, None, None, None).await.unwrap();
+    store.set_job_state(id, JobState::Succeeded, None, Some("42".into()), None).await.unwrap();
     let job = store.get_job(id).await.unwrap();
     assert_eq!((job.state, job.final_answer.as_deref()), (JobState::Succeeded, Some("42")));
     assert!(
-        matches!(store.set_job_state(id, JobState::Running, None, None).await, Err(StoreError::Conflict(_))),
+        matches!(store.set_job_state(id, JobState::Running, None, None, None).await, Err(StoreError::Conflict(_))),
         "a finished job stays finished"
     );
     assert!(store.list_jobs(10).await.unwrap().iter().any(|j| j.id == id));
@@ -89,6 +90,7 @@ async fn transcripts_are_ordered_per_session(store: &dyn Store) {
             entries: vec![first.clone(), other.clone(), second.clone()],
             events: vec![(job, EventKind::ToolCalled { session: a, tool: "Read".into(), tool_use_id: "t1".into() })],
             usage: Some((job, usage)),
+            fence: None,
         })
         .await
         .unwrap();
@@ -112,11 +114,11 @@ async fn task_attempts_are_fenced(store: &dyn Store) {
     let job = new_job(store, None).await;
     let session = SessionId::random();
     let t = task(job, session, "toolu_a");
-    let (stored, created, written) = store.create_task(t.clone()).await.unwrap();
+    let (stored, created, written) = store.create_task(t.clone(), None).await.unwrap();
     assert!(created);
     assert_eq!(written.events.len(), 1);
     assert_eq!(stored.state, TaskState::Queued);
-    let (_, created, _) = store.create_task(t.clone()).await.unwrap();
+    let (_, created, _) = store.create_task(t.clone(), None).await.unwrap();
     assert!(!created, "the derived id finds the existing task");
 
     let Claim::Claimed { task: claimed, .. } = store.claim_task(t.id, 1, "w1").await.unwrap() else {
@@ -146,7 +148,7 @@ async fn task_attempts_are_fenced(store: &dyn Store) {
     );
 
     let pending = task(job, session, "toolu_b");
-    store.create_task(pending.clone()).await.unwrap();
+    store.create_task(pending.clone(), None).await.unwrap();
     let cancelled = store.cancel_tasks(job, "user cancelled").await.unwrap();
     assert_eq!(cancelled.events.len(), 1, "only unfinished tasks are cancelled");
     let p = store.get_task(pending.id).await.unwrap();
@@ -156,14 +158,60 @@ async fn task_attempts_are_fenced(store: &dyn Store) {
 
 async fn events_are_a_gapless_sequence(store: &dyn Store) {
     let job = new_job(store, None).await;
-    store.set_job_state(job, JobState::Running, None, None).await.unwrap();
-    store.create_task(task(job, SessionId::random(), "x")).await.unwrap();
+    store.set_job_state(job, JobState::Running, None, None, None).await.unwrap();
+    store.create_task(task(job, SessionId::random(), "x"), None).await.unwrap();
     let events = store.events(job, 0, 100).await.unwrap();
     let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, vec![1, 2, 3]);
     assert!(matches!(events[0].kind, EventKind::JobState { state: JobState::Queued, .. }));
     assert_eq!(store.events(job, 2, 100).await.unwrap().len(), 1, "reading from a cursor");
     assert_eq!(store.events(job, 0, 2).await.unwrap().len(), 2, "limit is honoured");
+}
+
+async fn leases_fence_writes(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    assert!(store.orphaned_jobs(now_ms(), 1000).await.unwrap().contains(&job), "a queued job without an owner");
+    let a = store.acquire_lease(job, "coordinator-a", 60_000).await.unwrap().expect("a free lease is taken");
+    assert_eq!(a.epoch, 1);
+    assert!(store.acquire_lease(job, "coordinator-b", 60_000).await.unwrap().is_none(), "a live lease is not taken");
+    assert!(!store.orphaned_jobs(now_ms(), 1000).await.unwrap().contains(&job));
+    assert_eq!(store.acquire_lease(job, "coordinator-a", 60_000).await.unwrap().map(|l| l.epoch), Some(1), "re-acquiring keeps the epoch");
+    assert!(store.renew_lease(&a, 60_000).await.unwrap());
+    store.set_job_state(job, JobState::Running, None, None, Some(a.fence())).await.unwrap();
+
+    // a dies: its lease expires, b takes the job over with a new epoch.
+    let expired = store.acquire_lease(job, "coordinator-a", -1).await.unwrap().unwrap();
+    assert!(store.orphaned_jobs(now_ms(), 1000).await.unwrap().contains(&job), "an expired lease orphans the job");
+    let b = store.acquire_lease(job, "coordinator-b", 60_000).await.unwrap().expect("an expired lease is taken over");
+    assert_eq!(b.epoch, expired.epoch + 1);
+    assert!(!store.renew_lease(&a, 60_000).await.unwrap(), "the old owner's lease is gone");
+
+    let session = SessionId::random();
+    store
+        .create_session(Session { id: session, job_id: job, role: Role::Coordinator, label: "c".into(), task_id: None, created_at: now_ms() })
+        .await
+        .unwrap();
+    let stale = |fence| Batch {
+        entries: vec![Entry::new(job, session, None, EntryKind::User, vec![ContentBlock::text("x")])],
+        events: vec![(job, EventKind::JobState { state: JobState::Running, reason: None })],
+        usage: None,
+        fence,
+    };
+    let events_before = store.events(job, 0, 1000).await.unwrap().len();
+    for err in [
+        store.append(stale(Some(a.fence()))).await.err(),
+        store.set_job_state(job, JobState::Failed, None, None, Some(a.fence())).await.err(),
+        store.create_task(task(job, session, "late"), Some(a.fence())).await.err(),
+    ] {
+        assert!(matches!(err, Some(StoreError::Fenced { given: 1, current: 2, .. })), "{err:?}");
+    }
+    assert!(store.entries(session, 0, 100).await.unwrap().is_empty(), "a fenced batch writes nothing");
+    assert_eq!(store.events(job, 0, 1000).await.unwrap().len(), events_before);
+    assert_eq!(store.get_job(job).await.unwrap().state, JobState::Running);
+    store.append(stale(Some(b.fence()))).await.unwrap();
+    store.create_task(task(job, session, "new"), Some(b.fence())).await.unwrap();
+    store.release_lease(&b).await.unwrap();
+    assert!(store.orphaned_jobs(now_ms(), 1000).await.unwrap().contains(&job), "a released lease orphans the job");
 }
 
 /// Run the workbench checks against an empty object store.

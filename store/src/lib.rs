@@ -22,10 +22,12 @@ use flower_model::{
 
 pub mod conformance;
 pub mod localfs;
+pub mod postgres;
 pub mod sqlite;
 pub mod workbench;
 pub mod workspace;
 
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use workbench::Workbench;
 
@@ -48,6 +50,34 @@ pub enum StoreError {
     /// Stored data could not be decoded (written by an incompatible version).
     #[error("corrupt stored data: {0}")]
     Corrupt(String),
+    /// The write carried a lease epoch that no longer owns the job: another
+    /// coordinator took it over. Not retryable; the writer must stop.
+    #[error("fenced: job {job} is owned by epoch {current}, not {given}")]
+    Fenced { job: JobId, given: i64, current: i64 },
+}
+
+/// A coordinator's proof of ownership of a job: writes carrying it are
+/// rejected once a newer epoch holds the job's lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub job: JobId,
+    pub epoch: i64,
+}
+
+/// A job's lease as held by one coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub job: JobId,
+    pub owner: String,
+    pub epoch: i64,
+    /// Milliseconds since the epoch.
+    pub expires_at: i64,
+}
+
+impl Lease {
+    pub fn fence(&self) -> Fence {
+        Fence { job: self.job, epoch: self.epoch }
+    }
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -68,6 +98,8 @@ pub struct Batch {
     pub entries: Vec<Entry>,
     pub events: Vec<(JobId, EventKind)>,
     pub usage: Option<(JobId, Usage)>,
+    /// When set, the whole batch is rejected unless this epoch owns the job.
+    pub fence: Option<Fence>,
 }
 
 impl Batch {
@@ -106,14 +138,18 @@ pub trait Store: Send + Sync + 'static {
     async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId>;
     /// Newest first.
     async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>>;
-    /// Move a job to `state`, with its event, in one transaction.
+    /// Move a job to `state`, with its event, in one transaction (fenced when `fence` is given).
     async fn set_job_state(
         &self,
         id: JobId,
         state: JobState,
         reason: Option<String>,
         final_answer: Option<String>,
+        fence: Option<Fence>,
     ) -> Result<Written>;
+    /// Queued, running or waiting jobs whose lease is missing or expired at
+    /// `now_ms` (what a coordinator replica should take over), oldest first.
+    async fn orphaned_jobs(&self, now_ms: i64, limit: u32) -> Result<Vec<JobId>>;
 
     // ---- sessions and transcripts
     /// Register a session (idempotent), with its event when new.
@@ -128,7 +164,7 @@ pub trait Store: Send + Sync + 'static {
     // ---- tasks
     /// Insert a task (state `queued`) with its event; an existing task with the
     /// same (derived) id is returned unchanged with `false`.
-    async fn create_task(&self, task: Task) -> Result<(Task, bool, Written)>;
+    async fn create_task(&self, task: Task, fence: Option<Fence>) -> Result<(Task, bool, Written)>;
     async fn get_task(&self, id: TaskId) -> Result<Task>;
     async fn tasks(&self, job: JobId) -> Result<Vec<Task>>;
     /// Claim `attempt` of a task for `worker_id` (compare-and-set): succeeds only
@@ -146,6 +182,16 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(Task, Written)>;
     /// Cancel every task of a job that has not ended.
     async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written>;
+
+    // ---- leases
+    /// Take the job's lease for `owner` if it is free, expired, or already
+    /// `owner`'s; taking it from someone else (or anew) bumps the epoch.
+    /// `None` while another owner's lease is live.
+    async fn acquire_lease(&self, job: JobId, owner: &str, ttl_ms: i64) -> Result<Option<Lease>>;
+    /// Extend a held lease; `false` if it was lost (expired and taken, or a newer epoch).
+    async fn renew_lease(&self, lease: &Lease, ttl_ms: i64) -> Result<bool>;
+    /// Give the lease up (expires it at once), if still held.
+    async fn release_lease(&self, lease: &Lease) -> Result<()>;
 
     // ---- events
     /// Events after `after_seq`, in order.

@@ -16,7 +16,7 @@ use flower_model::{
 };
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
-use crate::{Batch, Claim, NewJob, Result, Store, StoreError, Written};
+use crate::{Batch, Claim, Fence, Lease, NewJob, Result, Store, StoreError, Written};
 
 const SCHEMA: &str = r#"
 PRAGMA journal_mode = WAL;
@@ -73,6 +73,12 @@ CREATE TABLE IF NOT EXISTS tasks (
     updated_at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks(job_id, created_at);
+CREATE TABLE IF NOT EXISTS leases (
+    job_id TEXT PRIMARY KEY REFERENCES jobs(id),
+    owner TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     job_id TEXT NOT NULL REFERENCES jobs(id),
     seq INTEGER NOT NULL,
@@ -171,6 +177,16 @@ fn write_event(tx: &Transaction<'_>, job: JobId, kind: EventKind) -> Result<Even
         params![job.to_string(), seq, at, kind.name(), json(&kind)?],
     )?;
     Ok(Event { job_id: job, seq, at, kind })
+}
+
+/// Reject the transaction unless `fence` still owns its job.
+fn check_fence(tx: &Transaction<'_>, fence: Option<Fence>) -> Result<()> {
+    let Some(f) = fence else { return Ok(()) };
+    let current: i64 = tx
+        .query_row("SELECT epoch FROM leases WHERE job_id = ?1", params![f.job.to_string()], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
+    if current == f.epoch { Ok(()) } else { Err(StoreError::Fenced { job: f.job, given: f.epoch, current }) }
 }
 
 const JOB_COLS: &str = "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at";
@@ -328,8 +344,10 @@ impl Store for SqliteStore {
         state: JobState,
         reason: Option<String>,
         final_answer: Option<String>,
+        fence: Option<Fence>,
     ) -> Result<Written> {
         self.tx(move |tx| {
+            check_fence(tx, fence)?;
             let current = load_job(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
             if current.state.is_terminal() {
                 return Err(StoreError::Conflict(format!("job {id} already {}", current.state)));
@@ -340,6 +358,19 @@ impl Store for SqliteStore {
             )?;
             let ev = write_event(tx, id, EventKind::JobState { state, reason })?;
             Ok(Written { events: vec![ev], entry_seqs: vec![] })
+        })
+        .await
+    }
+
+    async fn orphaned_jobs(&self, now_ms: i64, limit: u32) -> Result<Vec<JobId>> {
+        self.run(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT j.id FROM jobs j LEFT JOIN leases l ON l.job_id = j.id
+                 WHERE j.state IN ('queued', 'running', 'waiting') AND (l.job_id IS NULL OR l.expires_at < ?1)
+                 ORDER BY j.created_at, j.id LIMIT ?2",
+            )?;
+            let ids: Vec<String> = stmt.query_map(params![now_ms, limit], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+            ids.iter().map(|i| parse_id(i)).collect()
         })
         .await
     }
@@ -403,6 +434,7 @@ impl Store for SqliteStore {
             return Ok(Written::default());
         }
         self.tx(move |tx| {
+            check_fence(tx, batch.fence)?;
             let mut written = Written::default();
             {
                 let mut next_seq = tx.prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM entries WHERE session_id = ?1")?;
@@ -449,8 +481,9 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn create_task(&self, task: Task) -> Result<(Task, bool, Written)> {
+    async fn create_task(&self, task: Task, fence: Option<Fence>) -> Result<(Task, bool, Written)> {
         self.tx(move |tx| {
+            check_fence(tx, fence)?;
             let id = task.id.to_string();
             if let Some(existing) = load_task(tx, &id)? {
                 return Ok((existing, false, Written::default()));
@@ -585,6 +618,61 @@ impl Store for SqliteStore {
                 )?);
             }
             Ok(written)
+        })
+        .await
+    }
+
+    async fn acquire_lease(&self, job: JobId, owner: &str, ttl_ms: i64) -> Result<Option<Lease>> {
+        let owner = owner.to_string();
+        self.tx(move |tx| {
+            let now = now_ms();
+            let id = job.to_string();
+            let current: Option<(String, i64, i64)> = tx
+                .query_row("SELECT owner, epoch, expires_at FROM leases WHERE job_id = ?1", params![id], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .optional()?;
+            let epoch = match current {
+                None => {
+                    tx.execute(
+                        "INSERT INTO leases (job_id, owner, epoch, expires_at) VALUES (?1, ?2, 1, ?3)",
+                        params![id, owner, now + ttl_ms],
+                    )?;
+                    1
+                }
+                Some((held_by, epoch, _)) if held_by == owner => epoch,
+                Some((_, epoch, expires)) if expires < now => epoch + 1,
+                Some(_) => return Ok(None),
+            };
+            tx.execute(
+                "UPDATE leases SET owner = ?2, epoch = ?3, expires_at = ?4 WHERE job_id = ?1",
+                params![id, owner, epoch, now + ttl_ms],
+            )?;
+            Ok(Some(Lease { job, owner, epoch, expires_at: now + ttl_ms }))
+        })
+        .await
+    }
+
+    async fn renew_lease(&self, lease: &Lease, ttl_ms: i64) -> Result<bool> {
+        let l = lease.clone();
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE leases SET expires_at = ?4 WHERE job_id = ?1 AND owner = ?2 AND epoch = ?3",
+                params![l.job.to_string(), l.owner, l.epoch, now_ms() + ttl_ms],
+            )?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let l = lease.clone();
+        self.tx(move |tx| {
+            tx.execute(
+                "UPDATE leases SET expires_at = 0 WHERE job_id = ?1 AND owner = ?2 AND epoch = ?3",
+                params![l.job.to_string(), l.owner, l.epoch],
+            )?;
+            Ok(())
         })
         .await
     }

@@ -44,3 +44,40 @@ async fn stored_entries_cannot_be_rewritten() {
     let err = conn.execute("UPDATE entries SET body = 'x'", []).unwrap_err();
     assert!(err.to_string().contains("append-only"), "{err}");
 }
+
+/// The admin URL tests create scratch databases through.
+fn pg_admin_url() -> String {
+    std::env::var("FLOWER_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+#[tokio::test]
+async fn postgres_passes_the_store_suite() {
+    let db = flower_store::postgres::ScratchDatabase::create(&pg_admin_url()).await.unwrap();
+    let store = flower_store::PostgresStore::connect(&db.url, 4).await.unwrap();
+    conformance::store_suite(&store).await;
+    // Migrations are idempotent: a second replica starting on the same database is fine.
+    flower_store::PostgresStore::connect(&db.url, 1).await.unwrap();
+    drop(store);
+    db.drop_now().await.unwrap();
+}
+
+#[tokio::test]
+async fn postgres_entries_cannot_be_rewritten() {
+    let db = flower_store::postgres::ScratchDatabase::create(&pg_admin_url()).await.unwrap();
+    let _store = flower_store::PostgresStore::connect(&db.url, 1).await.unwrap();
+    let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, name, state, spec, usage, created_at, updated_at)
+               VALUES ('00000000-0000-0000-0000-000000000001', 'n', 'queued', '{}', '{}', 0, 0);
+             INSERT INTO sessions (id, job_id, role, label, created_at)
+               VALUES ('00000000-0000-0000-0000-000000000002', '00000000-0000-0000-0000-000000000001', 'worker', 'w', 0);
+             INSERT INTO entries VALUES ('00000000-0000-0000-0000-000000000002', 1, '00000000-0000-0000-0000-000000000003',
+               '00000000-0000-0000-0000-000000000001', 'user', '{}', 0);",
+        )
+        .await
+        .unwrap();
+    let err = client.batch_execute("UPDATE entries SET body = 'x'").await.unwrap_err();
+    assert!(format!("{err:?}").contains("append-only"), "{err:?}");
+}

@@ -1,0 +1,735 @@
+//! The distributed backend: Postgres through a deadpool connection pool.
+//!
+//! Migrations are embedded and applied at start under an advisory lock (so
+//! replicas starting together apply them once). Per-job event numbers and
+//! per-session entry numbers come from counters on the job and session rows,
+//! bumped with `UPDATE … RETURNING` inside the writing transaction: the row
+//! lock serialises writers of one job without a table lock. A batch of entries
+//! is one multi-row insert (`UNNEST`), not one round trip per entry.
+//! A fenced write takes the lease row `FOR SHARE`, so a takeover cannot commit
+//! in the middle of it.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use flower_model::{
+    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, TaskState, Usage,
+    now_ms,
+};
+use tokio_postgres::{GenericClient, NoTls, Row, Transaction};
+use uuid::Uuid;
+
+use crate::{Batch, Claim, Fence, Lease, NewJob, Result, Store, StoreError, Written};
+
+/// Embedded migrations, applied in order; never edit one that has shipped.
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_initial.sql"))];
+/// Advisory lock key serialising migrations across replicas.
+const MIGRATION_LOCK: i64 = 0x666c_6f77_6572;
+
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+}
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        // The database's own message (e.g. the append-only trigger) is the useful part.
+        match e.as_db_error() {
+            Some(db) => StoreError::Backend(db.message().to_string()),
+            None => StoreError::Backend(e.to_string()),
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        backend(e)
+    }
+}
+
+impl PostgresStore {
+    /// Connect (`postgres://user@host:port/db`), with at most `max_connections`, and migrate.
+    pub async fn connect(url: &str, max_connections: usize) -> Result<Self> {
+        let config: tokio_postgres::Config =
+            url.parse().map_err(|e| StoreError::Backend(format!("database URL `{url}`: {e}")))?;
+        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager).max_size(max_connections.max(1)).build().map_err(backend)?;
+        let store = Self { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS flower_migrations (version integer PRIMARY KEY, applied_at bigint NOT NULL)",
+        )
+        .await?;
+        let applied: Vec<i32> =
+            tx.query("SELECT version FROM flower_migrations", &[]).await?.iter().map(|r| r.get(0)).collect();
+        for (version, sql) in MIGRATIONS {
+            if !applied.contains(version) {
+                tx.batch_execute(sql).await?;
+                tx.execute("INSERT INTO flower_migrations VALUES ($1, $2)", &[version, &now_ms()]).await?;
+                tracing::info!(version, "migration applied");
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Run `f` in one transaction.
+    async fn tx<T>(
+        &self,
+        f: impl for<'a> FnOnce(&'a Transaction<'a>) -> futures::future::BoxFuture<'a, Result<T>>,
+    ) -> Result<T> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let out = f(&tx).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Result<serde_json::Value> {
+    serde_json::to_value(v).map_err(corrupt)
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T> {
+    serde_json::from_value(v).map_err(corrupt)
+}
+
+fn parse<T: std::str::FromStr>(s: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse().map_err(corrupt)
+}
+
+async fn check_fence(tx: &Transaction<'_>, fence: Option<Fence>) -> Result<()> {
+    let Some(f) = fence else { return Ok(()) };
+    let row = tx.query_opt("SELECT epoch FROM leases WHERE job_id = $1 FOR SHARE", &[&f.job.0]).await?;
+    let current: i64 = row.map(|r| r.get(0)).unwrap_or(0);
+    if current == f.epoch { Ok(()) } else { Err(StoreError::Fenced { job: f.job, given: f.epoch, current }) }
+}
+
+/// Append events, numbering them from the job's counter (one round trip for
+/// the numbers, one for the rows).
+async fn write_events(tx: &Transaction<'_>, events: Vec<(JobId, EventKind)>) -> Result<Vec<Event>> {
+    let mut by_job: BTreeMap<JobId, Vec<EventKind>> = BTreeMap::new();
+    for (job, kind) in events {
+        by_job.entry(job).or_default().push(kind);
+    }
+    let mut out = Vec::new();
+    for (job, kinds) in by_job {
+        let n = kinds.len() as i64;
+        let row = tx
+            .query_opt("UPDATE jobs SET next_event_seq = next_event_seq + $2 WHERE id = $1 RETURNING next_event_seq", &[
+                &job.0, &n,
+            ])
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
+        let last: i64 = row.get(0);
+        let at = now_ms();
+        let (mut jobs, mut seqs, mut ats, mut names, mut payloads) = (vec![], vec![], vec![], vec![], vec![]);
+        for (i, kind) in kinds.into_iter().enumerate() {
+            let seq = last - n + 1 + i as i64;
+            jobs.push(job.0);
+            seqs.push(seq);
+            ats.push(at);
+            names.push(kind.name().to_string());
+            payloads.push(json(&kind)?);
+            out.push(Event { job_id: job, seq, at, kind });
+        }
+        tx.execute(
+            "INSERT INTO events (job_id, seq, at, kind, payload)
+             SELECT * FROM UNNEST($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::jsonb[])",
+            &[&jobs, &seqs, &ats, &names, &payloads],
+        )
+        .await?;
+    }
+    out.sort_by_key(|e| (e.job_id, e.seq));
+    Ok(out)
+}
+
+async fn add_usage(tx: &Transaction<'_>, job: JobId, usage: &Usage) -> Result<()> {
+    let row = tx
+        .query_opt("SELECT usage FROM jobs WHERE id = $1 FOR UPDATE", &[&job.0])
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
+    let mut total: Usage = from_json(row.get(0))?;
+    total.add(usage);
+    tx.execute("UPDATE jobs SET usage = $2, updated_at = $3 WHERE id = $1", &[&job.0, &json(&total)?, &now_ms()]).await?;
+    Ok(())
+}
+
+const JOB_COLS: &str = "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at";
+
+fn decode_job(r: &Row) -> Result<Job> {
+    Ok(Job {
+        id: JobId(r.get(0)),
+        name: r.get(1),
+        state: parse(r.get::<_, &str>(2))?,
+        reason: r.get(3),
+        spec: r.get(4),
+        final_answer: r.get(5),
+        idempotency_key: r.get(6),
+        usage: from_json(r.get(7))?,
+        created_at: r.get(8),
+        updated_at: r.get(9),
+    })
+}
+
+async fn load_job(c: &impl GenericClient, id: JobId) -> Result<Job> {
+    let row = c
+        .query_opt(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = $1"), &[&id.0])
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
+    decode_job(&row)
+}
+
+const TASK_COLS: &str = "id, job_id, parent_session, tool_use_id, worker, mandate, description, state, attempt, claimed_by, report, error, usage, created_at, updated_at";
+
+fn decode_task(r: &Row) -> Result<Task> {
+    Ok(Task {
+        id: TaskId(r.get(0)),
+        job_id: JobId(r.get(1)),
+        parent_session: SessionId(r.get(2)),
+        tool_use_id: r.get(3),
+        worker: r.get(4),
+        mandate: r.get(5),
+        description: r.get(6),
+        state: parse(r.get::<_, &str>(7))?,
+        attempt: r.get::<_, i32>(8) as u32,
+        claimed_by: r.get(9),
+        report: r.get(10),
+        error: r.get(11),
+        usage: from_json(r.get(12))?,
+        created_at: r.get(13),
+        updated_at: r.get(14),
+    })
+}
+
+async fn load_task(c: &impl GenericClient, id: TaskId) -> Result<Task> {
+    let row = c
+        .query_opt(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1"), &[&id.0])
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+    decode_task(&row)
+}
+
+fn decode_session(r: &Row) -> Result<Session> {
+    Ok(Session {
+        id: SessionId(r.get(0)),
+        job_id: JobId(r.get(1)),
+        role: parse::<Role>(r.get::<_, &str>(2))?,
+        label: r.get(3),
+        task_id: r.get::<_, Option<Uuid>>(4).map(TaskId),
+        created_at: r.get(5),
+    })
+}
+
+fn written(events: Vec<Event>) -> Written {
+    Written { events, entry_seqs: vec![] }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn create_job(&self, job: NewJob) -> Result<(Job, bool)> {
+        self.tx(move |tx| {
+            Box::pin(async move {
+                let now = now_ms();
+                let inserted = tx
+                    .query_opt(
+                        "INSERT INTO jobs (id, name, state, spec, idempotency_key, usage, created_at, updated_at)
+                         VALUES ($1, $2, 'queued', $3, $4, $5, $6, $6)
+                         ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
+                        &[&job.id.0, &job.name, &job.spec, &job.idempotency_key, &json(&Usage::default())?, &now],
+                    )
+                    .await?;
+                if inserted.is_none() {
+                    let row = tx
+                        .query_one("SELECT id FROM jobs WHERE idempotency_key = $1", &[&job.idempotency_key])
+                        .await?;
+                    return Ok((load_job(tx, JobId(row.get(0))).await?, false));
+                }
+                write_events(tx, vec![(job.id, EventKind::JobState { state: JobState::Queued, reason: None })]).await?;
+                Ok((load_job(tx, job.id).await?, true))
+            })
+        })
+        .await
+    }
+
+    async fn get_job(&self, id: JobId) -> Result<Job> {
+        load_job(&**self.pool.get().await?, id).await
+    }
+
+    async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId> {
+        let needle = id_or_prefix.trim().to_lowercase();
+        if needle.is_empty() || !needle.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(StoreError::NotFound(format!("job `{id_or_prefix}`")));
+        }
+        let client = self.pool.get().await?;
+        let rows = client.query("SELECT id FROM jobs WHERE id::text LIKE $1 || '%' LIMIT 2", &[&needle]).await?;
+        match rows.as_slice() {
+            [one] => Ok(JobId(one.get(0))),
+            [] => Err(StoreError::NotFound(format!("job `{needle}`"))),
+            _ => Err(StoreError::Ambiguous(needle)),
+        }
+    }
+
+    async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(&format!("SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id LIMIT $1"), &[&(limit as i64)])
+            .await?;
+        rows.iter().map(decode_job).collect()
+    }
+
+    async fn set_job_state(
+        &self,
+        id: JobId,
+        state: JobState,
+        reason: Option<String>,
+        final_answer: Option<String>,
+        fence: Option<Fence>,
+    ) -> Result<Written> {
+        self.tx(move |tx| {
+            Box::pin(async move {
+                check_fence(tx, fence).await?;
+                let row = tx
+                    .query_opt("SELECT state FROM jobs WHERE id = $1 FOR UPDATE", &[&id.0])
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
+                let current: JobState = parse(row.get::<_, &str>(0))?;
+                if current.is_terminal() {
+                    return Err(StoreError::Conflict(format!("job {id} already {current}")));
+                }
+                tx.execute(
+                    "UPDATE jobs SET state = $2, reason = $3, final_answer = COALESCE($4, final_answer), updated_at = $5
+                     WHERE id = $1",
+                    &[&id.0, &state.as_str(), &reason, &final_answer, &now_ms()],
+                )
+                .await?;
+                Ok(written(write_events(tx, vec![(id, EventKind::JobState { state, reason })]).await?))
+            })
+        })
+        .await
+    }
+
+    async fn orphaned_jobs(&self, now_ms: i64, limit: u32) -> Result<Vec<JobId>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT j.id FROM jobs j LEFT JOIN leases l ON l.job_id = j.id
+                 WHERE j.state IN ('queued', 'running', 'waiting') AND (l.job_id IS NULL OR l.expires_at < $1)
+                 ORDER BY j.created_at, j.id LIMIT $2",
+                &[&now_ms, &(limit as i64)],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| JobId(r.get(0))).collect())
+    }
+
+    async fn create_session(&self, session: Session) -> Result<Written> {
+        self.tx(move |tx| {
+            Box::pin(async move {
+                let n = tx
+                    .execute(
+                        "INSERT INTO sessions (id, job_id, role, label, task_id, created_at) VALUES ($1, $2, $3, $4, $5, $6)
+                         ON CONFLICT (id) DO NOTHING",
+                        &[
+                            &session.id.0,
+                            &session.job_id.0,
+                            &session.role.as_str(),
+                            &session.label,
+                            &session.task_id.map(|t| t.0),
+                            &session.created_at,
+                        ],
+                    )
+                    .await?;
+                if n == 0 {
+                    return Ok(Written::default());
+                }
+                let kind =
+                    EventKind::SessionStarted { session: session.id, role: session.role.as_str().into(), label: session.label };
+                Ok(written(write_events(tx, vec![(session.job_id, kind)]).await?))
+            })
+        })
+        .await
+    }
+
+    async fn sessions(&self, job: JobId) -> Result<Vec<Session>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE job_id = $1
+                 ORDER BY created_at, id",
+                &[&job.0],
+            )
+            .await?;
+        rows.iter().map(decode_session).collect()
+    }
+
+    async fn get_session(&self, id: SessionId) -> Result<Session> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt("SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE id = $1", &[&id.0])
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("session {id}")))?;
+        decode_session(&row)
+    }
+
+    async fn append(&self, batch: Batch) -> Result<Written> {
+        if batch.is_empty() {
+            return Ok(Written::default());
+        }
+        self.tx(move |tx| {
+            Box::pin(async move {
+                check_fence(tx, batch.fence).await?;
+                let mut out = Written::default();
+                // Number the entries per session from the session rows' counters.
+                let mut per_session: BTreeMap<SessionId, i64> = BTreeMap::new();
+                for e in &batch.entries {
+                    *per_session.entry(e.session_id).or_default() += 1;
+                }
+                let mut next: BTreeMap<SessionId, i64> = BTreeMap::new();
+                for (session, n) in per_session {
+                    let row = tx
+                        .query_opt(
+                            "UPDATE sessions SET next_entry_seq = next_entry_seq + $2 WHERE id = $1 RETURNING next_entry_seq",
+                            &[&session.0, &n],
+                        )
+                        .await?
+                        .ok_or_else(|| StoreError::NotFound(format!("session {session}")))?;
+                    next.insert(session, row.get::<_, i64>(0) - n + 1);
+                }
+                let (mut sessions, mut seqs, mut uuids, mut jobs, mut kinds, mut bodies, mut ats) =
+                    (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+                for mut entry in batch.entries {
+                    let seq = next.get_mut(&entry.session_id).map(|s| {
+                        *s += 1;
+                        *s - 1
+                    });
+                    let seq = seq.ok_or_else(|| StoreError::NotFound(format!("session {}", entry.session_id)))?;
+                    entry.seq = seq;
+                    sessions.push(entry.session_id.0);
+                    seqs.push(seq);
+                    uuids.push(entry.uuid);
+                    jobs.push(entry.job_id.0);
+                    kinds.push(json(&entry.kind)?.as_str().unwrap_or_default().to_string());
+                    bodies.push(serde_json::to_string(&entry).map_err(corrupt)?);
+                    ats.push(entry.created_at);
+                    out.entry_seqs.push(seq);
+                }
+                if !sessions.is_empty() {
+                    tx.execute(
+                        "INSERT INTO entries (session_id, seq, uuid, job_id, kind, body, created_at)
+                         SELECT * FROM UNNEST($1::uuid[], $2::bigint[], $3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::bigint[])",
+                        &[&sessions, &seqs, &uuids, &jobs, &kinds, &bodies, &ats],
+                    )
+                    .await?;
+                }
+                if let Some((job, usage)) = batch.usage {
+                    add_usage(tx, job, &usage).await?;
+                }
+                out.events = write_events(tx, batch.events).await?;
+                Ok(out)
+            })
+        })
+        .await
+    }
+
+    async fn entries(&self, session: SessionId, after_seq: i64, limit: u32) -> Result<Vec<Entry>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query("SELECT body FROM entries WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3", &[
+                &session.0,
+                &after_seq,
+                &(limit as i64),
+            ])
+            .await?;
+        rows.iter().map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt)).collect()
+    }
+
+    async fn create_task(&self, task: Task, fence: Option<Fence>) -> Result<(Task, bool, Written)> {
+        self.tx(move |tx| {
+            Box::pin(async move {
+                check_fence(tx, fence).await?;
+                let n = tx
+                    .execute(
+                        &format!(
+                            "INSERT INTO tasks ({TASK_COLS}) VALUES
+                             ($1, $2, $3, $4, $5, $6, $7, 'queued', 0, NULL, NULL, NULL, $8, $9, $9)
+                             ON CONFLICT (id) DO NOTHING"
+                        ),
+                        &[
+                            &task.id.0,
+                            &task.job_id.0,
+                            &task.parent_session.0,
+                            &task.tool_use_id,
+                            &task.worker,
+                            &task.mandate,
+                            &task.description,
+                            &json(&Usage::default())?,
+                            &now_ms(),
+                        ],
+                    )
+                    .await?;
+                if n == 0 {
+                    return Ok((load_task(tx, task.id).await?, false, Written::default()));
+                }
+                let kind = EventKind::TaskQueued {
+                    task: task.id,
+                    worker: task.worker.clone(),
+                    description: task.description.clone(),
+                };
+                let events = write_events(tx, vec![(task.job_id, kind)]).await?;
+                Ok((load_task(tx, task.id).await?, true, written(events)))
+            })
+        })
+        .await
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Task> {
+        load_task(&**self.pool.get().await?, id).await
+    }
+
+    async fn tasks(&self, job: JobId) -> Result<Vec<Task>> {
+        let client = self.pool.get().await?;
+        let rows =
+            client.query(&format!("SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 ORDER BY created_at, id"), &[&job.0]).await?;
+        rows.iter().map(decode_task).collect()
+    }
+
+    async fn claim_task(&self, id: TaskId, attempt: u32, worker_id: &str) -> Result<Claim> {
+        let worker_id = worker_id.to_string();
+        self.tx(move |tx| {
+            Box::pin(async move {
+                let task = load_task(tx, id).await?;
+                if task.state.is_terminal() {
+                    return Ok(Claim::AlreadyFinished(task));
+                }
+                let n = tx
+                    .execute(
+                        "UPDATE tasks SET state = 'running', attempt = $2, claimed_by = $3, updated_at = $4
+                         WHERE id = $1 AND attempt < $2 AND state IN ('queued', 'running')",
+                        &[&id.0, &(attempt as i32), &worker_id, &now_ms()],
+                    )
+                    .await?;
+                if n == 0 {
+                    let current = load_task(tx, id).await?;
+                    return Ok(if current.state.is_terminal() {
+                        Claim::AlreadyFinished(current)
+                    } else {
+                        Claim::Superseded { current_attempt: current.attempt }
+                    });
+                }
+                let events =
+                    write_events(tx, vec![(task.job_id, EventKind::TaskStarted { task: id, attempt, worker_id })]).await?;
+                Ok(Claim::Claimed { task: load_task(tx, id).await?, events })
+            })
+        })
+        .await
+    }
+
+    async fn finish_task(&self, id: TaskId, attempt: u32, outcome: TaskOutcome, usage: Usage) -> Result<(Task, Written)> {
+        self.tx(move |tx| {
+            Box::pin(async move {
+                let (state, report, error) = match &outcome {
+                    TaskOutcome::Succeeded { report } => (TaskState::Succeeded, Some(report.clone()), None),
+                    TaskOutcome::Failed { error } => (TaskState::Failed, None, Some(error.clone())),
+                };
+                let n = tx
+                    .execute(
+                        "UPDATE tasks SET state = $3, report = $4, error = $5, usage = $6, updated_at = $7
+                         WHERE id = $1 AND attempt = $2 AND state = 'running'",
+                        &[&id.0, &(attempt as i32), &state.as_str(), &report, &error, &json(&usage)?, &now_ms()],
+                    )
+                    .await?;
+                let task = load_task(tx, id).await?;
+                if n == 0 {
+                    return Err(StoreError::Conflict(format!(
+                        "task {id} attempt {attempt} cannot finish: task is {} at attempt {}",
+                        task.state.as_str(),
+                        task.attempt
+                    )));
+                }
+                let kind = EventKind::TaskFinished { task: id, attempt, succeeded: state == TaskState::Succeeded, usage };
+                let events = write_events(tx, vec![(task.job_id, kind)]).await?;
+                Ok((task, written(events)))
+            })
+        })
+        .await
+    }
+
+    async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written> {
+        let reason = reason.to_string();
+        self.tx(move |tx| {
+            Box::pin(async move {
+                let rows = tx
+                    .query(
+                        "UPDATE tasks SET state = 'cancelled', error = $2, updated_at = $3
+                         WHERE job_id = $1 AND state IN ('queued', 'running') RETURNING id, attempt",
+                        &[&job.0, &reason, &now_ms()],
+                    )
+                    .await?;
+                let mut ids: Vec<(Uuid, i32)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+                ids.sort();
+                let events = ids
+                    .into_iter()
+                    .map(|(id, attempt)| {
+                        let kind = EventKind::TaskFinished {
+                            task: TaskId(id),
+                            attempt: attempt as u32,
+                            succeeded: false,
+                            usage: Usage::default(),
+                        };
+                        (job, kind)
+                    })
+                    .collect();
+                Ok(written(write_events(tx, events).await?))
+            })
+        })
+        .await
+    }
+
+    async fn acquire_lease(&self, job: JobId, owner: &str, ttl_ms: i64) -> Result<Option<Lease>> {
+        let owner = owner.to_string();
+        self.tx(move |tx| {
+            Box::pin(async move {
+                let now = now_ms();
+                // Insert, or take over when expired, or renew when already ours;
+                // a live lease of someone else's matches no branch.
+                let row = tx
+                    .query_opt(
+                        "INSERT INTO leases (job_id, owner, epoch, expires_at) VALUES ($1, $2, 1, $3)
+                         ON CONFLICT (job_id) DO UPDATE SET
+                           epoch = CASE WHEN leases.owner = EXCLUDED.owner THEN leases.epoch ELSE leases.epoch + 1 END,
+                           owner = EXCLUDED.owner,
+                           expires_at = EXCLUDED.expires_at
+                         WHERE leases.owner = EXCLUDED.owner OR leases.expires_at < $4
+                         RETURNING epoch",
+                        &[&job.0, &owner, &(now + ttl_ms), &now],
+                    )
+                    .await?;
+                Ok(row.map(|r| Lease { job, owner, epoch: r.get(0), expires_at: now + ttl_ms }))
+            })
+        })
+        .await
+    }
+
+    async fn renew_lease(&self, lease: &Lease, ttl_ms: i64) -> Result<bool> {
+        let client = self.pool.get().await?;
+        let n = client
+            .execute("UPDATE leases SET expires_at = $4 WHERE job_id = $1 AND owner = $2 AND epoch = $3", &[
+                &lease.job.0,
+                &lease.owner,
+                &lease.epoch,
+                &(now_ms() + ttl_ms),
+            ])
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let client = self.pool.get().await?;
+        client
+            .execute("UPDATE leases SET expires_at = 0 WHERE job_id = $1 AND owner = $2 AND epoch = $3", &[
+                &lease.job.0,
+                &lease.owner,
+                &lease.epoch,
+            ])
+            .await?;
+        Ok(())
+    }
+
+    async fn events(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<Event>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query("SELECT seq, at, payload FROM events WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3", &[
+                &job.0,
+                &after_seq,
+                &(limit as i64),
+            ])
+            .await?;
+        rows.iter().map(|r| Ok(Event { job_id: job, seq: r.get(0), at: r.get(1), kind: from_json(r.get(2))? })).collect()
+    }
+}
+
+/// A throwaway database for one test or benchmark run, dropped afterwards.
+pub struct ScratchDatabase {
+    admin_url: String,
+    pub name: String,
+    pub url: String,
+}
+
+impl ScratchDatabase {
+    /// Create `flower_scratch_<random>` through `admin_url` (a database URL with
+    /// CREATE DATABASE rights). Fails loudly when Postgres is not there.
+    pub async fn create(admin_url: &str) -> Result<Self> {
+        let name = format!("flower_scratch_{}", Uuid::new_v4().simple());
+        let (client, conn) = tokio_postgres::connect(admin_url, NoTls)
+            .await
+            .map_err(|e| StoreError::Backend(format!("cannot reach Postgres at {admin_url}: {e}")))?;
+        let driver = tokio::spawn(conn);
+        client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+        drop(client);
+        let _ = driver.await;
+        let mut config: tokio_postgres::Config = admin_url.parse().map_err(backend)?;
+        config.dbname(&name);
+        let url = config_url(&config, &name);
+        Ok(Self { admin_url: admin_url.to_string(), name, url })
+    }
+
+    /// Drop the database now (also done, best effort, on drop).
+    pub async fn drop_now(&self) -> Result<()> {
+        let (client, conn) = tokio_postgres::connect(&self.admin_url, NoTls).await?;
+        let driver = tokio::spawn(conn);
+        client.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)).await?;
+        drop(client);
+        let _ = driver.await;
+        Ok(())
+    }
+}
+
+impl Drop for ScratchDatabase {
+    fn drop(&mut self) {
+        let (admin, name) = (self.admin_url.clone(), self.name.clone());
+        // Dropping needs async I/O; do it on a thread of its own so Drop works
+        // inside and outside a runtime alike.
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            rt.block_on(async move {
+                let (client, conn) = tokio_postgres::connect(&admin, NoTls).await.ok()?;
+                let driver = tokio::spawn(conn);
+                let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+                drop(client);
+                let _ = driver.await;
+                Some(())
+            })
+        });
+        let _ = done.join();
+    }
+}
+
+/// A URL for `config` pointing at database `name` (host, port and user kept).
+fn config_url(config: &tokio_postgres::Config, name: &str) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    format!("postgres://{user}@{host}:{port}/{name}")
+}
