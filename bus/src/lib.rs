@@ -1,6 +1,6 @@
-//! The task queue and the notice stream, behind traits with one in-process
+//! The task queue and the notice stream, behind traits with an in-process
 //! implementation for the embedded mode ([`memory`]) and NATS JetStream for the
-//! distributed mode.
+//! distributed mode ([`nats`]); [`conformance`] is the suite both pass.
 //!
 //! The bus carries **references and hints only**: a task message names a task
 //! whose row is in the store; a notice says that new rows exist. Whoever
@@ -13,9 +13,12 @@ use async_trait::async_trait;
 use flower_model::{JobId, TaskId};
 use serde::{Deserialize, Serialize};
 
+pub mod conformance;
 pub mod memory;
+pub mod nats;
 
 pub use memory::MemoryBus;
+pub use nats::{NatsBus, NatsConfig};
 
 /// Errors of the bus. [`BusError::Unavailable`] is retryable.
 #[derive(Debug, thiserror::Error)]

@@ -175,7 +175,11 @@ async fn leases_fence_writes(store: &dyn Store) {
     assert_eq!(a.epoch, 1);
     assert!(store.acquire_lease(job, "coordinator-b", 60_000).await.unwrap().is_none(), "a live lease is not taken");
     assert!(!store.orphaned_jobs(now_ms(), 1000).await.unwrap().contains(&job));
-    assert_eq!(store.acquire_lease(job, "coordinator-a", 60_000).await.unwrap().map(|l| l.epoch), Some(1), "re-acquiring keeps the epoch");
+    assert_eq!(
+        store.acquire_lease(job, "coordinator-a", 60_000).await.unwrap().map(|l| l.epoch),
+        Some(1),
+        "re-acquiring keeps the epoch"
+    );
     assert!(store.renew_lease(&a, 60_000).await.unwrap());
     store.set_job_state(job, JobState::Running, None, None, Some(a.fence())).await.unwrap();
 
@@ -188,7 +192,14 @@ async fn leases_fence_writes(store: &dyn Store) {
 
     let session = SessionId::random();
     store
-        .create_session(Session { id: session, job_id: job, role: Role::Coordinator, label: "c".into(), task_id: None, created_at: now_ms() })
+        .create_session(Session {
+            id: session,
+            job_id: job,
+            role: Role::Coordinator,
+            label: "c".into(),
+            task_id: None,
+            created_at: now_ms(),
+        })
         .await
         .unwrap();
     let stale = |fence| Batch {

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use flower_model::{
-    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, TaskState, Usage,
-    now_ms,
+    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, TaskState,
+    Usage, now_ms,
 };
 use tokio_postgres::{GenericClient, NoTls, Row, Transaction};
 use uuid::Uuid;
@@ -135,9 +135,10 @@ async fn write_events(tx: &Transaction<'_>, events: Vec<(JobId, EventKind)>) -> 
     for (job, kinds) in by_job {
         let n = kinds.len() as i64;
         let row = tx
-            .query_opt("UPDATE jobs SET next_event_seq = next_event_seq + $2 WHERE id = $1 RETURNING next_event_seq", &[
-                &job.0, &n,
-            ])
+            .query_opt(
+                "UPDATE jobs SET next_event_seq = next_event_seq + $2 WHERE id = $1 RETURNING next_event_seq",
+                &[&job.0, &n],
+            )
             .await?
             .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
         let last: i64 = row.get(0);
@@ -170,7 +171,8 @@ async fn add_usage(tx: &Transaction<'_>, job: JobId, usage: &Usage) -> Result<()
         .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
     let mut total: Usage = from_json(row.get(0))?;
     total.add(usage);
-    tx.execute("UPDATE jobs SET usage = $2, updated_at = $3 WHERE id = $1", &[&job.0, &json(&total)?, &now_ms()]).await?;
+    tx.execute("UPDATE jobs SET usage = $2, updated_at = $3 WHERE id = $1", &[&job.0, &json(&total)?, &now_ms()])
+        .await?;
     Ok(())
 }
 
@@ -259,9 +261,8 @@ impl Store for PostgresStore {
                     )
                     .await?;
                 if inserted.is_none() {
-                    let row = tx
-                        .query_one("SELECT id FROM jobs WHERE idempotency_key = $1", &[&job.idempotency_key])
-                        .await?;
+                    let row =
+                        tx.query_one("SELECT id FROM jobs WHERE idempotency_key = $1", &[&job.idempotency_key]).await?;
                     return Ok((load_job(tx, JobId(row.get(0))).await?, false));
                 }
                 write_events(tx, vec![(job.id, EventKind::JobState { state: JobState::Queued, reason: None })]).await?;
@@ -453,11 +454,10 @@ impl Store for PostgresStore {
     async fn entries(&self, session: SessionId, after_seq: i64, limit: u32) -> Result<Vec<Entry>> {
         let client = self.pool.get().await?;
         let rows = client
-            .query("SELECT body FROM entries WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3", &[
-                &session.0,
-                &after_seq,
-                &(limit as i64),
-            ])
+            .query(
+                "SELECT body FROM entries WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                &[&session.0, &after_seq, &(limit as i64)],
+            )
             .await?;
         rows.iter().map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt)).collect()
     }
@@ -507,8 +507,9 @@ impl Store for PostgresStore {
 
     async fn tasks(&self, job: JobId) -> Result<Vec<Task>> {
         let client = self.pool.get().await?;
-        let rows =
-            client.query(&format!("SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 ORDER BY created_at, id"), &[&job.0]).await?;
+        let rows = client
+            .query(&format!("SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 ORDER BY created_at, id"), &[&job.0])
+            .await?;
         rows.iter().map(decode_task).collect()
     }
 
@@ -536,14 +537,21 @@ impl Store for PostgresStore {
                     });
                 }
                 let events =
-                    write_events(tx, vec![(task.job_id, EventKind::TaskStarted { task: id, attempt, worker_id })]).await?;
+                    write_events(tx, vec![(task.job_id, EventKind::TaskStarted { task: id, attempt, worker_id })])
+                        .await?;
                 Ok(Claim::Claimed { task: load_task(tx, id).await?, events })
             })
         })
         .await
     }
 
-    async fn finish_task(&self, id: TaskId, attempt: u32, outcome: TaskOutcome, usage: Usage) -> Result<(Task, Written)> {
+    async fn finish_task(
+        &self,
+        id: TaskId,
+        attempt: u32,
+        outcome: TaskOutcome,
+        usage: Usage,
+    ) -> Result<(Task, Written)> {
         self.tx(move |tx| {
             Box::pin(async move {
                 let (state, report, error) = match &outcome {
@@ -565,7 +573,8 @@ impl Store for PostgresStore {
                         task.attempt
                     )));
                 }
-                let kind = EventKind::TaskFinished { task: id, attempt, succeeded: state == TaskState::Succeeded, usage };
+                let kind =
+                    EventKind::TaskFinished { task: id, attempt, succeeded: state == TaskState::Succeeded, usage };
                 let events = write_events(tx, vec![(task.job_id, kind)]).await?;
                 Ok((task, written(events)))
             })
@@ -632,12 +641,10 @@ impl Store for PostgresStore {
     async fn renew_lease(&self, lease: &Lease, ttl_ms: i64) -> Result<bool> {
         let client = self.pool.get().await?;
         let n = client
-            .execute("UPDATE leases SET expires_at = $4 WHERE job_id = $1 AND owner = $2 AND epoch = $3", &[
-                &lease.job.0,
-                &lease.owner,
-                &lease.epoch,
-                &(now_ms() + ttl_ms),
-            ])
+            .execute(
+                "UPDATE leases SET expires_at = $4 WHERE job_id = $1 AND owner = $2 AND epoch = $3",
+                &[&lease.job.0, &lease.owner, &lease.epoch, &(now_ms() + ttl_ms)],
+            )
             .await?;
         Ok(n == 1)
     }
@@ -645,11 +652,10 @@ impl Store for PostgresStore {
     async fn release_lease(&self, lease: &Lease) -> Result<()> {
         let client = self.pool.get().await?;
         client
-            .execute("UPDATE leases SET expires_at = 0 WHERE job_id = $1 AND owner = $2 AND epoch = $3", &[
-                &lease.job.0,
-                &lease.owner,
-                &lease.epoch,
-            ])
+            .execute(
+                "UPDATE leases SET expires_at = 0 WHERE job_id = $1 AND owner = $2 AND epoch = $3",
+                &[&lease.job.0, &lease.owner, &lease.epoch],
+            )
             .await?;
         Ok(())
     }
@@ -657,13 +663,14 @@ impl Store for PostgresStore {
     async fn events(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<Event>> {
         let client = self.pool.get().await?;
         let rows = client
-            .query("SELECT seq, at, payload FROM events WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3", &[
-                &job.0,
-                &after_seq,
-                &(limit as i64),
-            ])
+            .query(
+                "SELECT seq, at, payload FROM events WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                &[&job.0, &after_seq, &(limit as i64)],
+            )
             .await?;
-        rows.iter().map(|r| Ok(Event { job_id: job, seq: r.get(0), at: r.get(1), kind: from_json(r.get(2))? })).collect()
+        rows.iter()
+            .map(|r| Ok(Event { job_id: job, seq: r.get(0), at: r.get(1), kind: from_json(r.get(2))? }))
+            .collect()
     }
 }
 

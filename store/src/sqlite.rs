@@ -369,7 +369,8 @@ impl Store for SqliteStore {
                  WHERE j.state IN ('queued', 'running', 'waiting') AND (l.job_id IS NULL OR l.expires_at < ?1)
                  ORDER BY j.created_at, j.id LIMIT ?2",
             )?;
-            let ids: Vec<String> = stmt.query_map(params![now_ms, limit], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+            let ids: Vec<String> =
+                stmt.query_map(params![now_ms, limit], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
             ids.iter().map(|i| parse_id(i)).collect()
         })
         .await

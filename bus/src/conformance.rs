@@ -1,0 +1,92 @@
+//! The one suite every bus implementation must pass. Callers give a fresh,
+//! isolated bus and how long an unacknowledged delivery takes to come back.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use flower_model::{JobId, TaskId};
+
+use crate::{Heard, Notice, Notifier, TaskMessage, TaskQueue};
+
+fn msg() -> TaskMessage {
+    TaskMessage { job_id: JobId::random(), task_id: TaskId::random(), worker: "w".into(), epoch: 1 }
+}
+
+/// Run every check. `redelivery` bounds the wait for an abandoned delivery.
+pub async fn bus_suite<B: TaskQueue + Notifier>(bus: &B, redelivery: Duration) {
+    dedupe(bus).await;
+    settled_messages_stay_settled(bus).await;
+    naks_and_abandoned_deliveries_come_back(bus, redelivery).await;
+    competing_consumers(bus).await;
+    notices_fan_out(bus).await;
+}
+
+async fn next_within<B: TaskQueue>(bus: &B, d: Duration) -> Box<dyn crate::Delivery> {
+    tokio::time::timeout(d, bus.next()).await.expect("a delivery in time").unwrap()
+}
+
+async fn dedupe<B: TaskQueue>(bus: &B) {
+    let m = msg();
+    assert!(bus.publish(m.clone()).await.unwrap());
+    assert!(!bus.publish(m.clone()).await.unwrap(), "the same dedupe id is dropped");
+    let d = next_within(bus, Duration::from_secs(5)).await;
+    assert_eq!(d.message(), &m, "payload round-trips");
+    assert_eq!(d.delivered(), 1);
+    d.ack().await.unwrap();
+}
+
+async fn settled_messages_stay_settled<B: TaskQueue>(bus: &B) {
+    let (a, b, c) = (msg(), msg(), msg());
+    bus.publish(a.clone()).await.unwrap();
+    next_within(bus, Duration::from_secs(5)).await.ack().await.unwrap();
+    bus.publish(b.clone()).await.unwrap();
+    next_within(bus, Duration::from_secs(5)).await.term().await.unwrap();
+    bus.publish(c.clone()).await.unwrap();
+    let d = next_within(bus, Duration::from_secs(5)).await;
+    assert_eq!(d.message(), &c, "acked and terminated messages are not delivered again");
+    d.ack().await.unwrap();
+}
+
+async fn naks_and_abandoned_deliveries_come_back<B: TaskQueue>(bus: &B, redelivery: Duration) {
+    let m = msg();
+    bus.publish(m.clone()).await.unwrap();
+    let d = next_within(bus, Duration::from_secs(5)).await;
+    d.nak(None).await.unwrap();
+    let d = next_within(bus, Duration::from_secs(5)).await;
+    assert_eq!((d.message(), d.delivered()), (&m, 2), "a nak redelivers with the next attempt number");
+    d.progress().await.unwrap();
+    drop(d);
+    let d = next_within(bus, redelivery + Duration::from_secs(5)).await;
+    assert_eq!((d.message(), d.delivered()), (&m, 3), "an abandoned delivery comes back");
+    d.ack().await.unwrap();
+}
+
+async fn competing_consumers<B: TaskQueue>(bus: &B) {
+    let (m1, m2) = (msg(), msg());
+    bus.publish(m1.clone()).await.unwrap();
+    bus.publish(m2.clone()).await.unwrap();
+    let (d1, d2) = tokio::join!(next_within(bus, Duration::from_secs(5)), next_within(bus, Duration::from_secs(5)));
+    let mut got = vec![d1.message().task_id, d2.message().task_id];
+    got.sort();
+    let mut want = vec![m1.task_id, m2.task_id];
+    want.sort();
+    assert_eq!(got, want, "each message goes to one consumer");
+    d1.ack().await.unwrap();
+    d2.ack().await.unwrap();
+}
+
+async fn notices_fan_out<B: Notifier>(bus: &B) {
+    let (mut s1, mut s2) = (bus.subscribe(), bus.subscribe());
+    let job = JobId::random();
+    let sent =
+        [Notice::Events { job, seq: 7 }, Notice::TaskDone { job, task: TaskId::random() }, Notice::Cancel { job }];
+    for n in &sent {
+        bus.notify(n.clone()).await.unwrap();
+    }
+    for s in [&mut s1, &mut s2] {
+        for n in &sent {
+            let heard = tokio::time::timeout(Duration::from_secs(5), s.recv()).await.expect("a notice in time");
+            assert_eq!(heard, Heard::Notice(n.clone()));
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The distributed bus on NATS JetStream (server 2.9 features only).
+//!
+//! Tasks: a work-queue stream (`<prefix>.tasks`), one durable pull consumer
+//! shared by every worker (competing consumers), explicit acks, an ack wait
+//! extended by in-progress acks while a task runs, publish dedupe by
+//! `Nats-Msg-Id` within the stream's duplicate window, MaxDeliver =
+//! `max_attempts + 1` (on 2.9 a message at MaxDeliver just stays in the stream:
+//! the worker that receives `delivered > max_attempts` terminates it and
+//! records the failure). Payloads are the protobuf messages of `flower.v1`.
+//!
+//! Notices: core NATS publish/subscribe on `<prefix>.notices`, fanned out to
+//! local subscribers; they are hints, so at-most-once delivery is enough.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
+use async_nats::jetstream::stream::{self, RetentionPolicy, StorageType};
+use async_nats::jetstream::{self, AckKind, Context};
+use async_trait::async_trait;
+use flower_model::{JobId, TaskId};
+use flower_proto::v1 as pb;
+use futures::StreamExt;
+use prost::Message as _;
+use tokio::sync::broadcast;
+
+use crate::{BusError, Delivery, Notice, NoticeStream, Notifier, Result, TaskMessage, TaskQueue};
+
+/// Where and how the bus lives on the server.
+#[derive(Clone, Debug)]
+pub struct NatsConfig {
+    pub url: String,
+    /// Subject and stream-name prefix: several deployments (or tests) share a
+    /// server without seeing each other. Letters, digits, `_` and `-`.
+    pub prefix: String,
+    /// How long a delivery may go without an ack or heartbeat before the
+    /// server redelivers it (default 30 s).
+    pub ack_wait: Duration,
+    /// Deliveries of one task that may run (default 3); the consumer's
+    /// MaxDeliver is one more, so the worker sees the excess delivery.
+    pub max_attempts: u32,
+    /// Publish dedupe window (default 2 min).
+    pub duplicate_window: Duration,
+}
+
+impl NatsConfig {
+    pub fn new(url: impl Into<String>, prefix: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            prefix: prefix.into(),
+            ack_wait: Duration::from_secs(30),
+            max_attempts: 3,
+            duplicate_window: Duration::from_secs(120),
+        }
+    }
+
+    fn stream_name(&self) -> String {
+        format!("{}_TASKS", self.prefix.replace(['.', '-'], "_").to_uppercase())
+    }
+    fn tasks_subject(&self) -> String {
+        format!("{}.tasks", self.prefix)
+    }
+    fn notices_subject(&self) -> String {
+        format!("{}.notices", self.prefix)
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> BusError {
+    BusError::Unavailable(e.to_string())
+}
+
+#[derive(Clone)]
+pub struct NatsBus {
+    config: NatsConfig,
+    client: async_nats::Client,
+    js: Context,
+    consumer: PullConsumer,
+    notices: broadcast::Sender<Notice>,
+}
+
+impl NatsBus {
+    /// Connect, and create the stream and the shared consumer if absent.
+    pub async fn connect(config: NatsConfig) -> Result<Self> {
+        if config.prefix.is_empty() || !config.prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(BusError::Unavailable(format!(
+                "bad NATS prefix `{}`: use letters, digits, `_`, `-`",
+                config.prefix
+            )));
+        }
+        let client = async_nats::connect(&config.url)
+            .await
+            .map_err(|e| BusError::Unavailable(format!("cannot reach NATS at {}: {e}", config.url)))?;
+        let js = jetstream::new(client.clone());
+        let stream = js
+            .get_or_create_stream(stream::Config {
+                name: config.stream_name(),
+                subjects: vec![config.tasks_subject()],
+                retention: RetentionPolicy::WorkQueue,
+                storage: StorageType::File,
+                duplicate_window: config.duplicate_window,
+                ..Default::default()
+            })
+            .await
+            .map_err(unavailable)?;
+        let durable = format!("{}-workers", config.prefix);
+        let consumer = stream
+            .get_or_create_consumer(
+                &durable,
+                pull::Config {
+                    durable_name: Some(durable.clone()),
+                    ack_policy: AckPolicy::Explicit,
+                    ack_wait: config.ack_wait,
+                    max_deliver: i64::from(config.max_attempts) + 1,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(unavailable)?;
+        let (tx, _) = broadcast::channel(4096);
+        let bus = Self { config, client, js, consumer, notices: tx };
+        bus.forward_notices().await?;
+        Ok(bus)
+    }
+
+    pub fn config(&self) -> &NatsConfig {
+        &self.config
+    }
+
+    /// Relay the notices subject into the local broadcast channel.
+    async fn forward_notices(&self) -> Result<()> {
+        let mut sub = self.client.subscribe(self.config.notices_subject()).await.map_err(unavailable)?;
+        let tx = self.notices.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = sub.next().await {
+                match pb::Notice::decode(msg.payload.as_ref()).map_err(|e| e.to_string()).and_then(notice_from_pb) {
+                    Ok(n) => {
+                        let _ = tx.send(n);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "undecodable notice ignored"),
+                }
+            }
+        });
+        // The subscription must be registered before anyone relies on it.
+        self.client.flush().await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Delete the stream and its consumer (tests and teardown).
+    pub async fn destroy(&self) -> Result<()> {
+        self.js.delete_stream(self.config.stream_name()).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// A raw publish → consume → ack round trip of one small message (the floor
+    /// the task path is compared with in benchmarks).
+    pub async fn raw_round_trip(&self) -> Result<Duration> {
+        let started = std::time::Instant::now();
+        let id = TaskMessage { job_id: JobId::random(), task_id: TaskId::random(), worker: "ping".into(), epoch: 0 };
+        self.publish(id).await?;
+        let d = self.next().await?;
+        d.ack().await?;
+        Ok(started.elapsed())
+    }
+}
+
+fn notice_to_pb(n: &Notice) -> pb::Notice {
+    use pb::notice::What;
+    match n {
+        Notice::Events { job, seq } => pb::Notice { job_id: job.to_string(), what: Some(What::EventSeq(*seq)) },
+        Notice::TaskDone { job, task } => {
+            pb::Notice { job_id: job.to_string(), what: Some(What::TaskDone(task.to_string())) }
+        }
+        Notice::Cancel { job } => pb::Notice { job_id: job.to_string(), what: Some(What::Cancel(true)) },
+    }
+}
+
+fn notice_from_pb(n: pb::Notice) -> std::result::Result<Notice, String> {
+    use pb::notice::What;
+    let job: JobId = n.job_id.parse().map_err(|e| format!("job_id: {e}"))?;
+    match n.what {
+        Some(What::EventSeq(seq)) => Ok(Notice::Events { job, seq }),
+        Some(What::TaskDone(t)) => {
+            Ok(Notice::TaskDone { job, task: t.parse().map_err(|e| format!("task_done: {e}"))? })
+        }
+        Some(What::Cancel(_)) => Ok(Notice::Cancel { job }),
+        None => Err("empty notice".into()),
+    }
+}
+
+fn task_to_pb(t: &TaskMessage) -> pb::TaskMessage {
+    pb::TaskMessage {
+        job_id: t.job_id.to_string(),
+        task_id: t.task_id.to_string(),
+        worker: t.worker.clone(),
+        epoch: t.epoch,
+    }
+}
+
+fn task_from_pb(t: pb::TaskMessage) -> std::result::Result<TaskMessage, String> {
+    Ok(TaskMessage {
+        job_id: t.job_id.parse().map_err(|e| format!("job_id: {e}"))?,
+        task_id: t.task_id.parse().map_err(|e| format!("task_id: {e}"))?,
+        worker: t.worker,
+        epoch: t.epoch,
+    })
+}
+
+#[async_trait]
+impl TaskQueue for NatsBus {
+    async fn publish(&self, task: TaskMessage) -> Result<bool> {
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", task.dedupe_id().as_str());
+        let payload = task_to_pb(&task).encode_to_vec();
+        let ack = self
+            .js
+            .publish_with_headers(self.config.tasks_subject(), headers, payload.into())
+            .await
+            .map_err(unavailable)?
+            .await
+            .map_err(unavailable)?;
+        Ok(!ack.duplicate)
+    }
+
+    async fn next(&self) -> Result<Box<dyn Delivery>> {
+        loop {
+            let mut batch = self
+                .consumer
+                .batch()
+                .max_messages(1)
+                .expires(Duration::from_secs(10))
+                .messages()
+                .await
+                .map_err(unavailable)?;
+            let Some(msg) = batch.next().await else { continue };
+            let msg = msg.map_err(unavailable)?;
+            let delivered = msg.info().map(|i| i.delivered).unwrap_or(1).max(1) as u32;
+            match pb::TaskMessage::decode(msg.payload.as_ref()).map_err(|e| e.to_string()).and_then(task_from_pb) {
+                Ok(task) => return Ok(Box::new(NatsDelivery { msg, task, delivered })),
+                Err(e) => {
+                    // Not ours to run and never will be: drop it for good.
+                    tracing::warn!(error = %e, "undecodable task message terminated");
+                    let _ = msg.ack_with(AckKind::Term).await;
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Notifier for NatsBus {
+    async fn notify(&self, notice: Notice) -> Result<()> {
+        let payload = notice_to_pb(&notice).encode_to_vec();
+        self.client.publish(self.config.notices_subject(), payload.into()).await.map_err(unavailable)
+    }
+
+    fn subscribe(&self) -> NoticeStream {
+        NoticeStream::new(self.notices.subscribe())
+    }
+}
+
+struct NatsDelivery {
+    msg: jetstream::Message,
+    task: TaskMessage,
+    delivered: u32,
+}
+
+#[async_trait]
+impl Delivery for NatsDelivery {
+    fn message(&self) -> &TaskMessage {
+        &self.task
+    }
+    fn delivered(&self) -> u32 {
+        self.delivered
+    }
+    async fn ack(&self) -> Result<()> {
+        // A confirmed ack: once this returns, the server will not redeliver.
+        self.msg.double_ack().await.map_err(unavailable)
+    }
+    async fn nak(&self, delay: Option<Duration>) -> Result<()> {
+        self.msg.ack_with(AckKind::Nak(delay)).await.map_err(unavailable)
+    }
+    async fn progress(&self) -> Result<()> {
+        self.msg.ack_with(AckKind::Progress).await.map_err(unavailable)
+    }
+    async fn term(&self) -> Result<()> {
+        self.msg.double_ack_with(AckKind::Term).await.map_err(unavailable)
+    }
+}

@@ -1,0 +1,95 @@
+//! Both bus implementations against the one suite, plus the JetStream-specific
+//! behaviours (heartbeats, the delivery limit).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::time::Duration;
+
+use flower_bus::{Delivery, MemoryBus, NatsBus, NatsConfig, TaskMessage, TaskQueue, conformance};
+use flower_model::{JobId, TaskId};
+
+fn nats_url() -> String {
+    std::env::var("FLOWER_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// A bus on its own stream and subjects, deleted afterwards.
+struct ScratchBus(NatsBus);
+
+impl ScratchBus {
+    async fn new(ack_wait: Duration, max_attempts: u32) -> Self {
+        let prefix = format!("flowertest_{}", uuid::Uuid::new_v4().simple());
+        let mut config = NatsConfig::new(nats_url(), prefix);
+        config.ack_wait = ack_wait;
+        config.max_attempts = max_attempts;
+        Self(NatsBus::connect(config).await.expect("NATS with JetStream on FLOWER_TEST_NATS_URL or 127.0.0.1:4222"))
+    }
+    async fn destroy(self) {
+        self.0.destroy().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_in_process_bus_passes_the_suite() {
+    conformance::bus_suite(&MemoryBus::new(), Duration::ZERO).await;
+}
+
+#[tokio::test]
+async fn nats_jetstream_passes_the_suite() {
+    let bus = ScratchBus::new(Duration::from_secs(1), 5).await;
+    conformance::bus_suite(&bus.0, Duration::from_secs(1)).await;
+    bus.destroy().await;
+}
+
+fn msg() -> TaskMessage {
+    TaskMessage { job_id: JobId::random(), task_id: TaskId::random(), worker: "w".into(), epoch: 1 }
+}
+
+#[tokio::test]
+async fn heartbeats_keep_a_long_task_from_being_redelivered() {
+    let bus = ScratchBus::new(Duration::from_secs(1), 3).await;
+    bus.0.publish(msg()).await.unwrap();
+    let held = bus.0.next().await.unwrap();
+    // Hold it for three ack waits, beating every 300 ms; nobody else may get it.
+    let competitor = tokio::time::timeout(Duration::from_secs(3), bus.0.next());
+    let beating = async {
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            held.progress().await.unwrap();
+        }
+    };
+    let (got, ()) = tokio::join!(competitor, beating);
+    assert!(got.is_err(), "redelivered while its worker was alive and beating");
+    held.ack().await.unwrap();
+    bus.destroy().await;
+}
+
+#[tokio::test]
+async fn the_delivery_past_the_limit_reaches_the_worker_to_terminate() {
+    let bus = ScratchBus::new(Duration::from_secs(1), 2).await;
+    let m = msg();
+    bus.0.publish(m.clone()).await.unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let d: Box<dyn Delivery> = tokio::time::timeout(Duration::from_secs(10), bus.0.next()).await.unwrap().unwrap();
+        seen.push(d.delivered());
+        if d.delivered() > 2 {
+            // What a worker does: record the failure without running, and drop it.
+            d.term().await.unwrap();
+            break;
+        }
+        d.nak(None).await.unwrap();
+    }
+    assert_eq!(seen, vec![1, 2, 3], "MaxDeliver is max_attempts + 1");
+    bus.0.publish(msg()).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), bus.0.next()).await.unwrap().unwrap();
+    assert_ne!(next.message().task_id, m.task_id, "the terminated message is gone");
+    next.ack().await.unwrap();
+    bus.destroy().await;
+}
+
+#[tokio::test]
+async fn raw_round_trip_is_measured() {
+    let bus = ScratchBus::new(Duration::from_secs(5), 3).await;
+    let rtt = bus.0.raw_round_trip().await.unwrap();
+    assert!(rtt > Duration::ZERO && rtt < Duration::from_secs(5), "{rtt:?}");
+    bus.destroy().await;
+}
