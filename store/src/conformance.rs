@@ -248,6 +248,44 @@ pub async fn workbench_suite(objects: Arc<dyn ObjectStore>) {
     assert_eq!(report.deleted, vec!["notes/a.md".to_string()]);
     assert_eq!(wb.list().await.unwrap(), vec![("artifacts/report.md".to_string(), 3)]);
     assert!(wb.sync(dir.path(), &mut base).await.unwrap() == Default::default(), "nothing changed, nothing sent");
-    let other = Workbench::new(objects, JobId::random());
+    let other = Workbench::new(objects.clone(), JobId::random());
     assert!(other.list().await.unwrap().is_empty(), "workbenches are per job");
+    workspace_suite(objects).await;
+}
+
+/// Workspace snapshots and changesets on an object store.
+async fn workspace_suite(objects: Arc<dyn ObjectStore>) {
+    use crate::workspace::{Workspace, apply};
+    let job = JobId::random();
+    let ws = Workspace::new(objects, job);
+    assert!(ws.load().await.unwrap().is_empty(), "no workspace yet");
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(src.path().join("d")).unwrap();
+    std::fs::write(src.path().join("d/a.txt"), "alpha").unwrap();
+    std::fs::write(src.path().join("b.txt"), "beta").unwrap();
+    std::fs::create_dir_all(src.path().join(".flower")).unwrap();
+    std::fs::write(src.path().join(".flower/x"), "never uploaded").unwrap();
+    assert!(ws.upload_dir(src.path(), 3).await.is_err(), "the size limit is enforced");
+    let base = ws.upload_dir(src.path(), 1 << 20).await.unwrap();
+    assert_eq!(base.keys().cloned().collect::<Vec<_>>(), vec!["b.txt".to_string(), "d/a.txt".to_string()]);
+    assert_eq!(&ws.read("d/a.txt").await.unwrap()[..], b"alpha");
+
+    let task_dir = tempfile::tempdir().unwrap();
+    ws.checkout(&base, task_dir.path()).await.unwrap();
+    assert_eq!(std::fs::read_to_string(task_dir.path().join("d/a.txt")).unwrap(), "alpha");
+    std::fs::write(task_dir.path().join("d/a.txt"), "ALPHA").unwrap();
+    std::fs::remove_file(task_dir.path().join("b.txt")).unwrap();
+    std::fs::write(task_dir.path().join("c.txt"), "new").unwrap();
+    let cs = ws.diff(&base, task_dir.path()).await.unwrap();
+    assert_eq!(cs.changes.len(), 3);
+    let task = flower_model::TaskId::random();
+    ws.put_changeset(task, 1, &cs).await.unwrap();
+    assert_eq!(ws.changeset(task, 1).await.unwrap(), Some(cs.clone()));
+    assert_eq!(ws.changeset(task, 2).await.unwrap(), None);
+    let mut current = ws.load().await.unwrap();
+    assert!(apply(&mut current, &cs).is_empty());
+    ws.save(&current).await.unwrap();
+    assert_eq!(&ws.read("d/a.txt").await.unwrap()[..], b"ALPHA", "new content travels by blob");
+    assert_eq!(&ws.read("c.txt").await.unwrap()[..], b"new");
+    assert!(matches!(ws.read("b.txt").await, Err(StoreError::NotFound(_))));
 }

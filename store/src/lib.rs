@@ -22,7 +22,10 @@ use flower_model::{
 
 pub mod conformance;
 pub mod localfs;
+pub mod objects;
 pub mod postgres;
+#[cfg(feature = "s3-test-server")]
+pub mod s3test;
 pub mod sqlite;
 pub mod workbench;
 pub mod workspace;

@@ -81,3 +81,11 @@ async fn postgres_entries_cannot_be_rewritten() {
     let err = client.batch_execute("UPDATE entries SET body = 'x'").await.unwrap_err();
     assert!(format!("{err:?}").contains("append-only"), "{err:?}");
 }
+
+#[tokio::test]
+async fn s3_passes_the_workbench_suite() {
+    let server = flower_store::s3test::S3TestServer::start("flower-test").await.unwrap();
+    let prefix = format!("run-{}", uuid::Uuid::new_v4().simple());
+    let objects = flower_store::objects::open(&server.url(&prefix), &server.options()).unwrap();
+    conformance::workbench_suite(objects).await;
+}
