@@ -32,8 +32,8 @@ pub fn to_messages(entries: &[Entry]) -> Vec<Message> {
     out
 }
 
-/// `tool_use` ids of the last assistant entry that have no result after it.
-pub fn unanswered_calls(entries: &[Entry]) -> Vec<(String, String)> {
+/// Calls (id, tool, input) of the last assistant entry that have no result after it.
+pub fn unanswered_calls(entries: &[Entry]) -> Vec<(String, String, serde_json::Value)> {
     let Some(pos) = entries.iter().rposition(|e| e.kind == EntryKind::Assistant) else { return Vec::new() };
     let answered: HashSet<&str> = entries[pos + 1..]
         .iter()
@@ -46,7 +46,7 @@ pub fn unanswered_calls(entries: &[Entry]) -> Vec<(String, String)> {
     entries[pos]
         .tool_uses()
         .filter(|(id, _, _)| !answered.contains(id))
-        .map(|(id, name, _)| (id.to_string(), name.to_string()))
+        .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
         .collect()
 }
 
@@ -100,7 +100,7 @@ mod tests {
             ),
             entry(EntryKind::ToolResult, vec![ContentBlock::tool_result("a", "1", false)]),
         ];
-        assert_eq!(unanswered_calls(&entries), vec![("b".to_string(), "Read".to_string())]);
+        assert_eq!(unanswered_calls(&entries), vec![("b".to_string(), "Read".to_string(), json!({}))]);
         assert!(unanswered_calls(&entries[1..]).is_empty());
     }
 }

@@ -22,5 +22,5 @@ pub mod session;
 pub mod tool;
 
 pub use journal::{Journal, TranscriptWriter};
-pub use session::{AgentError, AgentSession, Outcome, SessionConfig};
+pub use session::{AgentError, AgentSession, Inbox, Outcome, SessionConfig};
 pub use tool::{Tool, ToolContext, ToolError, ToolOutput, ToolSet};

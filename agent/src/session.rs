@@ -61,7 +61,12 @@ pub enum AgentError {
     Tool(String),
 }
 
+/// Messages for a running session from outside (a user's interrupt), taken
+/// in before the next model call.
+pub type Inbox = Arc<std::sync::Mutex<Vec<String>>>;
+
 pub struct AgentSession {
+    inbox: Option<Inbox>,
     config: SessionConfig,
     provider: Arc<dyn Provider>,
     tools: Arc<ToolSet>,
@@ -80,7 +85,13 @@ impl AgentSession {
         journal: Journal,
         cancel: CancellationToken,
     ) -> Self {
-        Self { config, provider, tools, hooks, journal, cancel, observer: None }
+        Self { config, provider, tools, hooks, journal, cancel, observer: None, inbox: None }
+    }
+
+    /// Take in messages from `inbox` before each model call.
+    pub fn with_inbox(mut self, inbox: Inbox) -> Self {
+        self.inbox = Some(inbox);
+        self
     }
 
     /// Observe stream progress of every model call.
@@ -97,15 +108,33 @@ impl AgentSession {
     /// `input` as a user message when given.
     pub async fn run(&self, mut history: Vec<Entry>, input: Option<Vec<ContentBlock>>) -> Result<Outcome, AgentError> {
         let c = &self.config;
+        // Resumed after the final answer was stored but before the job ended:
+        // the answer stands, no new model call.
+        if input.is_none()
+            && let Some(last) = history.last()
+            && last.kind == EntryKind::Assistant
+            && last.tool_uses().next().is_none()
+        {
+            return Ok(Outcome::Answered { text: last.text(), turns: 0, usage: Usage::default() });
+        }
         let mut w = TranscriptWriter::new(self.journal.clone(), history.last().map(|e| e.uuid));
-        // A call left without a result (the process died mid-turn) is answered
-        // with a neutral, marked result before anything else.
-        for (id, name) in unanswered_calls(&history) {
+        // Calls left without a result (the process died mid-turn): idempotent
+        // ones are made again (an `Agent` call re-attaches to its task); the
+        // others get a neutral, marked result. Before anything else.
+        let (again, heal): (Vec<_>, Vec<_>) = unanswered_calls(&history)
+            .into_iter()
+            .partition(|(_, name, _)| self.tools.get(name).is_some_and(|t| t.resumable()));
+        for (id, name, _) in heal {
             let mut e = self.entry(EntryKind::ToolResult, vec![ContentBlock::tool_result(id, NEVER_PRODUCED, true)]);
             e.tool_name = Some(name);
             e.markers.interrupted = true;
             w.push(e.clone());
             history.push(e);
+        }
+        if !again.is_empty() {
+            w.flush().await?;
+            let results = self.run_calls(&again).await?;
+            self.record_results(&mut w, &mut history, &again, results);
         }
         if let Some(content) = input {
             let e = self.entry(EntryKind::User, content);
@@ -122,6 +151,16 @@ impl AgentSession {
             }
             if turns >= c.max_turns {
                 return Ok(Outcome::TurnLimit { turns, usage });
+            }
+            let arrived: Vec<String> =
+                self.inbox.as_ref().map(|i| std::mem::take(&mut *i.lock().unwrap_or_else(|p| p.into_inner()))).unwrap_or_default();
+            if !arrived.is_empty() {
+                for text in arrived {
+                    let e = self.entry(EntryKind::User, vec![ContentBlock::text(text)]);
+                    w.push(e.clone());
+                    history.push(e);
+                }
+                w.flush().await?;
             }
             turns += 1;
             let request = Request {
@@ -210,6 +249,38 @@ impl AgentSession {
                 );
             }
             w.flush().await?;
+        }
+    }
+
+    /// Queue the result entries (and their events) of `calls`, in call order.
+    fn record_results(
+        &self,
+        w: &mut TranscriptWriter,
+        history: &mut Vec<Entry>,
+        calls: &[(String, String, serde_json::Value)],
+        results: Vec<ToolOutput>,
+    ) {
+        let c = &self.config;
+        for ((id, name, _), out) in calls.iter().zip(results) {
+            let chars = out.content.iter().map(|b| if let ResultBlock::Text { text } = b { text.len() } else { 0 }).sum();
+            let mut e = self.entry(
+                EntryKind::ToolResult,
+                vec![ContentBlock::ToolResult { tool_use_id: id.clone(), content: out.content, is_error: out.is_error }],
+            );
+            e.tool_name = Some(name.clone());
+            e.markers = out.markers;
+            w.push(e.clone());
+            history.push(e);
+            w.event(
+                c.job_id,
+                EventKind::ToolFinished {
+                    session: c.session_id,
+                    tool: name.clone(),
+                    tool_use_id: id.clone(),
+                    is_error: out.is_error,
+                    chars,
+                },
+            );
         }
     }
 

@@ -63,6 +63,13 @@ pub trait Tool: Send + Sync + 'static {
     fn concurrency_safe(&self) -> bool {
         false
     }
+    /// True when a call left without a result (the process died mid-turn) may
+    /// simply be made again on resume: the call is idempotent by construction
+    /// (an `Agent` call finds its task again by the derived id). Other calls
+    /// get a neutral "never produced" result instead.
+    fn resumable(&self) -> bool {
+        false
+    }
     async fn call(&self, input: serde_json::Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>;
 }
 

@@ -10,12 +10,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use flower_agent::hooks::Hooks;
-use flower_agent::provider::{AnthropicClient, AnthropicConfig, Provider, SingleProvider, SystemBlock};
-use flower_agent::{AgentSession, Journal, Outcome, SessionConfig, ToolSet};
-use flower_bus::{MemoryBus, Notice, Notifier};
+use flower_agent::provider::{AnthropicClient, AnthropicConfig, Provider, SingleProvider};
+use flower_agent::{Inbox, Journal};
+use flower_bus::{MemoryBus, Notifier};
 use flower_model::spec::ProviderKind;
-use flower_model::{ContentBlock, JobId, JobSpec, JobState, Role, Session, SessionId, TaskState, Usage, now_ms};
+use flower_model::{JobId, JobSpec, JobState, SessionId, TaskState, Usage};
 use flower_sim::{Scenario, SimHandle};
 use flower_store::workspace::Workspace;
 use flower_store::{NewJob, SqliteStore, Store, StoreError, Workbench};
@@ -25,10 +24,7 @@ use object_store::local::LocalFileSystem;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatch::Dispatcher;
-use crate::tools::agent::AgentTool;
-use crate::tools::read::CoordinatorRead;
-use crate::tools::todo::TodoTool;
+use crate::runner::{JobContext, run_job};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -140,27 +136,16 @@ impl EmbeddedRuntime {
         );
         let workers = tokio::spawn(worker.run(spec.runtime.concurrency as usize, shutdown.clone()));
 
-        let session = SessionId::random();
-        let result = self.coordinate(&spec, job_id, session, &journal, provider, cancel.clone()).await;
-        let (state, reason, answer, turns) = match result {
-            Ok(Outcome::Answered { text, turns, .. }) => (JobState::Succeeded, None, Some(text), turns),
-            Ok(Outcome::TurnLimit { turns, .. }) => (
-                JobState::Failed,
-                Some(format!("the coordinator reached runtime.max_turns ({turns}) without a final answer")),
-                None,
-                turns,
-            ),
-            Ok(Outcome::Cancelled { turns, .. }) => {
-                (JobState::Cancelled, Some("cancelled by the user".into()), None, turns)
-            }
-            Err(e) => (JobState::Failed, Some(e.to_string()), None, 0),
+        let ctx = JobContext {
+            journal: journal.clone(),
+            queue: Arc::new(self.bus.clone()),
+            objects: self.objects.clone(),
+            provider,
+            epoch: 1,
+            inbox: Inbox::default(),
+            cancel,
         };
-        if state != JobState::Succeeded {
-            let written = store.cancel_tasks(job_id, reason.as_deref().unwrap_or("job ended")).await?;
-            journal.announce(&written).await;
-            let _ = journal.notifier().notify(Notice::Cancel { job: job_id }).await;
-        }
-        self.end(&journal, job_id, state, reason, answer).await?;
+        let finished = run_job(&ctx, job_id).await;
         shutdown.cancel();
         if let Err(e) = workers.await {
             tracing::error!(error = %e, "worker pool ended abnormally");
@@ -168,48 +153,8 @@ impl EmbeddedRuntime {
         if let Some(sim) = sim {
             sim.shutdown().await;
         }
-        self.summary(job_id, session, turns).await
-    }
-
-    async fn coordinate(
-        &self,
-        spec: &JobSpec,
-        job_id: JobId,
-        session: SessionId,
-        journal: &Journal,
-        provider: Arc<dyn Provider>,
-        cancel: CancellationToken,
-    ) -> Result<Outcome, flower_agent::AgentError> {
-        let written = journal
-            .store()
-            .create_session(Session {
-                id: session,
-                job_id,
-                role: Role::Coordinator,
-                label: spec.coordinator.name.clone(),
-                task_id: None,
-                created_at: now_ms(),
-            })
-            .await?;
-        journal.announce(&written).await;
-        let workspace = Workspace::new(self.objects.clone(), job_id);
-        let dispatcher = Arc::new(Dispatcher::new(journal.clone(), Arc::new(self.bus.clone()), workspace.clone(), 1));
-        let mut tools = ToolSet::new();
-        tools.add(Arc::new(AgentTool::new(dispatcher, spec)));
-        tools.add(Arc::new(TodoTool));
-        tools.add(Arc::new(CoordinatorRead::new(Workbench::new(self.objects.clone(), job_id), workspace)));
-        let config = SessionConfig {
-            job_id,
-            session_id: session,
-            role: Role::Coordinator,
-            main_thread: true,
-            model: spec.model.clone(),
-            system: crate::prompts::system_prompt(spec).into_iter().map(SystemBlock::text).collect(),
-            max_turns: spec.runtime.max_turns,
-            max_tokens: spec.runtime.max_output_tokens,
-        };
-        let agent = AgentSession::new(config, provider, Arc::new(tools), Hooks::default(), journal.clone(), cancel);
-        agent.run(Vec::new(), Some(vec![ContentBlock::text(spec.goal.clone())])).await
+        let finished = finished?;
+        self.summary(job_id, finished.session, finished.turns).await
     }
 
     /// The provider a spec names; for `sim`, a simulator started here on an

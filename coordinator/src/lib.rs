@@ -6,6 +6,7 @@
 //! - [`tools`]: `Agent`, `TodoWrite`, `Read` — nothing hands-on
 //! - [`dispatch`]: task creation (derived ids), publish, waiting for reports,
 //!   applying workspace changesets in completion order
+//! - [`runner`]: one job's coordinator session, started or resumed, to its end state
 //! - [`embedded`]: one job in one process (SQLite, local objects, in-process bus)
 //!
 //! The coordinator never runs a tool on files itself and never writes a
@@ -14,6 +15,7 @@
 pub mod dispatch;
 pub mod embedded;
 pub mod prompts;
+pub mod runner;
 pub mod tools;
 
 pub use embedded::{EmbeddedRuntime, RunError, RunSummary};

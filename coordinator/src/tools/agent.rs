@@ -56,6 +56,9 @@ impl Tool for AgentTool {
     fn concurrency_safe(&self) -> bool {
         true
     }
+    fn resumable(&self) -> bool {
+        true
+    }
     async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
         let worker = str_field(&input, "subagent_type")?;
         let prompt = str_field(&input, "prompt")?;

@@ -1,0 +1,126 @@
+//! Running one job's coordinator session to its end — the same code for the
+//! embedded mode and the service. A run starts fresh or resumes the stored
+//! main thread (after a takeover or restart): calls left without results are
+//! re-attached to their tasks, never run twice.
+
+use std::sync::Arc;
+
+use flower_agent::hooks::Hooks;
+use flower_agent::provider::{Provider, SystemBlock};
+use flower_agent::{AgentError, AgentSession, Inbox, Journal, Outcome, SessionConfig, ToolSet};
+use flower_bus::{Notice, TaskQueue};
+use flower_model::{ContentBlock, JobId, JobSpec, JobState, Role, Session, SessionId, now_ms};
+use flower_store::workspace::Workspace;
+use flower_store::{StoreError, Workbench};
+use object_store::ObjectStore;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::Dispatcher;
+use crate::tools::agent::AgentTool;
+use crate::tools::read::CoordinatorRead;
+use crate::tools::todo::TodoTool;
+
+/// What a run needs. The journal is fenced by the owner's lease in the
+/// service; `epoch` stamps the task messages it publishes.
+#[derive(Clone)]
+pub struct JobContext {
+    pub journal: Journal,
+    pub queue: Arc<dyn TaskQueue>,
+    pub objects: Arc<dyn ObjectStore>,
+    pub provider: Arc<dyn Provider>,
+    pub epoch: i64,
+    pub inbox: Inbox,
+    pub cancel: CancellationToken,
+}
+
+/// How a run ended.
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub state: JobState,
+    pub reason: Option<String>,
+    pub answer: Option<String>,
+    pub session: SessionId,
+    pub turns: u32,
+}
+
+/// Run (or resume) the job's coordinator and record its end state.
+/// `Err(StoreError::Fenced)` means another owner took the job: stop quietly.
+pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreError> {
+    let store = ctx.journal.store().clone();
+    let job = store.get_job(job_id).await?;
+    let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    if job.state == JobState::Queued {
+        let written = store.set_job_state(job_id, JobState::Running, None, None, ctx.journal.fence()).await?;
+        ctx.journal.announce(&written).await;
+    }
+    let existing = store.sessions(job_id).await?.into_iter().filter(|s| s.role == Role::Coordinator).next_back();
+    let (session, history) = match existing {
+        Some(s) => (s.id, store.entries(s.id, 0, u32::MAX).await?),
+        None => {
+            let id = SessionId::random();
+            let written = store
+                .create_session(Session {
+                    id,
+                    job_id,
+                    role: Role::Coordinator,
+                    label: spec.coordinator.name.clone(),
+                    task_id: None,
+                    created_at: now_ms(),
+                })
+                .await?;
+            ctx.journal.announce(&written).await;
+            (id, Vec::new())
+        }
+    };
+    if !history.is_empty() {
+        tracing::info!(job = %job_id, entries = history.len(), epoch = ctx.epoch, "resuming the coordinator session");
+    }
+    let input = history.is_empty().then(|| vec![ContentBlock::text(spec.goal.clone())]);
+    let agent = coordinator_session(ctx, &spec, job_id, session);
+    let outcome = agent.run(history, input).await;
+    let (state, reason, answer, turns) = match outcome {
+        Ok(Outcome::Answered { text, turns, .. }) => (JobState::Succeeded, None, Some(text), turns),
+        Ok(Outcome::TurnLimit { turns, .. }) => (
+            JobState::Failed,
+            Some(format!("the coordinator reached runtime.max_turns ({turns}) without a final answer")),
+            None,
+            turns,
+        ),
+        Ok(Outcome::Cancelled { turns, .. }) => (JobState::Cancelled, Some("cancelled".into()), None, turns),
+        Err(AgentError::Store(e @ StoreError::Fenced { .. })) => return Err(e),
+        Err(e) => (JobState::Failed, Some(e.to_string()), None, 0),
+    };
+    if state != JobState::Succeeded {
+        let written = store.cancel_tasks(job_id, reason.as_deref().unwrap_or("job ended")).await?;
+        ctx.journal.announce(&written).await;
+        let _ = ctx.journal.notifier().notify(Notice::Cancel { job: job_id }).await;
+    }
+    match store.set_job_state(job_id, state, reason.clone(), answer.clone(), ctx.journal.fence()).await {
+        Ok(written) => ctx.journal.announce(&written).await,
+        // Already ended elsewhere (a cancel): that end stands.
+        Err(StoreError::Conflict(_)) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(Finished { state, reason, answer, session, turns })
+}
+
+fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session: SessionId) -> AgentSession {
+    let workspace = Workspace::new(ctx.objects.clone(), job_id);
+    let dispatcher = Arc::new(Dispatcher::new(ctx.journal.clone(), ctx.queue.clone(), workspace.clone(), ctx.epoch));
+    let mut tools = ToolSet::new();
+    tools.add(Arc::new(AgentTool::new(dispatcher, spec)));
+    tools.add(Arc::new(TodoTool));
+    tools.add(Arc::new(CoordinatorRead::new(Workbench::new(ctx.objects.clone(), job_id), workspace)));
+    let config = SessionConfig {
+        job_id,
+        session_id: session,
+        role: Role::Coordinator,
+        main_thread: true,
+        model: spec.model.clone(),
+        system: crate::prompts::system_prompt(spec).into_iter().map(SystemBlock::text).collect(),
+        max_turns: spec.runtime.max_turns,
+        max_tokens: spec.runtime.max_output_tokens,
+    };
+    AgentSession::new(config, ctx.provider.clone(), Arc::new(tools), Hooks::default(), ctx.journal.clone(), ctx.cancel.clone())
+        .with_inbox(ctx.inbox.clone())
+}
