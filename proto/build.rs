@@ -4,6 +4,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "flower/v1/flower.proto";
     println!("cargo:rerun-if-changed={proto}");
     let fds = protox::compile([proto], ["."])?;
+    // The descriptor set serves gRPC reflection.
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out.join("flower_descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
     tonic_prost_build::configure().compile_fds(fds)?;
     Ok(())
 }

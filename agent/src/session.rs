@@ -152,8 +152,11 @@ impl AgentSession {
             if turns >= c.max_turns {
                 return Ok(Outcome::TurnLimit { turns, usage });
             }
-            let arrived: Vec<String> =
-                self.inbox.as_ref().map(|i| std::mem::take(&mut *i.lock().unwrap_or_else(|p| p.into_inner()))).unwrap_or_default();
+            let arrived: Vec<String> = self
+                .inbox
+                .as_ref()
+                .map(|i| std::mem::take(&mut *i.lock().unwrap_or_else(|p| p.into_inner())))
+                .unwrap_or_default();
             if !arrived.is_empty() {
                 for text in arrived {
                     let e = self.entry(EntryKind::User, vec![ContentBlock::text(text)]);
@@ -262,10 +265,15 @@ impl AgentSession {
     ) {
         let c = &self.config;
         for ((id, name, _), out) in calls.iter().zip(results) {
-            let chars = out.content.iter().map(|b| if let ResultBlock::Text { text } = b { text.len() } else { 0 }).sum();
+            let chars =
+                out.content.iter().map(|b| if let ResultBlock::Text { text } = b { text.len() } else { 0 }).sum();
             let mut e = self.entry(
                 EntryKind::ToolResult,
-                vec![ContentBlock::ToolResult { tool_use_id: id.clone(), content: out.content, is_error: out.is_error }],
+                vec![ContentBlock::ToolResult {
+                    tool_use_id: id.clone(),
+                    content: out.content,
+                    is_error: out.is_error,
+                }],
             );
             e.tool_name = Some(name.clone());
             e.markers = out.markers;

@@ -41,8 +41,22 @@ enum Command {
     /// Read transcripts
     #[command(subcommand)]
     Transcript(cmd::transcript::TranscriptCommand),
-    /// Show jobs: one in detail, or the most recent ones
+    /// Show jobs: one in detail, or the most recent ones (embedded store, or --server)
     Status(cmd::status::StatusArgs),
+    /// Serve the coordinator gRPC API and run the jobs it owns (distributed mode)
+    Coordinator(cmd::serve::CoordinatorArgs),
+    /// Consume and run tasks (distributed mode)
+    Worker(cmd::serve::WorkerArgs),
+    /// Submit a job to the service; print its id
+    Submit(cmd::submit::SubmitArgs),
+    /// Follow a job's events until it ends (reconnects from its cursor)
+    Watch(cmd::submit::WatchArgs),
+    /// Cancel a job (its running tasks stop)
+    Cancel(cmd::jobs::CancelArgs),
+    /// Send a message to a running job's coordinator
+    Interrupt(cmd::jobs::InterruptArgs),
+    /// List a job's workbench files, or download one
+    Artifacts(cmd::jobs::ArtifactsArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +83,13 @@ fn main() -> ExitCode {
             Command::Sim(args) => cmd::sim::serve(args).await,
             Command::Transcript(c) => cmd::transcript::run(home, c).await,
             Command::Status(args) => cmd::status::run(home, args).await,
+            Command::Coordinator(args) => cmd::serve::coordinator(args).await,
+            Command::Worker(args) => cmd::serve::worker(args).await,
+            Command::Submit(args) => cmd::submit::submit(args).await,
+            Command::Watch(args) => cmd::submit::watch(args).await,
+            Command::Cancel(args) => cmd::jobs::cancel(args).await,
+            Command::Interrupt(args) => cmd::jobs::interrupt(args).await,
+            Command::Artifacts(args) => cmd::jobs::artifacts(args).await,
         }
     });
     match result {

@@ -8,6 +8,8 @@
 //!   applying workspace changesets in completion order
 //! - [`runner`]: one job's coordinator session, started or resumed, to its end state
 //! - [`embedded`]: one job in one process (SQLite, local objects, in-process bus)
+//! - [`service`]: the gRPC service, leases and takeover (distributed mode)
+//! - [`providers`]: the provider table a service or worker is configured with
 //!
 //! The coordinator never runs a tool on files itself and never writes a
 //! worker's transcript; everything it learns from workers arrives as reports.
@@ -15,7 +17,9 @@
 pub mod dispatch;
 pub mod embedded;
 pub mod prompts;
+pub mod providers;
 pub mod runner;
+pub mod service;
 pub mod tools;
 
 pub use embedded::{EmbeddedRuntime, RunError, RunSummary};

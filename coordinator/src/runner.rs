@@ -53,7 +53,7 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
         let written = store.set_job_state(job_id, JobState::Running, None, None, ctx.journal.fence()).await?;
         ctx.journal.announce(&written).await;
     }
-    let existing = store.sessions(job_id).await?.into_iter().filter(|s| s.role == Role::Coordinator).next_back();
+    let existing = store.sessions(job_id).await?.into_iter().rfind(|s| s.role == Role::Coordinator);
     let (session, history) = match existing {
         Some(s) => (s.id, store.entries(s.id, 0, u32::MAX).await?),
         None => {
@@ -121,6 +121,13 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
         max_turns: spec.runtime.max_turns,
         max_tokens: spec.runtime.max_output_tokens,
     };
-    AgentSession::new(config, ctx.provider.clone(), Arc::new(tools), Hooks::default(), ctx.journal.clone(), ctx.cancel.clone())
-        .with_inbox(ctx.inbox.clone())
+    AgentSession::new(
+        config,
+        ctx.provider.clone(),
+        Arc::new(tools),
+        Hooks::default(),
+        ctx.journal.clone(),
+        ctx.cancel.clone(),
+    )
+    .with_inbox(ctx.inbox.clone())
 }

@@ -63,6 +63,10 @@ pub enum EventKind {
         attempt: u32,
         error: String,
     },
+    /// A user's message to the running coordinator (`Interrupt`).
+    UserMessage {
+        text: String,
+    },
     /// Two parallel tasks changed the same workspace file; the later one won.
     WorkspaceConflict {
         path: String,
@@ -84,6 +88,7 @@ impl EventKind {
             Self::TaskFinished { .. } => "task_finished",
             Self::ProviderRetry { .. } => "provider_retry",
             Self::WorkspaceConflict { .. } => "workspace_conflict",
+            Self::UserMessage { .. } => "user_message",
         }
     }
 }

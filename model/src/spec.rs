@@ -55,6 +55,16 @@ pub enum ProviderKind {
     Sim,
 }
 
+impl ProviderKind {
+    /// The provider's name, as a service's provider table knows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Anthropic => "anthropic",
+            Self::Sim => "sim",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CoordinatorSpec {

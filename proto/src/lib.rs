@@ -9,3 +9,6 @@
 pub mod v1 {
     tonic::include_proto!("flower.v1");
 }
+
+/// The encoded descriptor set of `flower.v1` (for gRPC reflection).
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("flower_descriptor");

@@ -96,6 +96,29 @@ impl Workspace {
         Ok(manifest)
     }
 
+    /// Store a workspace given as files (what a client sent over the API);
+    /// refuses more than `limit` bytes in total and paths that leave the root.
+    pub async fn upload_files(&self, files: Vec<(String, Bytes)>, limit: u64) -> Result<Manifest> {
+        let total: u64 = files.iter().map(|(_, b)| b.len() as u64).sum();
+        if total > limit {
+            return Err(StoreError::Conflict(format!(
+                "the workspace holds {total} bytes, more than the limit of {limit} (runtime.workspace_limit)"
+            )));
+        }
+        let mut manifest = Manifest::new();
+        for (rel, bytes) in files {
+            localfs::check_relative(&rel)?;
+            let file = FileRef { sha256: localfs::sha256_hex(&bytes), size: bytes.len() as u64 };
+            let key = blob_key(&file.sha256);
+            if self.store.head(&key).await.is_err() {
+                self.store.put(&key, PutPayload::from(bytes)).await.map_err(obj_err)?;
+            }
+            manifest.insert(rel, file);
+        }
+        self.save(&manifest).await?;
+        Ok(manifest)
+    }
+
     async fn put_blobs<'a>(&self, dir: &Path, files: impl Iterator<Item = (&'a str, &'a FileRef)>) -> Result<()> {
         for (rel, file) in files {
             let key = blob_key(&file.sha256);

@@ -1,6 +1,11 @@
+pub mod backends;
+pub mod client;
+pub mod jobs;
 pub mod run;
+pub mod serve;
 pub mod sim;
 pub mod status;
+pub mod submit;
 pub mod transcript;
 
 use std::sync::Arc;

@@ -16,9 +16,14 @@ pub struct StatusArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub server: super::client::ServerArgs,
 }
 
 pub async fn run(home: std::path::PathBuf, args: StatusArgs) -> anyhow::Result<ExitCode> {
+    if args.server.configured() {
+        return remote(args).await;
+    }
     let store = open_store(&home)?;
     let jobs = match &args.job {
         Some(id) => vec![store.get_job(resolve_job(store.as_ref(), id).await?).await?],
@@ -54,6 +59,55 @@ pub async fn run(home: std::path::PathBuf, args: StatusArgs) -> anyhow::Result<E
             human_count(j.usage.context_tokens()),
             human_count(j.usage.output_tokens),
             j.reason.as_deref().map(|r| format!("  ({r})")).unwrap_or_default()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `flower status` against the service.
+async fn remote(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    use flower_proto::v1 as pb;
+    let mut c = args.server.connect().await?;
+    let jobs = match &args.job {
+        Some(id) => {
+            vec![c.get(pb::GetRequest { job_id: id.clone() }).await.map_err(super::client::status_error)?.into_inner()]
+        }
+        None => {
+            c.list(pb::ListRequest { limit: args.limit, page_token: String::new() })
+                .await
+                .map_err(super::client::status_error)?
+                .into_inner()
+                .jobs
+        }
+    };
+    let to_json = |j: &pb::Job| {
+        let u = j.usage.unwrap_or_default();
+        serde_json::json!({
+            "id": j.id, "name": j.name, "state": j.state, "reason": j.reason, "final_answer": j.final_answer,
+            "usage": {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                      "cache_creation_input_tokens": u.cache_creation_input_tokens, "cache_read_input_tokens": u.cache_read_input_tokens},
+            "created_at": j.created_at_ms, "updated_at": j.updated_at_ms,
+        })
+    };
+    if args.json {
+        let value = if args.job.is_some() {
+            to_json(&jobs[0])
+        } else {
+            serde_json::Value::Array(jobs.iter().map(to_json).collect())
+        };
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for j in &jobs {
+        let u = j.usage.unwrap_or_default();
+        println!(
+            "{}  {:<10} {:<24} tokens {:>7} in {:>7} out{}",
+            j.id,
+            j.state,
+            j.name,
+            human_count(u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens),
+            human_count(u.output_tokens),
+            if j.reason.is_empty() { String::new() } else { format!("  ({})", j.reason) }
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -28,13 +28,21 @@ pub struct ShowArgs {
     /// Characters of each text shown (0: everything)
     #[arg(long, default_value_t = 600)]
     pub width: usize,
+    #[command(flatten)]
+    pub server: super::client::ServerArgs,
 }
 
 pub async fn run(home: std::path::PathBuf, cmd: TranscriptCommand) -> anyhow::Result<ExitCode> {
     let TranscriptCommand::Show(args) = cmd;
-    let store = open_store(&home)?;
-    let job = resolve_job(store.as_ref(), &args.job).await?;
-    let mut sessions = store.sessions(job).await?;
+    let (job, mut sessions, store) = if args.server.configured() {
+        let (job, sessions) = remote_sessions(&args).await?;
+        (job, sessions, None)
+    } else {
+        let store = open_store(&home)?;
+        let job = resolve_job(store.as_ref(), &args.job).await?;
+        let sessions = store.sessions(job).await?;
+        (job, sessions, Some(store))
+    };
     if let Some(want) = &args.session {
         let want = want.to_lowercase();
         sessions.retain(|s| s.id.to_string().starts_with(&want));
@@ -43,7 +51,11 @@ pub async fn run(home: std::path::PathBuf, cmd: TranscriptCommand) -> anyhow::Re
     }
     let mut out = Vec::new();
     for s in &sessions {
-        out.push((s.clone(), store.entries(s.id, 0, u32::MAX).await?));
+        let entries = match &store {
+            Some(store) => store.entries(s.id, 0, u32::MAX).await?,
+            None => remote_entries(&args, job, s.id).await?,
+        };
+        out.push((s.clone(), entries));
     }
     if args.json {
         let sessions: Vec<serde_json::Value> = out
@@ -62,6 +74,53 @@ pub async fn run(home: std::path::PathBuf, cmd: TranscriptCommand) -> anyhow::Re
         print_session(s, entries, args.width);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn remote_sessions(args: &ShowArgs) -> anyhow::Result<(flower_model::JobId, Vec<Session>)> {
+    use flower_proto::v1 as pb;
+    let mut c = args.server.connect().await?;
+    let req = pb::GetTranscriptRequest { job_id: args.job.clone(), ..Default::default() };
+    let resp = c.get_transcript(req).await.map_err(super::client::status_error)?.into_inner();
+    let job: flower_model::JobId = args.job.parse()?;
+    let sessions = resp
+        .sessions
+        .into_iter()
+        .map(|s| {
+            Ok(Session {
+                id: s.id.parse()?,
+                job_id: job,
+                role: s.role.parse()?,
+                label: s.label,
+                task_id: if s.task_id.is_empty() { None } else { Some(s.task_id.parse()?) },
+                created_at: 0,
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok((job, sessions))
+}
+
+/// Every entry of a session, page by page.
+async fn remote_entries(args: &ShowArgs, job: flower_model::JobId, session: SessionId) -> anyhow::Result<Vec<Entry>> {
+    use flower_proto::v1 as pb;
+    let mut c = args.server.connect().await?;
+    let mut out: Vec<Entry> = Vec::new();
+    let mut after = 0;
+    loop {
+        let req = pb::GetTranscriptRequest {
+            job_id: job.to_string(),
+            session_id: session.to_string(),
+            after_seq: after,
+            limit: 500,
+        };
+        let page = c.get_transcript(req).await.map_err(super::client::status_error)?.into_inner();
+        if page.entries_json.is_empty() {
+            return Ok(out);
+        }
+        for e in &page.entries_json {
+            out.push(serde_json::from_str(e)?);
+        }
+        after = page.next_after_seq;
+    }
 }
 
 fn cut(s: &str, width: usize) -> String {

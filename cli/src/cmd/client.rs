@@ -1,0 +1,63 @@
+//! The gRPC client of the client commands: `--server` / `FLOWER_SERVER`,
+//! with `--token` / `FLOWER_TOKEN` sent as a bearer token.
+
+use anyhow::Context;
+use clap::Args;
+use flower_proto::v1::flower_client::FlowerClient;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::transport::Channel;
+
+#[derive(Args, Clone, Debug)]
+pub struct ServerArgs {
+    /// The coordinator service (e.g. http://127.0.0.1:7777); without it, commands
+    /// that can read the embedded store do so
+    #[arg(long, env = "FLOWER_SERVER")]
+    pub server: Option<String>,
+    /// Bearer token for the service
+    #[arg(long, env = "FLOWER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub type Client = FlowerClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
+
+impl ServerArgs {
+    pub fn configured(&self) -> bool {
+        self.server.as_deref().is_some_and(|s| !s.is_empty())
+    }
+
+    pub async fn connect(&self) -> anyhow::Result<Client> {
+        let url = self
+            .server
+            .clone()
+            .filter(|s| !s.is_empty())
+            .context("no service: pass --server URL or set FLOWER_SERVER")?;
+        let channel = Channel::from_shared(url.clone())
+            .with_context(|| format!("--server {url}"))?
+            .connect()
+            .await
+            .with_context(|| format!("cannot reach the flower service at {url}"))?;
+        let bearer = match self.token.as_deref().filter(|t| !t.is_empty()) {
+            Some(t) => Some(format!("Bearer {t}").parse().context("--token: not a valid header value")?),
+            None => None,
+        };
+        Ok(FlowerClient::with_interceptor(channel, Bearer(bearer)).max_decoding_message_size(64 << 20))
+    }
+}
+
+/// A status as a one-line error for humans.
+pub fn status_error(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+}

@@ -1,0 +1,103 @@
+//! `flower coordinator` and `flower worker`: the distributed mode's processes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use flower_agent::Journal;
+use flower_coordinator::service::{self, ServiceConfig};
+use flower_worker::{Worker, WorkerOptions};
+use tokio_util::sync::CancellationToken;
+
+use super::backends::{BackendArgs, terminated};
+
+#[derive(Args)]
+pub struct CoordinatorArgs {
+    /// Address the gRPC API listens on (port 0: any free port; the address is printed)
+    #[arg(long, env = "FLOWER_LISTEN", default_value = "127.0.0.1:7777")]
+    pub listen: SocketAddr,
+    /// Require `authorization: Bearer <token>` on every call except health checks
+    #[arg(long, env = "FLOWER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Largest request accepted (spec and workspace together)
+    #[arg(long, env = "FLOWER_MAX_REQUEST_BYTES", default_value = "16 MiB")]
+    pub max_request_bytes: bytesize::ByteSize,
+    /// Lease lifetime: a dead replica's jobs are taken over after this
+    #[arg(long, env = "FLOWER_LEASE_TTL", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_ttl: Duration,
+    #[command(flatten)]
+    pub backends: BackendArgs,
+}
+
+pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.lease_ttl >= Duration::from_secs(1), "--lease-ttl: must be at least 1s");
+    let (backends, _bus) = args.backends.connect().await?;
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("--listen {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let config = ServiceConfig {
+        token: args.token.filter(|t| !t.is_empty()),
+        max_request_bytes: args.max_request_bytes.as_u64() as usize,
+        lease_ttl: args.lease_ttl,
+        ..Default::default()
+    };
+    println!(
+        "flower coordinator {} listening on {} (providers: {})",
+        config.replica,
+        service::describe(addr),
+        backends.providers.names().join(", ")
+    );
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        terminated().await;
+        stop.cancel();
+    });
+    service::serve(listener, config, backends, shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct WorkerArgs {
+    /// Tasks run at once by this process
+    #[arg(long, env = "FLOWER_WORKER_CONCURRENCY", default_value_t = 4)]
+    pub concurrency: usize,
+    /// Where per-task working directories are made [default: a folder in the system temp dir]
+    #[arg(long, env = "FLOWER_WORK_DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// This worker's name in claims and events [default: worker-<pid>-<random>]
+    #[arg(long, env = "FLOWER_WORKER_ID")]
+    pub worker_id: Option<String>,
+    #[command(flatten)]
+    pub backends: BackendArgs,
+}
+
+pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.concurrency >= 1, "--concurrency: must be at least 1");
+    let (backends, _bus) = args.backends.connect().await?;
+    let id = args.worker_id.unwrap_or_else(|| {
+        format!("worker-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
+    });
+    let work = args.work_dir.unwrap_or_else(|| std::env::temp_dir().join("flower-work").join(&id));
+    std::fs::create_dir_all(&work).with_context(|| format!("--work-dir {}", work.display()))?;
+    let mut opts = WorkerOptions::new(id.clone(), work);
+    opts.max_attempts = args.backends.max_attempts;
+    // Heartbeats well inside the ack wait.
+    opts.heartbeat = args.backends.ack_wait / 3;
+    let journal = Journal::new(backends.store.clone(), backends.notifier.clone());
+    let worker =
+        Worker::new(opts, journal, backends.queue.clone(), backends.objects.clone(), backends.providers.clone());
+    println!("flower worker {id} consuming tasks (concurrency {})", args.concurrency);
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        terminated().await;
+        tracing::info!("draining: no new tasks; running ones finish");
+        stop.cancel();
+    });
+    worker.run(args.concurrency, shutdown).await;
+    Ok(ExitCode::SUCCESS)
+}

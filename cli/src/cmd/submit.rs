@@ -1,0 +1,179 @@
+//! `flower submit` and `flower watch`: jobs on the service.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use flower_model::JobSpec;
+use flower_proto::v1 as pb;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::client::{Client, ServerArgs, status_error};
+
+#[derive(Args)]
+pub struct SubmitArgs {
+    /// The job spec (YAML or JSON)
+    pub spec: PathBuf,
+    /// Directory uploaded as the job's workspace (overrides the spec's `workspace`)
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+    /// Follow the job's events; exit 0 only if it succeeds
+    #[arg(long)]
+    pub watch: bool,
+    /// Submitting again with the same key returns the first job
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Print JSON (`{"job_id": …, "existing": …}`, then events with --watch)
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(&args.spec).with_context(|| format!("reading {}", args.spec.display()))?;
+    let spec = match JobSpec::load(&args.spec) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {}: {e}", args.spec.display());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let workspace = match args.workspace.as_ref().or(spec.workspace.as_ref()) {
+        Some(dir) => read_workspace(dir, spec.runtime.workspace_limit.as_u64())?,
+        None => Vec::new(),
+    };
+    let mut client = args.server.connect().await?;
+    let req = pb::SubmitRequest { spec: text, idempotency_key: args.idempotency_key.unwrap_or_default(), workspace };
+    let resp = client.submit(req).await.map_err(status_error)?.into_inner();
+    if args.json {
+        println!("{}", serde_json::json!({"job_id": resp.job_id, "existing": resp.existing}));
+    } else {
+        println!("{}", resp.job_id);
+    }
+    if !args.watch {
+        return Ok(ExitCode::SUCCESS);
+    }
+    follow(&mut client, &resp.job_id, 0, args.json).await
+}
+
+/// The files of `dir` (not `.flower/`, no symlinks), refusing more than `limit` bytes.
+fn read_workspace(dir: &std::path::Path, limit: u64) -> anyhow::Result<Vec<pb::WorkspaceFile>> {
+    let manifest = flower_store::localfs::scan(dir, &[flower_store::workbench::MOUNT])?;
+    let total: u64 = manifest.values().map(|f| f.size).sum();
+    anyhow::ensure!(
+        total <= limit,
+        "workspace {} holds {total} bytes, more than runtime.workspace_limit ({limit} bytes)",
+        dir.display()
+    );
+    manifest
+        .keys()
+        .map(|rel| {
+            let content = std::fs::read(dir.join(rel)).with_context(|| format!("reading {rel}"))?;
+            Ok(pb::WorkspaceFile { path: rel.clone(), content })
+        })
+        .collect()
+}
+
+#[derive(Args)]
+pub struct WatchArgs {
+    /// The job id
+    pub job: String,
+    /// Start after this event sequence number (what a previous watch printed last)
+    #[arg(long, default_value_t = 0)]
+    pub after: i64,
+    /// Print events as JSON lines
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.server.connect().await?;
+    follow(&mut client, &args.job, args.after, args.json).await
+}
+
+/// Print events until the job ends, reconnecting from the last cursor when
+/// the stream breaks; exit 0 only if the job succeeded.
+async fn follow(client: &mut Client, job: &str, mut cursor: i64, json: bool) -> anyhow::Result<ExitCode> {
+    let bar = (!json).then(|| {
+        let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        b.set_style(
+            ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        b.enable_steady_tick(Duration::from_millis(120));
+        b
+    });
+    let mut failures = 0;
+    loop {
+        let stream = client.watch(pb::WatchRequest { job_id: job.to_string(), after_seq: cursor }).await;
+        let mut stream = match stream {
+            Ok(s) => s.into_inner(),
+            Err(s) if s.code() == tonic::Code::Unavailable && failures < 30 => {
+                failures += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(s) => return Err(status_error(s)),
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(e)) => {
+                    failures = 0;
+                    cursor = e.seq;
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::json!({"seq": e.seq, "at_ms": e.at_ms, "kind": e.kind, "event": serde_json::from_str::<serde_json::Value>(&e.payload_json).unwrap_or_default()})
+                        );
+                    } else if let Some(b) = &bar {
+                        b.set_message(format!("#{} {}", e.seq, e.kind));
+                        if matches!(
+                            e.kind.as_str(),
+                            "task_queued" | "task_finished" | "job_state" | "workspace_conflict"
+                        ) {
+                            b.suspend(|| eprintln!("  #{} {} {}", e.seq, e.kind, e.payload_json));
+                        }
+                    }
+                }
+                Ok(None) => {
+                    // The stream ends after the terminal state.
+                    let j = client
+                        .get(pb::GetRequest { job_id: job.to_string() })
+                        .await
+                        .map_err(status_error)?
+                        .into_inner();
+                    if let Some(b) = &bar {
+                        b.finish_and_clear();
+                    }
+                    if !json {
+                        println!(
+                            "job {} {}{}",
+                            j.id,
+                            j.state,
+                            if j.reason.is_empty() { String::new() } else { format!(": {}", j.reason) }
+                        );
+                        if !j.final_answer.is_empty() {
+                            println!("\nFinal answer:\n{}", j.final_answer.trim_end());
+                        }
+                    }
+                    if ["succeeded", "failed", "cancelled"].contains(&j.state.as_str()) {
+                        return Ok(if j.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(1) });
+                    }
+                    break;
+                }
+                Err(s) => {
+                    failures += 1;
+                    anyhow::ensure!(failures < 30, "watch kept failing: {s}");
+                    tracing::warn!(cursor, error = %s, "watch stream broke; reconnecting from the cursor");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    break;
+                }
+            }
+        }
+    }
+}

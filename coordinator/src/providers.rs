@@ -1,0 +1,106 @@
+//! Providers configured on a service: a name → an Anthropic-compatible
+//! endpoint, keys from the environment (`<NAME>_API_KEY`), a cap on
+//! concurrent model calls per provider. Jobs name a provider; they never
+//! carry endpoints or keys.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use flower_agent::provider::{AnthropicClient, AnthropicConfig, Provider, ProviderError, ProviderSource};
+use flower_model::{JobId, JobSpec};
+
+#[derive(Clone, Default)]
+pub struct ConfiguredProviders {
+    clients: BTreeMap<String, Arc<dyn Provider>>,
+}
+
+/// A provider entry that cannot be used, with the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("provider `{entry}`: {reason}")]
+pub struct ProviderConfigError {
+    pub entry: String,
+    pub reason: String,
+}
+
+impl ConfiguredProviders {
+    /// Parse `NAME=URL` entries (from repeated flags or a comma-separated
+    /// `FLOWER_PROVIDERS`), each with at most `max_concurrent` calls at once.
+    pub fn parse(entries: &[String], max_concurrent: usize) -> Result<Self, ProviderConfigError> {
+        let mut clients: BTreeMap<String, Arc<dyn Provider>> = BTreeMap::new();
+        for entry in entries.iter().flat_map(|e| e.split(',')).map(str::trim).filter(|e| !e.is_empty()) {
+            let err = |reason: &str| ProviderConfigError { entry: entry.to_string(), reason: reason.to_string() };
+            let (name, url) = entry.split_once('=').ok_or_else(|| err("expected NAME=URL"))?;
+            let name = name.trim();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                return Err(err("the name is letters, digits, `_` and `-`"));
+            }
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(err("the URL must start with http:// or https://"));
+            }
+            let key_var = format!("{}_API_KEY", name.to_ascii_uppercase().replace('-', "_"));
+            let config = AnthropicConfig {
+                base_url: url.trim().to_string(),
+                api_key: std::env::var(&key_var).ok().filter(|k| !k.is_empty()),
+                max_concurrent,
+                ..Default::default()
+            };
+            let client = AnthropicClient::new(config).map_err(|e| err(&e.to_string()))?;
+            if clients.insert(name.to_string(), Arc::new(client)).is_some() {
+                return Err(err("configured twice"));
+            }
+        }
+        Ok(Self { clients })
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.clients.keys().map(String::as_str).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Provider>> {
+        self.clients.get(name).cloned()
+    }
+
+    /// Why a spec cannot run here, if it cannot.
+    pub fn check(&self, spec: &JobSpec) -> Result<(), String> {
+        let name = spec.provider.name();
+        if self.clients.contains_key(name) {
+            Ok(())
+        } else {
+            Err(format!(
+                "provider: `{name}` is not configured on this service (configured: {})",
+                if self.clients.is_empty() { "none".to_string() } else { self.names().join(", ") }
+            ))
+        }
+    }
+}
+
+impl ProviderSource for ConfiguredProviders {
+    fn for_job(&self, _job: JobId, spec: &JobSpec) -> Result<Arc<dyn Provider>, ProviderError> {
+        self.get(spec.provider.name()).ok_or_else(|| ProviderError::Api {
+            status: 400,
+            kind: "not_configured".into(),
+            message: format!("provider `{}` is not configured here", spec.provider.name()),
+            retry_after: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_parsed_and_checked() {
+        let p =
+            ConfiguredProviders::parse(&["sim=http://127.0.0.1:8787, anthropic=https://api.anthropic.com".into()], 4)
+                .unwrap();
+        assert_eq!(p.names(), vec!["anthropic", "sim"]);
+        let err = |e: &[&str]| {
+            let entries: Vec<String> = e.iter().map(|s| s.to_string()).collect();
+            ConfiguredProviders::parse(&entries, 1).err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        assert!(err(&["sim"]).contains("NAME=URL"));
+        assert!(err(&["sim=ftp://x"]).contains("http://"));
+        assert!(err(&["a=http://x", "a=http://y"]).contains("twice"));
+    }
+}

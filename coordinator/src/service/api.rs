@@ -1,0 +1,317 @@
+//! The `Flower` gRPC API. Every handler validates its request (bad fields are
+//! `InvalidArgument` naming the field; unknown ids `NotFound`; oversized
+//! requests `ResourceExhausted`) and reads or writes the store; job runs happen
+//! in the owner, never in a handler.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use flower_bus::{Heard, Notice};
+use flower_model::{EventKind, Job, JobId, JobSpec, JobState, SessionId};
+use flower_proto::v1 as pb;
+use flower_proto::v1::flower_server::Flower;
+use flower_store::workspace::Workspace;
+use flower_store::{Batch, NewJob, StoreError, Workbench};
+use futures::Stream;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+use super::Backends;
+use super::owner::Owner;
+use super::status::{from_store, parse_id};
+
+const CHUNK: usize = 64 * 1024;
+const MAX_PAGE: u32 = 1000;
+
+pub struct Api {
+    b: Backends,
+    owner: Arc<Owner>,
+    max_request_bytes: usize,
+}
+
+impl Api {
+    pub fn new(b: Backends, owner: Arc<Owner>, max_request_bytes: usize) -> Self {
+        Self { b, owner, max_request_bytes }
+    }
+
+    async fn job(&self, field: &str, id: &str) -> Result<Job, Status> {
+        let id: JobId = parse_id(field, id)?;
+        self.b.store.get_job(id).await.map_err(from_store)
+    }
+}
+
+pub fn job_to_pb(j: &Job) -> pb::Job {
+    pb::Job {
+        id: j.id.to_string(),
+        name: j.name.clone(),
+        state: j.state.as_str().into(),
+        reason: j.reason.clone().unwrap_or_default(),
+        final_answer: j.final_answer.clone().unwrap_or_default(),
+        created_at_ms: j.created_at,
+        updated_at_ms: j.updated_at,
+        usage: Some(pb::Usage {
+            input_tokens: j.usage.input_tokens,
+            output_tokens: j.usage.output_tokens,
+            cache_creation_input_tokens: j.usage.cache_creation_input_tokens,
+            cache_read_input_tokens: j.usage.cache_read_input_tokens,
+        }),
+    }
+}
+
+fn event_to_pb(e: &flower_model::Event) -> pb::JobEvent {
+    pb::JobEvent {
+        job_id: e.job_id.to_string(),
+        seq: e.seq,
+        at_ms: e.at,
+        kind: e.kind.name().into(),
+        payload_json: serde_json::to_string(&e.kind).unwrap_or_default(),
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> BoxStream<T> {
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+#[tonic::async_trait]
+impl Flower for Api {
+    async fn submit(&self, req: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+        let r = req.into_inner();
+        let size = r.spec.len() + r.workspace.iter().map(|f| f.path.len() + f.content.len()).sum::<usize>();
+        if size > self.max_request_bytes {
+            return Err(Status::resource_exhausted(format!(
+                "the request is {size} bytes, over this service's limit of {} bytes (spec and workspace together)",
+                self.max_request_bytes
+            )));
+        }
+        if r.spec.trim().is_empty() {
+            return Err(Status::invalid_argument("spec: required (the job spec, YAML or JSON)"));
+        }
+        let spec = JobSpec::parse(&r.spec)
+            .map_err(|e| Status::invalid_argument(format!("spec: {}: {}", e.field, e.message)))?;
+        self.b.providers.check(&spec).map_err(|m| Status::invalid_argument(format!("spec: {m}")))?;
+        let mut files = Vec::with_capacity(r.workspace.len());
+        for (i, f) in r.workspace.into_iter().enumerate() {
+            flower_store::localfs::check_relative(&f.path).map_err(|_| {
+                Status::invalid_argument(format!("workspace[{i}].path: `{}` is not a relative path", f.path))
+            })?;
+            files.push((f.path, Bytes::from(f.content)));
+        }
+        let value = serde_json::to_value(&spec).map_err(|e| Status::internal(e.to_string()))?;
+        let key = Some(r.idempotency_key).filter(|k| !k.is_empty());
+        let (job, created) = self
+            .b
+            .store
+            .create_job(NewJob { id: JobId::random(), name: spec.name.clone(), spec: value, idempotency_key: key })
+            .await
+            .map_err(from_store)?;
+        if created && !files.is_empty() {
+            let ws = Workspace::new(self.b.objects.clone(), job.id);
+            if let Err(e) = ws.upload_files(files, spec.runtime.workspace_limit.as_u64()).await {
+                let reason = format!("workspace upload failed: {e}");
+                let _ = self.b.store.set_job_state(job.id, JobState::Failed, Some(reason.clone()), None, None).await;
+                return Err(match e {
+                    StoreError::Conflict(m) => Status::resource_exhausted(m),
+                    other => from_store(other),
+                });
+            }
+        }
+        if created {
+            tracing::info!(job = %job.id, name = %job.name, "job submitted");
+            self.owner.wake();
+        }
+        Ok(Response::new(pb::SubmitResponse { job_id: job.id.to_string(), existing: !created }))
+    }
+
+    async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::Job>, Status> {
+        Ok(Response::new(job_to_pb(&self.job("job_id", &req.into_inner().job_id).await?)))
+    }
+
+    async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
+        let r = req.into_inner();
+        if !r.page_token.is_empty() {
+            return Err(Status::invalid_argument(
+                "page_token: this service lists the most recent jobs only; give a limit",
+            ));
+        }
+        let limit = if r.limit == 0 { 50 } else { r.limit.min(MAX_PAGE) };
+        let jobs = self.b.store.list_jobs(limit).await.map_err(from_store)?;
+        Ok(Response::new(pb::ListResponse {
+            jobs: jobs.iter().map(job_to_pb).collect(),
+            next_page_token: String::new(),
+        }))
+    }
+
+    type WatchStream = BoxStream<pb::JobEvent>;
+
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let r = req.into_inner();
+        let job = self.job("job_id", &r.job_id).await?.id;
+        if r.after_seq < 0 {
+            return Err(Status::invalid_argument("after_seq: must be 0 or a sequence number already seen"));
+        }
+        let (tx, rx) = mpsc::channel(256);
+        let store = self.b.store.clone();
+        let mut notices = self.b.notifier.subscribe();
+        tokio::spawn(async move {
+            let mut cursor = r.after_seq;
+            loop {
+                let events = match store.events(job, cursor, 500).await {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let _ = tx.send(Err(from_store(e))).await;
+                        return;
+                    }
+                };
+                let mut ended = false;
+                for e in &events {
+                    cursor = e.seq;
+                    ended = matches!(e.kind, EventKind::JobState { state, .. } if state.is_terminal());
+                    if tx.send(Ok(event_to_pb(e))).await.is_err() {
+                        return; // the client went away
+                    }
+                }
+                if ended {
+                    return;
+                }
+                if !events.is_empty() {
+                    continue;
+                }
+                // Nothing new: wait for a notice about this job, or re-read after a while.
+                let wait = async {
+                    loop {
+                        match notices.recv().await {
+                            Heard::Notice(Notice::Events { job: j, .. }) if j == job => return,
+                            Heard::Lagged | Heard::Closed => return,
+                            Heard::Notice(_) => {}
+                        }
+                    }
+                };
+                tokio::select! {
+                    _ = wait => {}
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+
+    async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::Job>, Status> {
+        let r = req.into_inner();
+        let job = self.job("job_id", &r.job_id).await?;
+        if job.state.is_terminal() {
+            return Err(Status::failed_precondition(format!("job {} already {}", job.id, job.state)));
+        }
+        let reason = if r.reason.trim().is_empty() { "cancelled by the user".to_string() } else { r.reason };
+        let store = &self.b.store;
+        let tasks = store.cancel_tasks(job.id, &reason).await.map_err(from_store)?;
+        let ended =
+            store.set_job_state(job.id, JobState::Cancelled, Some(reason), None, None).await.map_err(from_store)?;
+        for w in [tasks, ended] {
+            if let Some(last) = w.events.last() {
+                let _ = self.b.notifier.notify(Notice::Events { job: job.id, seq: last.seq }).await;
+            }
+        }
+        // Workers stop the job's running tasks on this notice.
+        let _ = self.b.notifier.notify(Notice::Cancel { job: job.id }).await;
+        Ok(Response::new(job_to_pb(&store.get_job(job.id).await.map_err(from_store)?)))
+    }
+
+    async fn interrupt(&self, req: Request<pb::InterruptRequest>) -> Result<Response<pb::Job>, Status> {
+        let r = req.into_inner();
+        let job = self.job("job_id", &r.job_id).await?;
+        if r.message.trim().is_empty() {
+            return Err(Status::invalid_argument("message: required"));
+        }
+        if r.message.len() > self.max_request_bytes {
+            return Err(Status::resource_exhausted("message: over the request size limit"));
+        }
+        if job.state.is_terminal() {
+            return Err(Status::failed_precondition(format!("job {} already {}", job.id, job.state)));
+        }
+        let batch = Batch { events: vec![(job.id, EventKind::UserMessage { text: r.message })], ..Default::default() };
+        let written = self.b.store.append(batch).await.map_err(from_store)?;
+        if let Some(last) = written.events.last() {
+            let _ = self.b.notifier.notify(Notice::Events { job: job.id, seq: last.seq }).await;
+        }
+        Ok(Response::new(job_to_pb(&job)))
+    }
+
+    async fn get_transcript(
+        &self,
+        req: Request<pb::GetTranscriptRequest>,
+    ) -> Result<Response<pb::GetTranscriptResponse>, Status> {
+        let r = req.into_inner();
+        let job = self.job("job_id", &r.job_id).await?;
+        let store = &self.b.store;
+        let sessions = store.sessions(job.id).await.map_err(from_store)?;
+        let mut out = pb::GetTranscriptResponse::default();
+        for s in &sessions {
+            let entries = if r.session_id.is_empty() { 0 } else { 1 };
+            out.sessions.push(pb::Session {
+                id: s.id.to_string(),
+                role: s.role.as_str().into(),
+                label: s.label.clone(),
+                task_id: s.task_id.map(|t| t.to_string()).unwrap_or_default(),
+                entries,
+            });
+        }
+        if r.session_id.is_empty() {
+            return Ok(Response::new(out));
+        }
+        let session: SessionId = parse_id("session_id", &r.session_id)?;
+        if !sessions.iter().any(|s| s.id == session) {
+            return Err(Status::not_found(format!("session {session} of job {}", job.id)));
+        }
+        if r.after_seq < 0 {
+            return Err(Status::invalid_argument("after_seq: must be 0 or more"));
+        }
+        let limit = if r.limit == 0 { 200 } else { r.limit.min(MAX_PAGE) };
+        let entries = store.entries(session, r.after_seq, limit).await.map_err(from_store)?;
+        out.next_after_seq = entries.last().map_or(r.after_seq, |e| e.seq);
+        out.entries_json = entries.iter().map(|e| serde_json::to_string(e).unwrap_or_default()).collect();
+        Ok(Response::new(out))
+    }
+
+    async fn list_artifacts(
+        &self,
+        req: Request<pb::ListArtifactsRequest>,
+    ) -> Result<Response<pb::ListArtifactsResponse>, Status> {
+        let job = self.job("job_id", &req.into_inner().job_id).await?;
+        let files = Workbench::new(self.b.objects.clone(), job.id).list().await.map_err(from_store)?;
+        Ok(Response::new(pb::ListArtifactsResponse {
+            artifacts: files.into_iter().map(|(path, size)| pb::Artifact { path, size }).collect(),
+        }))
+    }
+
+    type GetArtifactStream = BoxStream<pb::ArtifactChunk>;
+
+    async fn get_artifact(
+        &self,
+        req: Request<pb::GetArtifactRequest>,
+    ) -> Result<Response<Self::GetArtifactStream>, Status> {
+        let r = req.into_inner();
+        let job = self.job("job_id", &r.job_id).await?;
+        let path = r.path.trim_start_matches(".flower/");
+        if flower_store::localfs::check_relative(path).is_err() {
+            return Err(Status::invalid_argument(format!("path: `{}` is not a path in the workbench", r.path)));
+        }
+        let bytes = Workbench::new(self.b.objects.clone(), job.id).get(path).await.map_err(|e| match e {
+            StoreError::NotFound(_) => Status::not_found(format!("{} in the workbench of job {}", r.path, job.id)),
+            other => from_store(other),
+        })?;
+        let (tx, rx) = mpsc::channel(8);
+        tokio::spawn(async move {
+            for chunk in bytes.chunks(CHUNK) {
+                if tx.send(Ok(pb::ArtifactChunk { data: chunk.to_vec() })).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+}

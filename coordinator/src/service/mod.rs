@@ -1,0 +1,114 @@
+//! The coordinator service: the `Flower` gRPC API, job ownership through
+//! leases, and the runs of the jobs this replica owns. Several replicas may
+//! serve the same database; each job runs on exactly one at a time.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flower_bus::{Notifier, TaskQueue};
+use flower_proto::v1::flower_server::FlowerServer;
+use flower_store::Store;
+use object_store::ObjectStore;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Status};
+
+use crate::providers::ConfiguredProviders;
+
+pub mod api;
+pub mod owner;
+pub mod status;
+
+/// The backends a service runs on.
+#[derive(Clone)]
+pub struct Backends {
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn TaskQueue>,
+    pub notifier: Arc<dyn Notifier>,
+    pub objects: Arc<dyn ObjectStore>,
+    pub providers: Arc<ConfiguredProviders>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    /// When set, every call but health checks needs `authorization: Bearer <token>`.
+    pub token: Option<String>,
+    /// Largest request accepted (spec + workspace), checked by the handlers (default 16 MiB).
+    pub max_request_bytes: usize,
+    /// Lease lifetime; a dead owner's jobs are taken over after it (default 15 s).
+    pub lease_ttl: Duration,
+    /// This replica's name in leases (unique per process).
+    pub replica: String,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            token: None,
+            max_request_bytes: 16 << 20,
+            lease_ttl: Duration::from_secs(15),
+            replica: format!("coordinator-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
+        }
+    }
+}
+
+/// Serve on `listener` until `shutdown`; jobs this replica owns are released
+/// at shutdown so another replica resumes them at once.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    config: ServiceConfig,
+    backends: Backends,
+    shutdown: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let owner = owner::Owner::new(backends.clone(), config.replica.clone(), config.lease_ttl);
+    let owning = tokio::spawn(owner.clone().run(shutdown.clone()));
+    let api = api::Api::new(backends, owner, config.max_request_bytes);
+    let token = config.token.clone();
+    let auth = move |req: Request<()>| check_token(&token, req);
+    // Our own size checks give the precise message; the transport's limit sits above them.
+    let transport_limit = config.max_request_bytes.saturating_mul(2).max(4 << 20);
+    let flower = tonic::service::interceptor::InterceptedService::new(
+        FlowerServer::new(api).max_decoding_message_size(transport_limit),
+        auth.clone(),
+    );
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<FlowerServer<api::Api>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(flower_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| {
+            tracing::error!(error = %e, "reflection unavailable");
+            e
+        })
+        .ok();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let mut router = tonic::transport::Server::builder().add_service(health).add_service(flower);
+    if let Some(r) = reflection {
+        router = router.add_service(tonic::service::interceptor::InterceptedService::new(r, auth));
+    }
+    let stop = shutdown.clone();
+    let served = router.serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }).await;
+    shutdown.cancel();
+    let _ = owning.await;
+    served
+}
+
+fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, Status> {
+    let Some(expected) = token else { return Ok(req) };
+    let given =
+        req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(req),
+        Some(_) => Err(Status::unauthenticated("the bearer token is not valid")),
+        None => Err(Status::unauthenticated("this service needs `authorization: Bearer <token>`")),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The address a service bound (for logs and tests that bind port 0).
+pub fn describe(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}

@@ -1,0 +1,202 @@
+//! Job ownership: every replica renews the leases of the jobs it runs and
+//! takes over queued jobs and jobs whose owner's lease expired. Writes of a
+//! run are fenced by its lease epoch, so an owner that lost its lease (paused,
+//! partitioned) cannot write over its successor.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flower_agent::{Inbox, Journal};
+use flower_bus::{Heard, Notice};
+use flower_model::{EventKind, JobId, JobSpec, JobState, now_ms};
+use flower_store::{Lease, StoreError};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::Backends;
+use crate::runner::{JobContext, run_job};
+
+struct Running {
+    lease: Lease,
+    cancel: CancellationToken,
+    inbox: Inbox,
+    /// Events of this job already looked at (for interrupts and cancels).
+    cursor: i64,
+}
+
+pub struct Owner {
+    backends: Backends,
+    replica: String,
+    lease_ttl: Duration,
+    running: Mutex<HashMap<JobId, Running>>,
+    wake: Notify,
+}
+
+impl Owner {
+    pub fn new(backends: Backends, replica: String, lease_ttl: Duration) -> Arc<Self> {
+        Arc::new(Self { backends, replica, lease_ttl, running: Mutex::new(HashMap::new()), wake: Notify::new() })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Running>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Look for work now (a job was just submitted).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Jobs this replica runs.
+    pub fn running(&self) -> Vec<JobId> {
+        self.lock().keys().copied().collect()
+    }
+
+    /// Renew, take over, repeat — until `shutdown`; then release what it holds
+    /// so another replica takes over without waiting for expiry.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let me = self.clone();
+        let stop = shutdown.clone();
+        let follower = tokio::spawn(async move { me.follow_events(stop).await });
+        let tick = self.lease_ttl / 3;
+        loop {
+            self.renew().await;
+            self.take_over().await;
+            tokio::select! {
+                _ = tokio::time::sleep(tick) => {}
+                _ = self.wake.notified() => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        follower.abort();
+        let held: Vec<Running> = self.lock().drain().map(|(_, r)| r).collect();
+        for r in held {
+            r.cancel.cancel();
+            let _ = self.backends.store.release_lease(&r.lease).await;
+        }
+    }
+
+    async fn renew(&self) {
+        let leases: Vec<Lease> = self.lock().values().map(|r| r.lease.clone()).collect();
+        let ttl = self.lease_ttl.as_millis() as i64;
+        for lease in leases {
+            match self.backends.store.renew_lease(&lease, ttl).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(job = %lease.job, epoch = lease.epoch, "lease lost; stopping the run");
+                    if let Some(r) = self.lock().remove(&lease.job) {
+                        r.cancel.cancel();
+                    }
+                }
+                Err(e) => tracing::warn!(job = %lease.job, error = %e, "lease not renewed; retrying"),
+            }
+        }
+    }
+
+    async fn take_over(self: &Arc<Self>) {
+        let store = &self.backends.store;
+        let orphans = match store.orphaned_jobs(now_ms(), 64).await {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list jobs to take over");
+                return;
+            }
+        };
+        for job in orphans {
+            if self.lock().contains_key(&job) {
+                continue;
+            }
+            let lease = match store.acquire_lease(job, &self.replica, self.lease_ttl.as_millis() as i64).await {
+                Ok(Some(l)) => l,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(job = %job, error = %e, "lease not acquired");
+                    continue;
+                }
+            };
+            let cursor = store.events(job, 0, u32::MAX).await.ok().and_then(|e| e.last().map(|e| e.seq)).unwrap_or(0);
+            let running =
+                Running { lease: lease.clone(), cancel: CancellationToken::new(), inbox: Inbox::default(), cursor };
+            let (cancel, inbox) = (running.cancel.clone(), running.inbox.clone());
+            self.lock().insert(job, running);
+            tracing::info!(job = %job, epoch = lease.epoch, replica = %self.replica, "job owned");
+            let me = self.clone();
+            tokio::spawn(async move { me.run_one(lease, cancel, inbox).await });
+        }
+    }
+
+    async fn run_one(self: Arc<Self>, lease: Lease, cancel: CancellationToken, inbox: Inbox) {
+        let job = lease.job;
+        let b = &self.backends;
+        let journal = Journal::new(b.store.clone(), b.notifier.clone()).fenced(lease.fence());
+        let provider = match b.store.get_job(job).await.map_err(|e| e.to_string()).and_then(|j| {
+            let spec = JobSpec::from_value(j.spec).map_err(|e| e.to_string())?;
+            b.providers.check(&spec).map(|_| spec)
+        }) {
+            Ok(spec) => b.providers.get(spec.provider.name()),
+            Err(reason) => {
+                let _ = b.store.set_job_state(job, JobState::Failed, Some(reason), None, Some(lease.fence())).await;
+                None
+            }
+        };
+        if let Some(provider) = provider {
+            let ctx = JobContext {
+                journal,
+                queue: b.queue.clone(),
+                objects: b.objects.clone(),
+                provider,
+                epoch: lease.epoch,
+                inbox,
+                cancel,
+            };
+            match run_job(&ctx, job).await {
+                Ok(f) => tracing::info!(job = %job, state = %f.state, "job ended"),
+                Err(StoreError::Fenced { .. }) => tracing::warn!(job = %job, "job taken over by another replica"),
+                Err(e) => tracing::error!(job = %job, error = %e, "job run failed; another owner may resume it"),
+            }
+        }
+        let mine = self.lock().remove(&job);
+        if let Some(r) = mine {
+            let _ = b.store.release_lease(&r.lease).await;
+        }
+    }
+
+    /// Interrupts and cancels reach the owner as events of its jobs.
+    async fn follow_events(&self, shutdown: CancellationToken) {
+        let mut notices = self.backends.notifier.subscribe();
+        loop {
+            let heard = tokio::select! {
+                h = notices.recv() => h,
+                _ = shutdown.cancelled() => return,
+            };
+            let jobs: Vec<JobId> = match heard {
+                Heard::Notice(Notice::Events { job, .. }) => vec![job],
+                Heard::Lagged => self.running(),
+                Heard::Closed => return,
+                Heard::Notice(_) => continue,
+            };
+            for job in jobs {
+                self.look_at_events(job).await;
+            }
+        }
+    }
+
+    async fn look_at_events(&self, job: JobId) {
+        let Some(cursor) = self.lock().get(&job).map(|r| r.cursor) else { return };
+        let Ok(events) = self.backends.store.events(job, cursor, 1000).await else { return };
+        let mut lock = self.lock();
+        let Some(r) = lock.get_mut(&job) else { return };
+        for e in events {
+            r.cursor = r.cursor.max(e.seq);
+            match e.kind {
+                EventKind::UserMessage { text } => r
+                    .inbox
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("[a message from the user, sent while the job runs]\n{text}")),
+                EventKind::JobState { state: JobState::Cancelled, .. } => r.cancel.cancel(),
+                _ => {}
+            }
+        }
+    }
+}
