@@ -3,9 +3,11 @@
 //! otherwise). Each test has its own `FLOWER_HOME`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod cluster;
 mod support;
 
 mod demo;
+mod distributed;
 mod invalid_specs;
 mod sandbox;
 mod sim_server;

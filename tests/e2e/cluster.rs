@@ -1,0 +1,254 @@
+//! A distributed deployment for one test: a scratch Postgres database, its own
+//! NATS stream and subjects, object storage (a local directory or the in-test
+//! S3 server), a `flower sim` process, coordinator and worker processes — all
+//! torn down afterwards.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use flower_store::postgres::ScratchDatabase;
+use flower_store::s3test::S3TestServer;
+
+use crate::support::{FLOWER, repo};
+
+/// A child process, killed when dropped. Its first stdout line is kept (the
+/// processes print their address or id there).
+pub struct Proc {
+    child: Child,
+    pub first_line: String,
+}
+
+impl Proc {
+    pub fn spawn(args: &[&str], env: &[(String, String)]) -> Self {
+        let mut child = Command::new(FLOWER)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut first_line = String::new();
+        out.read_line(&mut first_line).unwrap();
+        assert!(!first_line.is_empty(), "`flower {}` exited before it was ready", args.join(" "));
+        // Keep draining so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in out.lines() {});
+        Self { child, first_line }
+    }
+
+    /// The http:// address in the first line.
+    pub fn url(&self) -> String {
+        self.first_line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_string()
+    }
+
+    /// The id in the first line (`flower worker <id> …`, `flower coordinator <id> …`).
+    pub fn id(&self) -> String {
+        self.first_line.split_whitespace().nth(2).unwrap().to_string()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub struct Options {
+    pub coordinators: usize,
+    pub workers: usize,
+    pub concurrency: usize,
+    pub ack_wait: &'static str,
+    pub lease_ttl: &'static str,
+    pub max_attempts: u32,
+    pub s3: bool,
+    pub token: Option<&'static str>,
+    pub max_request_bytes: Option<&'static str>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            coordinators: 1,
+            workers: 2,
+            concurrency: 1,
+            ack_wait: "30s",
+            lease_ttl: "15s",
+            max_attempts: 3,
+            s3: false,
+            token: None,
+            max_request_bytes: None,
+        }
+    }
+}
+
+// Fields drop in order: processes first, the database last.
+pub struct Cluster {
+    pub prefix: String,
+    pub env: Vec<(String, String)>,
+    /// The test scenarios' simulator (provider `anthropic`) and the demo's (provider `sim`).
+    pub sims: Vec<Proc>,
+    pub coordinators: Vec<Proc>,
+    pub workers: Vec<Proc>,
+    _objects_dir: tempfile::TempDir,
+    _s3: Option<S3TestServer>,
+    pub client_home: tempfile::TempDir,
+    opts: Options,
+    pub db: ScratchDatabase,
+}
+
+pub fn admin_url() -> String {
+    std::env::var("FLOWER_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+pub fn nats_url() -> String {
+    std::env::var("FLOWER_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+impl Cluster {
+    pub async fn start(opts: Options) -> Self {
+        let db = ScratchDatabase::create(&admin_url()).await.expect("Postgres (see scripts/test)");
+        let prefix = format!("flowertest_{}", uuid::Uuid::new_v4().simple());
+        let objects_dir = tempfile::tempdir().unwrap();
+        let s3 = if opts.s3 { Some(S3TestServer::start("flower-e2e").await.unwrap()) } else { None };
+        let sim = Proc::spawn(
+            &[
+                "sim",
+                "--listen",
+                "127.0.0.1:0",
+                "--scenario",
+                repo().join("tests/fixtures/distributed/scenario.yaml").to_str().unwrap(),
+            ],
+            &[],
+        );
+        // The demo's roles live in its own scenario: a second simulator plays them.
+        let demo_sim = Proc::spawn(
+            &[
+                "sim",
+                "--listen",
+                "127.0.0.1:0",
+                "--scenario",
+                repo().join("examples/demo/scenario.yaml").to_str().unwrap(),
+            ],
+            &[],
+        );
+        let mut env: Vec<(String, String)> = vec![
+            ("FLOWER_DATABASE_URL".into(), db.url.clone()),
+            ("FLOWER_NATS_URL".into(), nats_url()),
+            ("FLOWER_NATS_PREFIX".into(), prefix.clone()),
+            ("FLOWER_ACK_WAIT".into(), opts.ack_wait.into()),
+            ("FLOWER_MAX_ATTEMPTS".into(), opts.max_attempts.to_string()),
+            ("FLOWER_LEASE_TTL".into(), opts.lease_ttl.into()),
+            // `sim` plays the demo; `anthropic` (an Anthropic-compatible endpoint) the test scenarios.
+            ("FLOWER_PROVIDERS".into(), format!("sim={},anthropic={}", demo_sim.url(), sim.url())),
+        ];
+        match &s3 {
+            Some(server) => {
+                env.push(("FLOWER_OBJECT_STORE".into(), server.url("cluster")));
+                env.extend(server.env().into_iter().map(|(k, v)| (k.to_string(), v)));
+            }
+            None => env.push(("FLOWER_OBJECT_STORE".into(), format!("file://{}", objects_dir.path().display()))),
+        }
+        let mut coord_env = env.clone();
+        if let Some(t) = opts.token {
+            coord_env.push(("FLOWER_TOKEN".into(), t.into()));
+        }
+        if let Some(m) = opts.max_request_bytes {
+            coord_env.push(("FLOWER_MAX_REQUEST_BYTES".into(), m.into()));
+        }
+        let coordinators = (0..opts.coordinators)
+            .map(|_| Proc::spawn(&["coordinator", "--listen", "127.0.0.1:0"], &coord_env))
+            .collect();
+        let mut cluster = Self {
+            db,
+            prefix,
+            env,
+            sims: vec![sim, demo_sim],
+            coordinators,
+            workers: Vec::new(),
+            _objects_dir: objects_dir,
+            _s3: s3,
+            client_home: tempfile::tempdir().unwrap(),
+            opts,
+        };
+        for _ in 0..cluster.opts.workers {
+            cluster.add_worker();
+        }
+        cluster
+    }
+
+    pub fn add_worker(&mut self) {
+        let c = self.opts.concurrency.to_string();
+        self.workers.push(Proc::spawn(&["worker", "--concurrency", &c], &self.env));
+    }
+
+    /// The first live coordinator's address.
+    pub fn server(&mut self) -> String {
+        self.coordinators
+            .iter_mut()
+            .find_map(|c| if c.alive() { Some(c.url()) } else { None })
+            .expect("a live coordinator")
+    }
+
+    /// Run a client command against the service.
+    pub fn flower(&mut self, args: &[&str]) -> Output {
+        let server = self.server();
+        let mut cmd = Command::new(FLOWER);
+        cmd.args(args).env("FLOWER_SERVER", server).env("FLOWER_HOME", self.client_home.path());
+        if let Some(t) = self.opts.token {
+            cmd.env("FLOWER_TOKEN", t);
+        }
+        cmd.output().unwrap()
+    }
+
+    /// `flower submit SPEC` → the job id.
+    pub fn submit(&mut self, spec: &Path) -> String {
+        let out = self.flower(&["submit", spec.to_str().unwrap()]);
+        assert!(out.status.success(), "submit: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub async fn pg(&self) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.db.url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+    }
+
+    /// Wait (polling the database, never a fixed sleep) until `query` returns a
+    /// row whose first column is true.
+    pub async fn wait_for(&self, what: &str, timeout: Duration, query: &str) {
+        let pg = self.pg().await;
+        let start = Instant::now();
+        loop {
+            let ok = pg.query_opt(query, &[]).await.unwrap().map(|r| r.get::<_, bool>(0)).unwrap_or(false);
+            if ok {
+                return;
+            }
+            assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stop every process and remove the database and the NATS stream.
+    pub async fn stop(mut self) {
+        self.workers.clear();
+        self.coordinators.clear();
+        self.sims.clear();
+        let config = flower_bus::NatsConfig::new(nats_url(), self.prefix.clone());
+        if let Ok(bus) = flower_bus::NatsBus::connect(config).await {
+            let _ = bus.destroy().await;
+        }
+        self.db.drop_now().await.unwrap();
+    }
+}

@@ -1,0 +1,380 @@
+//! The distributed mode with real processes: coordinators, workers, a
+//! `flower sim` server, Postgres, NATS JetStream, object storage.
+
+use std::time::Duration;
+
+use flower_store::Store;
+
+use crate::cluster::{Cluster, Options};
+use crate::support::repo;
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Acceptance: the demo over gRPC on 1 coordinator + 3 workers (concurrency 1),
+/// tasks on at least two processes, transcripts in Postgres, the artifact in
+/// object storage and downloadable.
+async fn demo_on_a_cluster(s3: bool) {
+    let mut c = Cluster::start(Options { workers: 3, s3, ..Default::default() }).await;
+    let out = c.flower(&["submit", repo().join("examples/demo/job.yaml").to_str().unwrap(), "--watch"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "submit --watch: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let job = text.lines().next().unwrap().trim().to_string();
+    assert!(text.contains("succeeded"), "{text}");
+    assert!(text.contains("data/ holds 15 files"), "{text}");
+
+    let pg = c.pg().await;
+    let workers: i64 = pg
+        .query_one(&format!("SELECT count(DISTINCT claimed_by) FROM tasks WHERE job_id = '{job}'"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(workers >= 2, "tasks ran on {workers} worker process(es)");
+    let sessions: Vec<(String, i64)> = pg
+        .query(
+            &format!(
+                "SELECT s.role, count(e.seq) FROM sessions s JOIN entries e ON e.session_id = s.id
+                 WHERE s.job_id = '{job}' GROUP BY s.id, s.role"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(sessions.iter().filter(|(r, _)| r == "worker").count(), 3, "{sessions:?}");
+    assert!(sessions.iter().all(|(_, n)| *n >= 4), "every session's transcript is in Postgres: {sessions:?}");
+
+    let list = c.flower(&["artifacts", &job]);
+    assert!(stdout(&list).contains("artifacts/sizes.md"), "{}", stdout(&list));
+    let got = c.flower(&["artifacts", &job, "get", "artifacts/sizes.md"]);
+    assert!(got.status.success());
+    let table = stdout(&got);
+    assert!(table.starts_with("# desc: per-file sizes of data/"), "{table}");
+    assert_eq!(table.lines().filter(|l| l.contains("\tdata/")).count(), 15);
+
+    // The same transcripts through the API.
+    let t = c.flower(&["transcript", "show", &job, "--json"]);
+    let t: serde_json::Value = serde_json::from_slice(&t.stdout).unwrap();
+    assert_eq!(t["sessions"].as_array().unwrap().len(), 4);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_demo_runs_on_a_cluster_with_local_object_storage() {
+    demo_on_a_cluster(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_demo_runs_on_a_cluster_with_s3() {
+    demo_on_a_cluster(true).await;
+}
+
+/// Acceptance: a killed worker's task is redelivered and the job succeeds; a
+/// task longer than the ack wait is not redelivered while its worker lives.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_workers_task_is_redelivered_and_heartbeats_hold_long_tasks() {
+    let mut c = Cluster::start(Options { workers: 2, ack_wait: "2s", ..Default::default() }).await;
+    let spec = repo().join("tests/fixtures/distributed/slow.yaml");
+
+    // A 5 s task with a 2 s ack wait, its worker alive: one attempt only.
+    let job = c.submit(&spec);
+    c.wait_for(
+        "the slow job to end",
+        Duration::from_secs(60),
+        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
+    )
+    .await;
+    let pg = c.pg().await;
+    let attempt: i32 =
+        pg.query_one(&format!("SELECT attempt FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
+    assert_eq!(attempt, 1, "heartbeats kept the task from being redelivered");
+
+    // Now kill -9 the worker running it.
+    let job = c.submit(&spec);
+    c.wait_for(
+        "the task to start",
+        Duration::from_secs(30),
+        &format!("SELECT state = 'running' FROM tasks WHERE job_id = '{job}'"),
+    )
+    .await;
+    let holder: String =
+        pg.query_one(&format!("SELECT claimed_by FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
+    let victim = c.workers.iter_mut().find(|w| w.id() == holder).expect("the claiming worker is one of ours");
+    victim.kill9();
+    c.wait_for(
+        "the job to succeed",
+        Duration::from_secs(60),
+        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
+    )
+    .await;
+    let row = pg
+        .query_one(&format!("SELECT attempt, claimed_by, report FROM tasks WHERE job_id = '{job}'"), &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), 2, "the task was redelivered once");
+    assert_ne!(row.get::<_, String>(1), holder, "to the other worker");
+    assert_eq!(row.get::<_, String>(2).trim(), "rested");
+    c.stop().await;
+}
+
+/// Acceptance: a task that keeps killing its worker reaches the delivery limit
+/// and fails with a clear reason; the job still ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_that_kills_its_workers_fails_at_the_delivery_limit() {
+    let mut c = Cluster::start(Options { workers: 3, ack_wait: "1s", max_attempts: 2, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/doomed.yaml"));
+    c.wait_for(
+        "the job to end",
+        Duration::from_secs(60),
+        &format!("SELECT state IN ('succeeded', 'failed') FROM jobs WHERE id = '{job}'"),
+    )
+    .await;
+    let pg = c.pg().await;
+    let row =
+        pg.query_one(&format!("SELECT state, attempt, error FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "failed");
+    assert_eq!(row.get::<_, i32>(1), 3, "the delivery past the limit was recorded, not run");
+    assert_eq!(row.get::<_, String>(2), "gave up after 2 attempts (no worker finished the task)");
+    let healed: i64 = pg
+        .query_one(
+            &format!("SELECT count(*) FROM entries WHERE job_id = '{job}' AND kind = 'tool_result' AND body LIKE '%\"interrupted\":true%'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(healed, 1, "the resumed subagent got a marked, neutral result for the call that killed its worker");
+    let dead = c.workers.iter_mut().map(|w| w.alive()).filter(|alive| !alive).count();
+    assert_eq!(dead, 2, "two attempts ran, each killed its worker; the third was not run");
+    let answer: String =
+        pg.query_one(&format!("SELECT final_answer FROM jobs WHERE id = '{job}'"), &[]).await.unwrap().get(0);
+    assert!(answer.contains("gave up after 2 attempts"), "the coordinator saw the reason: {answer}");
+    c.stop().await;
+}
+
+/// Acceptance: two coordinators; the owner of a running job is killed; the
+/// other takes the job over and it succeeds, its task adopted once; a write
+/// with the dead owner's epoch is rejected.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_surviving_coordinator_takes_over_a_running_job() {
+    let mut c = Cluster::start(Options { coordinators: 2, workers: 1, lease_ttl: "2s", ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
+    c.wait_for(
+        "the task to start",
+        Duration::from_secs(30),
+        &format!("SELECT state = 'running' FROM tasks WHERE job_id = '{job}'"),
+    )
+    .await;
+    let pg = c.pg().await;
+    let lease = pg.query_one(&format!("SELECT owner, epoch FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap();
+    let (owner, epoch): (String, i64) = (lease.get(0), lease.get(1));
+    let victim = c.coordinators.iter_mut().find(|p| p.id() == owner).expect("the owner is one of ours");
+    victim.kill9();
+    c.wait_for(
+        "the job to succeed",
+        Duration::from_secs(60),
+        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
+    )
+    .await;
+    let lease = pg.query_one(&format!("SELECT owner, epoch FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap();
+    assert_ne!(lease.get::<_, String>(0), owner, "another replica owns it");
+    assert_eq!(lease.get::<_, i64>(1), epoch + 1);
+    let tasks: i64 =
+        pg.query_one(&format!("SELECT count(*) FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
+    assert_eq!(tasks, 1, "the resumed Agent call found its task again");
+    let attempt: i32 =
+        pg.query_one(&format!("SELECT attempt FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
+    assert_eq!(attempt, 1, "the worker was not disturbed");
+    let results: i64 = pg
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM entries e JOIN sessions s ON s.id = e.session_id
+                 WHERE s.job_id = '{job}' AND s.role = 'coordinator' AND e.kind = 'tool_result'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(results, 1, "the report was adopted once");
+    let answer: String =
+        pg.query_one(&format!("SELECT final_answer FROM jobs WHERE id = '{job}'"), &[]).await.unwrap().get(0);
+    assert_eq!(answer, "slow task said: rested");
+
+    // A write carrying the dead owner's epoch is rejected.
+    let store = flower_store::PostgresStore::connect(&c.db.url, 1).await.unwrap();
+    let job_id: flower_model::JobId = job.parse().unwrap();
+    let stale = flower_store::Fence { job: job_id, epoch };
+    let err = store.set_job_state(job_id, flower_model::JobState::Failed, None, None, Some(stale)).await.unwrap_err();
+    assert!(matches!(err, flower_store::StoreError::Fenced { .. }), "{err}");
+    let batch = flower_store::Batch {
+        events: vec![(job_id, flower_model::EventKind::UserMessage { text: "late".into() })],
+        fence: Some(stale),
+        ..Default::default()
+    };
+    assert!(matches!(store.append(batch).await, Err(flower_store::StoreError::Fenced { .. })));
+    drop(store);
+    c.stop().await;
+}
+
+async fn client(url: &str) -> flower_proto::v1::flower_client::FlowerClient<tonic::transport::Channel> {
+    flower_proto::v1::flower_client::FlowerClient::connect(url.to_string()).await.unwrap()
+}
+
+fn authed<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+/// Acceptance: `Watch` cut mid-job and resumed from its cursor yields every
+/// event exactly once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_resumes_from_its_cursor_without_loss_or_repeats() {
+    use flower_proto::v1 as pb;
+    let mut c = Cluster::start(Options { workers: 3, ..Default::default() }).await;
+    let url = c.server();
+    let job = c.submit(&repo().join("examples/demo/job.yaml"));
+    let mut api = client(&url).await;
+
+    let mut seen: Vec<i64> = Vec::new();
+    let mut cursor = 0;
+    // Read a few events, drop the stream (a disconnect), reconnect from the cursor; repeat.
+    loop {
+        let mut stream =
+            api.watch(pb::WatchRequest { job_id: job.clone(), after_seq: cursor }).await.unwrap().into_inner();
+        let mut taken = 0;
+        let mut ended = false;
+        while let Some(e) = stream.message().await.unwrap() {
+            seen.push(e.seq);
+            cursor = e.seq;
+            taken += 1;
+            if e.kind == "job_state" && e.payload_json.contains("succeeded") {
+                ended = true;
+                break;
+            }
+            if taken == 3 {
+                break;
+            }
+        }
+        drop(stream);
+        if ended {
+            break;
+        }
+    }
+    let all: Vec<i64> = {
+        let mut s = api.watch(pb::WatchRequest { job_id: job.clone(), after_seq: 0 }).await.unwrap().into_inner();
+        let mut v = Vec::new();
+        while let Some(e) = s.message().await.unwrap() {
+            v.push(e.seq);
+        }
+        v
+    };
+    assert!(all.len() > 20, "a whole run's events: {}", all.len());
+    assert_eq!(all, (1..=all.len() as i64).collect::<Vec<_>>(), "gapless and ordered");
+    assert_eq!(seen, all[..seen.len()].to_vec(), "the reconnecting watcher saw each event once, in order");
+    assert_eq!(seen.len(), all.len());
+    c.stop().await;
+}
+
+/// Acceptance: bad requests get their status and message; the service keeps serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
+    use flower_proto::v1 as pb;
+    use tonic::Code;
+    let token = "s3cret-token";
+    let mut c = Cluster::start(Options {
+        workers: 1,
+        token: Some(token),
+        max_request_bytes: Some("64 KiB"),
+        ..Default::default()
+    })
+    .await;
+    let url = c.server();
+    let mut api = client(&url).await;
+    let spec = std::fs::read_to_string(repo().join("tests/fixtures/distributed/slow.yaml")).unwrap();
+
+    let no_token = api.list(pb::ListRequest::default()).await.unwrap_err();
+    assert_eq!(no_token.code(), Code::Unauthenticated, "{no_token:?}");
+    let wrong = api.list(authed(pb::ListRequest::default(), "nope")).await.unwrap_err();
+    assert_eq!(wrong.code(), Code::Unauthenticated);
+
+    // Health checks need no token.
+    let channel = tonic::transport::Channel::from_shared(url.clone()).unwrap().connect().await.unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let h = health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.unwrap().into_inner();
+    assert_eq!(h.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+
+    let bad = |spec: String| pb::SubmitRequest { spec, ..Default::default() };
+    let e = api.submit(authed(bad(spec.replace("tools: [Bash]", "tools: Bash")), token)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("workers.sleeper.tools"), "{}", e.message());
+    let e = api
+        .submit(authed(
+            bad(spec
+                .replace("provider: anthropic", "provider: sim\nscenario: x.yaml")
+                .replace("sim\nscenario", "openai\nscenario")),
+            token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let e = api.submit(authed(bad(String::new()), token)).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (Code::InvalidArgument, "spec: required (the job spec, YAML or JSON)"));
+    let huge = pb::SubmitRequest {
+        spec: spec.clone(),
+        workspace: vec![pb::WorkspaceFile { path: "big.bin".into(), content: vec![7u8; 100 * 1024] }],
+        ..Default::default()
+    };
+    let e = api.submit(authed(huge, token)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("over this service's limit of 65536 bytes"), "{}", e.message());
+    let escape = pb::SubmitRequest {
+        spec: spec.clone(),
+        workspace: vec![pb::WorkspaceFile { path: "../x".into(), content: vec![] }],
+        ..Default::default()
+    };
+    let e = api.submit(authed(escape, token)).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (Code::InvalidArgument, "workspace[0].path: `../x` is not a relative path"));
+
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let e = api.get(authed(pb::GetRequest { job_id: unknown.clone() }, token)).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let e = api.get(authed(pb::GetRequest { job_id: "not-an-id".into() }, token)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().starts_with("job_id:"), "{}", e.message());
+    let e = api
+        .cancel(authed(pb::CancelRequest { job_id: unknown.clone(), reason: String::new() }, token))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let e = api
+        .get_artifact(authed(pb::GetArtifactRequest { job_id: unknown, path: "artifacts/x".into() }, token))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+
+    // Still serving: a good submit runs to the end; idempotency keys hold.
+    let good = pb::SubmitRequest { spec: spec.clone(), idempotency_key: "k-1".into(), ..Default::default() };
+    let first = api.submit(authed(good.clone(), token)).await.unwrap().into_inner();
+    let again = api.submit(authed(good, token)).await.unwrap().into_inner();
+    assert_eq!((again.job_id.as_str(), again.existing), (first.job_id.as_str(), true));
+    let e = api
+        .get_artifact(authed(
+            pb::GetArtifactRequest { job_id: first.job_id.clone(), path: "../../etc/passwd".into() },
+            token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    c.wait_for(
+        "the job to end",
+        Duration::from_secs(60),
+        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{}'", first.job_id),
+    )
+    .await;
+    c.stop().await;
+}
