@@ -57,6 +57,9 @@ enum Command {
     Interrupt(cmd::jobs::InterruptArgs),
     /// List a job's workbench files, or download one
     Artifacts(cmd::jobs::ArtifactsArgs),
+    /// Benchmarks (need Postgres and NATS, like the tests)
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
 }
 
 fn main() -> ExitCode {
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
             Command::Cancel(args) => cmd::jobs::cancel(args).await,
             Command::Interrupt(args) => cmd::jobs::interrupt(args).await,
             Command::Artifacts(args) => cmd::jobs::artifacts(args).await,
+            Command::Bench(c) => cmd::bench::run(c).await,
         }
     });
     match result {

@@ -23,6 +23,11 @@ pub struct ProviderConfigError {
 }
 
 impl ConfiguredProviders {
+    /// A table of ready-made providers (embedding, benchmarks).
+    pub fn from_map(clients: BTreeMap<String, Arc<dyn Provider>>) -> Self {
+        Self { clients }
+    }
+
     /// Parse `NAME=URL` entries (from repeated flags or a comma-separated
     /// `FLOWER_PROVIDERS`), each with at most `max_concurrent` calls at once.
     pub fn parse(entries: &[String], max_concurrent: usize) -> Result<Self, ProviderConfigError> {

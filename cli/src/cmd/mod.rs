@@ -1,4 +1,5 @@
 pub mod backends;
+pub mod bench;
 pub mod client;
 pub mod jobs;
 pub mod run;

@@ -1,0 +1,339 @@
+//! `flower bench`: measured figures anyone can rerun.
+//!
+//! `orchestration` runs the distributed path in one process — a coordinator
+//! service and four workers talking over the real Postgres and NATS
+//! JetStream, a zero-latency simulator — and reports:
+//! - dispatch overhead: from the coordinator receiving a response with an
+//!   `Agent` call to the worker's first model request for that task;
+//! - return overhead: from the worker receiving its final response (the
+//!   report) to the coordinator's next request carrying it as a tool result;
+//! - tasks per second through 1 coordinator + 4 workers (fan-out of 20 per turn);
+//! - next to a raw JetStream publish → consume → ack round trip, same run.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_trait::async_trait;
+use clap::{Args, Subcommand};
+use flower_agent::Journal;
+use flower_agent::provider::{AnthropicClient, AnthropicConfig, Observer, Provider, ProviderError, Request, Response};
+use flower_bus::{NatsBus, NatsConfig};
+use flower_coordinator::providers::ConfiguredProviders;
+use flower_coordinator::service::{self, Backends, ServiceConfig};
+use flower_model::{ContentBlock, JobState};
+use flower_sim::Scenario;
+use flower_sim::scenario::{RoleScript, Step, ToolCall};
+use flower_store::postgres::ScratchDatabase;
+use flower_store::{PostgresStore, Store};
+use flower_worker::{Worker, WorkerOptions};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Orchestration overhead per delegated task, and task throughput
+    Orchestration(OrchestrationArgs),
+}
+
+#[derive(Args)]
+pub struct OrchestrationArgs {
+    /// Delegations measured one at a time (latency phase)
+    #[arg(long, default_value_t = 200)]
+    pub sequential: usize,
+    /// Turns of the throughput phase, each delegating `--fan-out` tasks at once
+    #[arg(long, default_value_t = 10)]
+    pub turns: usize,
+    #[arg(long, default_value_t = 20)]
+    pub fan_out: usize,
+    /// Worker processes' stand-ins (each its own NATS connection)
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Tasks each worker runs at once
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Postgres URL with CREATE DATABASE rights (a scratch database is made and dropped)
+    #[arg(long, env = "FLOWER_BENCH_DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    pub database_url: String,
+    #[arg(long, env = "FLOWER_BENCH_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Print the figures as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
+    let BenchCommand::Orchestration(args) = cmd;
+    orchestration(args).await
+}
+
+/// Instants seen by the timing providers, per task marker (`task-<n>`).
+#[derive(Default)]
+struct Timings {
+    call: HashMap<String, Instant>,
+    first_request: HashMap<String, Instant>,
+    report: HashMap<String, Instant>,
+    result: HashMap<String, Instant>,
+    /// tool_use id → task marker, learnt from the coordinator's responses.
+    tool_use: HashMap<String, String>,
+}
+
+fn marker(text: &str) -> Option<String> {
+    let at = text.find("task-")?;
+    Some(text[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-').collect())
+}
+
+struct Timed {
+    inner: AnthropicClient,
+    coordinator: bool,
+    t: Arc<Mutex<Timings>>,
+}
+
+#[async_trait]
+impl Provider for Timed {
+    async fn send(&self, request: &Request, observer: Option<Observer>) -> Result<Response, ProviderError> {
+        let now = Instant::now();
+        {
+            let mut t = self.t.lock().unwrap_or_else(|p| p.into_inner());
+            if self.coordinator {
+                for b in request.messages.last().map(|m| m.content.as_slice()).unwrap_or_default() {
+                    if let ContentBlock::ToolResult { tool_use_id, .. } = b
+                        && let Some(m) = t.tool_use.get(tool_use_id).cloned()
+                    {
+                        t.result.entry(m).or_insert(now);
+                    }
+                }
+            } else if let Some(m) = request.messages.first().and_then(|m| m.content.first()).and_then(|b| match b {
+                ContentBlock::Text { text } => marker(text),
+                _ => None,
+            }) {
+                t.first_request.entry(m).or_insert(now);
+            }
+        }
+        let response = self.inner.send(request, observer).await?;
+        let done = Instant::now();
+        let mut t = self.t.lock().unwrap_or_else(|p| p.into_inner());
+        if self.coordinator {
+            for b in &response.content {
+                if let ContentBlock::ToolUse { id, input, .. } = b
+                    && let Some(m) = input["prompt"].as_str().and_then(marker)
+                {
+                    t.call.insert(m.clone(), done);
+                    t.tool_use.insert(id.clone(), m);
+                }
+            }
+        } else if let Some(m) = request.messages.first().and_then(|m| m.content.first()).and_then(|b| match b {
+            ContentBlock::Text { text } => marker(text),
+            _ => None,
+        }) {
+            t.report.insert(m, done);
+        }
+        Ok(response)
+    }
+}
+
+/// A coordinator script: `turns` steps, each delegating `per_turn` tasks.
+fn script(name: &str, first: usize, turns: usize, per_turn: usize) -> RoleScript {
+    let mut steps = Vec::new();
+    for turn in 0..turns {
+        let tool_calls = (0..per_turn)
+            .map(|i| ToolCall {
+                name: "Agent".into(),
+                input: json!({"subagent_type": "echo", "description": "bench", "prompt": format!("task-{}", first + turn * per_turn + i)}),
+            })
+            .collect();
+        steps.push(Step { id: format!("t{turn}"), tool_calls, ..Default::default() });
+    }
+    steps.push(Step { id: "done".into(), text: Some("done".into()), ..Default::default() });
+    RoleScript {
+        name: name.into(),
+        matcher: flower_sim::scenario::Matcher {
+            system: Some(format!("flower coordinator `{name}`")),
+            first_user: None,
+        },
+        steps,
+    }
+}
+
+fn spec(coordinator: &str) -> String {
+    format!(
+        "name: bench-{coordinator}\ngoal: benchmark\nprovider: sim\nscenario: none\ncoordinator:\n  name: {coordinator}\nworkers:\n  echo:\n    description: replies at once\nruntime:\n  max_turns: 1000\n"
+    )
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn summary(mut v: Vec<f64>) -> serde_json::Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    json!({"n": v.len(), "p50_ms": percentile(&v, 0.5), "p99_ms": percentile(&v, 0.99), "max_ms": v.last().copied().unwrap_or(f64::NAN)})
+}
+
+async fn orchestration(a: OrchestrationArgs) -> anyhow::Result<ExitCode> {
+    let db = ScratchDatabase::create(&a.database_url).await.context("--database-url")?;
+    let prefix = format!("flowerbench_{}", uuid::Uuid::new_v4().simple());
+    let objects_dir = tempfile::tempdir()?;
+    let result = measure(&a, &db, &prefix, objects_dir.path()).await;
+    if let Ok(bus) = NatsBus::connect(NatsConfig::new(a.nats_url.clone(), prefix)).await {
+        let _ = bus.destroy().await;
+    }
+    db.drop_now().await?;
+    let figures = result?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&figures)?);
+    } else {
+        let f = |k: &str, q: &str| figures[k][q].as_f64().unwrap_or(f64::NAN);
+        println!("orchestration overhead ({} sequential delegations, zero-latency simulator)", a.sequential);
+        println!(
+            "  Agent call → worker's first model request   p50 {:>7.2} ms   p99 {:>7.2} ms",
+            f("dispatch", "p50_ms"),
+            f("dispatch", "p99_ms")
+        );
+        println!(
+            "  worker's report → coordinator's tool result  p50 {:>7.2} ms   p99 {:>7.2} ms",
+            f("return", "p50_ms"),
+            f("return", "p99_ms")
+        );
+        println!(
+            "throughput: {:.1} tasks/s ({} tasks, fan-out {} per turn, {} workers × concurrency {})",
+            figures["tasks_per_second"].as_f64().unwrap_or(f64::NAN),
+            a.turns * a.fan_out,
+            a.fan_out,
+            a.workers,
+            a.concurrency
+        );
+        println!(
+            "raw JetStream publish → consume → ack        p50 {:>7.3} ms   p99 {:>7.3} ms",
+            f("raw_jetstream", "p50_ms"),
+            f("raw_jetstream", "p99_ms")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn measure(
+    a: &OrchestrationArgs,
+    db: &ScratchDatabase,
+    prefix: &str,
+    objects_dir: &std::path::Path,
+) -> anyhow::Result<serde_json::Value> {
+    let scenario = Scenario {
+        roles: vec![
+            script("seq", 0, a.sequential, 1),
+            script("fan", 1_000_000, a.turns, a.fan_out),
+            RoleScript {
+                name: "echo".into(),
+                matcher: flower_sim::scenario::Matcher {
+                    system: Some("You are worker `echo`".into()),
+                    first_user: None,
+                },
+                steps: vec![Step { id: "r".into(), text: Some("ok".into()), ..Default::default() }],
+            },
+        ],
+        ..Default::default()
+    };
+    let sim = flower_sim::start(scenario, ([127, 0, 0, 1], 0).into()).await?;
+    let timings = Arc::new(Mutex::new(Timings::default()));
+    let providers = |coordinator: bool| -> anyhow::Result<Arc<ConfiguredProviders>> {
+        let inner = AnthropicClient::new(AnthropicConfig {
+            base_url: sim.base_url(),
+            max_concurrent: 64,
+            ..Default::default()
+        })?;
+        let p: Arc<dyn Provider> = Arc::new(Timed { inner, coordinator, t: timings.clone() });
+        Ok(Arc::new(ConfiguredProviders::from_map(BTreeMap::from([("sim".to_string(), p)]))))
+    };
+    let store: Arc<dyn Store> = Arc::new(PostgresStore::connect(&db.url, 16).await?);
+    let objects = flower_store::objects::open(&format!("file://{}", objects_dir.display()), &Default::default())?;
+    let bus = NatsBus::connect(NatsConfig::new(a.nats_url.clone(), prefix)).await?;
+    let backends = Backends {
+        store: store.clone(),
+        queue: Arc::new(bus.clone()),
+        notifier: Arc::new(bus.clone()),
+        objects: objects.clone(),
+        providers: providers(true)?,
+    };
+    let shutdown = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(service::serve(listener, ServiceConfig::default(), backends, shutdown.clone()));
+    let work = tempfile::tempdir()?;
+    let mut pools = Vec::new();
+    for i in 0..a.workers {
+        let wbus = NatsBus::connect(NatsConfig::new(a.nats_url.clone(), prefix)).await?;
+        let journal = Journal::new(store.clone(), Arc::new(wbus.clone()));
+        let opts = WorkerOptions::new(format!("bench-worker-{i}"), work.path().join(i.to_string()));
+        let w = Worker::new(opts, journal, Arc::new(wbus), objects.clone(), providers(false)?);
+        pools.push(tokio::spawn(w.run(a.concurrency, shutdown.clone())));
+    }
+
+    let raw = {
+        let mut v = Vec::new();
+        let probe = NatsBus::connect(NatsConfig::new(a.nats_url.clone(), format!("{prefix}_raw"))).await?;
+        for _ in 0..200 {
+            v.push(probe.raw_round_trip().await?.as_secs_f64() * 1e3);
+        }
+        probe.destroy().await?;
+        v
+    };
+
+    let mut api = flower_proto::v1::flower_client::FlowerClient::connect(format!("http://{addr}")).await?;
+    let mut submit = async |name: &'static str| {
+        let req = flower_proto::v1::SubmitRequest { spec: spec(name), ..Default::default() };
+        let id = api.submit(req).await.map_err(|s| anyhow::anyhow!("submit: {s}"))?.into_inner().job_id;
+        anyhow::Ok(id.parse::<flower_model::JobId>()?)
+    };
+    let wait = |job: flower_model::JobId| {
+        let store = store.clone();
+        async move {
+            loop {
+                let j = store.get_job(job).await?;
+                if j.state.is_terminal() {
+                    anyhow::ensure!(j.state == JobState::Succeeded, "bench job {}: {:?}", j.state, j.reason);
+                    return anyhow::Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb.set_message(format!("latency phase: {} delegations one at a time", a.sequential));
+    wait(submit("seq").await?).await?;
+    pb.set_message(format!("throughput phase: {} tasks", a.turns * a.fan_out));
+    let started = Instant::now();
+    wait(submit("fan").await?).await?;
+    let took = started.elapsed();
+    pb.finish_and_clear();
+
+    shutdown.cancel();
+    for p in pools {
+        let _ = p.await;
+    }
+    let _ = server.await;
+    sim.shutdown().await;
+
+    let t = timings.lock().unwrap_or_else(|p| p.into_inner());
+    let ms = |from: &HashMap<String, Instant>, to: &HashMap<String, Instant>| -> Vec<f64> {
+        (0..a.sequential)
+            .filter_map(|k| {
+                let m = format!("task-{k}");
+                Some(to.get(&m)?.duration_since(*from.get(&m)?).as_secs_f64() * 1e3)
+            })
+            .collect()
+    };
+    Ok(json!({
+        "dispatch": summary(ms(&t.call, &t.first_request)),
+        "return": summary(ms(&t.report, &t.result)),
+        "tasks_per_second": (a.turns * a.fan_out) as f64 / took.as_secs_f64(),
+        "throughput_tasks": a.turns * a.fan_out,
+        "raw_jetstream": summary(raw),
+    }))
+}
