@@ -106,6 +106,7 @@ impl AgentSession {
 
     /// Run from the stored `history` (empty for a new session), first adding
     /// `input` as a user message when given.
+    #[tracing::instrument(name = "session", skip_all, fields(job = %self.config.job_id, session = %self.config.session_id, role = self.config.role.as_str()))]
     pub async fn run(&self, mut history: Vec<Entry>, input: Option<Vec<ContentBlock>>) -> Result<Outcome, AgentError> {
         let c = &self.config;
         // Resumed after the final answer was stored but before the job ended:
@@ -174,8 +175,13 @@ impl AgentSession {
                 tools: self.tools.defs(),
                 stream: true,
             };
+            let turn_span = tracing::info_span!("turn", turn = turns);
+            let call = tracing::Instrument::instrument(
+                self.provider.send(&request, Some(self.retry_observer())),
+                turn_span.clone(),
+            );
             let response = tokio::select! {
-                r = self.provider.send(&request, Some(self.retry_observer())) => r?,
+                r = call => r?,
                 _ = self.cancel.cancelled() => return Ok(Outcome::Cancelled { turns: turns - 1, usage }),
             };
             usage.add(&response.usage);

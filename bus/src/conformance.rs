@@ -9,7 +9,13 @@ use flower_model::{JobId, TaskId};
 use crate::{Heard, Notice, Notifier, TaskMessage, TaskQueue};
 
 fn msg() -> TaskMessage {
-    TaskMessage { job_id: JobId::random(), task_id: TaskId::random(), worker: "w".into(), epoch: 1 }
+    TaskMessage {
+        job_id: JobId::random(),
+        task_id: TaskId::random(),
+        worker: "w".into(),
+        epoch: 1,
+        trace: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+    }
 }
 
 /// Run every check. `redelivery` bounds the wait for an abandoned delivery.

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 pub mod conformance;
 pub mod memory;
 pub mod nats;
+pub mod trace;
 
 pub use memory::MemoryBus;
 pub use nats::{NatsBus, NatsConfig};
@@ -41,6 +42,9 @@ pub struct TaskMessage {
     pub worker: String,
     /// Epoch of the coordinator lease that dispatched it (fencing).
     pub epoch: i64,
+    /// W3C `traceparent` of the dispatching span, when tracing is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 impl TaskMessage {

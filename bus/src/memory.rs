@@ -195,7 +195,7 @@ mod tests {
     use flower_model::{JobId, TaskId};
 
     fn msg() -> TaskMessage {
-        TaskMessage { job_id: JobId::random(), task_id: TaskId::random(), worker: "w".into(), epoch: 1 }
+        TaskMessage { job_id: JobId::random(), task_id: TaskId::random(), worker: "w".into(), epoch: 1, trace: None }
     }
 
     #[tokio::test]

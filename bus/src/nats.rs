@@ -156,7 +156,13 @@ impl NatsBus {
     /// the task path is compared with in benchmarks).
     pub async fn raw_round_trip(&self) -> Result<Duration> {
         let started = std::time::Instant::now();
-        let id = TaskMessage { job_id: JobId::random(), task_id: TaskId::random(), worker: "ping".into(), epoch: 0 };
+        let id = TaskMessage {
+            job_id: JobId::random(),
+            task_id: TaskId::random(),
+            worker: "ping".into(),
+            epoch: 0,
+            trace: None,
+        };
         self.publish(id).await?;
         let d = self.next().await?;
         d.ack().await?;
@@ -203,6 +209,7 @@ fn task_from_pb(t: pb::TaskMessage) -> std::result::Result<TaskMessage, String> 
         task_id: t.task_id.parse().map_err(|e| format!("task_id: {e}"))?,
         worker: t.worker,
         epoch: t.epoch,
+        trace: None,
     })
 }
 
@@ -211,6 +218,9 @@ impl TaskQueue for NatsBus {
     async fn publish(&self, task: TaskMessage) -> Result<bool> {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", task.dedupe_id().as_str());
+        if let Some(t) = &task.trace {
+            headers.insert(crate::trace::TRACEPARENT, t.as_str());
+        }
         let payload = task_to_pb(&task).encode_to_vec();
         let ack = self
             .js
@@ -235,8 +245,13 @@ impl TaskQueue for NatsBus {
             let Some(msg) = batch.next().await else { continue };
             let msg = msg.map_err(unavailable)?;
             let delivered = msg.info().map(|i| i.delivered).unwrap_or(1).max(1) as u32;
+            let trace =
+                msg.headers.as_ref().and_then(|h| h.get(crate::trace::TRACEPARENT)).map(|v| v.as_str().to_string());
             match pb::TaskMessage::decode(msg.payload.as_ref()).map_err(|e| e.to_string()).and_then(task_from_pb) {
-                Ok(task) => return Ok(Box::new(NatsDelivery { msg, task, delivered })),
+                Ok(mut task) => {
+                    task.trace = trace;
+                    return Ok(Box::new(NatsDelivery { msg, task, delivered }));
+                }
                 Err(e) => {
                     // Not ours to run and never will be: drop it for good.
                     tracing::warn!(error = %e, "undecodable task message terminated");

@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 mod home;
+mod telemetry;
 
 /// flower: a runtime for long-horizon LLM agent jobs. A coordinator agent
 /// delegates to worker agents; their long outputs go to a workbench, not into
@@ -62,15 +63,22 @@ enum Command {
     Bench(cmd::bench::BenchCommand),
 }
 
+impl Command {
+    /// The process's role, for span export.
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Coordinator(_) => "coordinator",
+            Command::Worker(_) => "worker",
+            Command::Sim(_) => "sim",
+            Command::Run(_) | Command::Demo(_) => "embedded",
+            _ => "client",
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let _telemetry = telemetry::init(cli.command.name());
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

@@ -53,6 +53,7 @@ impl Dispatcher {
 
     /// Create the task (or find it again: the id is derived from the call) and
     /// publish it unless it already ended.
+    #[tracing::instrument(name = "task.publish", skip_all, fields(job = %d.job, worker = d.worker))]
     pub async fn dispatch(&self, d: Delegation<'_>) -> Result<Task, DispatchError> {
         let task = Task::queued(d.job, d.session, d.tool_use_id, d.worker, d.description, d.mandate);
         let id = task.id;
@@ -61,7 +62,13 @@ impl Dispatcher {
         self.journal.announce(&written).await;
         if !task.state.is_terminal() {
             self.queue
-                .publish(TaskMessage { job_id: d.job, task_id: id, worker: task.worker.clone(), epoch: self.epoch })
+                .publish(TaskMessage {
+                    job_id: d.job,
+                    task_id: id,
+                    worker: task.worker.clone(),
+                    epoch: self.epoch,
+                    trace: flower_bus::trace::current_traceparent(),
+                })
                 .await?;
         }
         Ok(task)

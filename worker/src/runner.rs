@@ -139,8 +139,18 @@ impl Worker {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Handle one delivery from claim to ack.
+    /// Handle one delivery from claim to ack, in a span that continues the
+    /// dispatcher's trace.
     pub async fn handle(&self, delivery: Box<dyn Delivery>) {
+        let msg = delivery.message();
+        let span = tracing::info_span!("task", job = %msg.job_id, task = %msg.task_id, attempt = delivery.delivered(), worker = %self.opts.worker_id);
+        if let Some(tp) = &msg.trace {
+            flower_bus::trace::continue_trace(&span, tp);
+        }
+        tracing::Instrument::instrument(self.handle_in_span(delivery), span).await
+    }
+
+    async fn handle_in_span(&self, delivery: Box<dyn Delivery>) {
         let msg = delivery.message().clone();
         let attempt = delivery.delivered();
         let store = self.journal.store().clone();

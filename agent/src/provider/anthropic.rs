@@ -156,6 +156,7 @@ impl AnthropicClient {
 
 #[async_trait]
 impl Provider for AnthropicClient {
+    #[tracing::instrument(name = "llm.call", skip_all, fields(model = %request.model, messages = request.messages.len()))]
     async fn send(&self, request: &Request, observer: Option<Observer>) -> Result<Response, ProviderError> {
         let mut attempt = 1;
         loop {

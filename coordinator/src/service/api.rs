@@ -78,6 +78,7 @@ fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> BoxStr
 
 #[tonic::async_trait]
 impl Flower for Api {
+    #[tracing::instrument(name = "submit", skip_all)]
     async fn submit(&self, req: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
         let r = req.into_inner();
         let size = r.spec.len() + r.workspace.iter().map(|f| f.path.len() + f.content.len()).sum::<usize>();
@@ -121,7 +122,7 @@ impl Flower for Api {
         }
         if created {
             tracing::info!(job = %job.id, name = %job.name, "job submitted");
-            self.owner.wake();
+            self.owner.submitted(job.id);
         }
         Ok(Response::new(pb::SubmitResponse { job_id: job.id.to_string(), existing: !created }))
     }

@@ -31,19 +31,31 @@ pub struct Owner {
     lease_ttl: Duration,
     running: Mutex<HashMap<JobId, Running>>,
     wake: Notify,
+    /// Trace context of recent submits, so a job's run continues its trace.
+    traces: Mutex<HashMap<JobId, String>>,
 }
 
 impl Owner {
     pub fn new(backends: Backends, replica: String, lease_ttl: Duration) -> Arc<Self> {
-        Arc::new(Self { backends, replica, lease_ttl, running: Mutex::new(HashMap::new()), wake: Notify::new() })
+        Arc::new(Self {
+            backends,
+            replica,
+            lease_ttl,
+            running: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+            traces: Mutex::new(HashMap::new()),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Running>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Look for work now (a job was just submitted).
-    pub fn wake(&self) {
+    /// Look for work now: `job` was just submitted (in the current trace).
+    pub fn submitted(&self, job: JobId) {
+        if let Some(tp) = flower_bus::trace::current_traceparent() {
+            self.traces.lock().unwrap_or_else(|p| p.into_inner()).insert(job, tp);
+        }
         self.wake.notify_one();
     }
 
@@ -120,8 +132,12 @@ impl Owner {
             let (cancel, inbox) = (running.cancel.clone(), running.inbox.clone());
             self.lock().insert(job, running);
             tracing::info!(job = %job, epoch = lease.epoch, replica = %self.replica, "job owned");
+            let span = tracing::info_span!("job", job = %job, epoch = lease.epoch);
+            if let Some(tp) = self.traces.lock().unwrap_or_else(|p| p.into_inner()).remove(&job) {
+                flower_bus::trace::continue_trace(&span, &tp);
+            }
             let me = self.clone();
-            tokio::spawn(async move { me.run_one(lease, cancel, inbox).await });
+            tokio::spawn(tracing::Instrument::instrument(async move { me.run_one(lease, cancel, inbox).await }, span));
         }
     }
 
