@@ -378,3 +378,34 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
     .await;
     c.stop().await;
 }
+
+/// SIGTERM drains a worker: it takes no new task and finishes the running one.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_a_worker() {
+    let mut c = Cluster::start(Options { workers: 1, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
+    c.wait_for(
+        "the task to start",
+        Duration::from_secs(30),
+        &format!("SELECT state = 'running' FROM tasks WHERE job_id = '{job}'"),
+    )
+    .await;
+    let status = std::process::Command::new("kill").args(["-TERM", &c.workers[0].pid().to_string()]).status().unwrap();
+    assert!(status.success());
+    let code = c.workers[0].wait();
+    assert!(code.success(), "the worker exits cleanly after draining: {code:?}");
+    let pg = c.pg().await;
+    let row = pg.query_one(&format!("SELECT state, attempt FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap();
+    assert_eq!(
+        (row.get::<_, String>(0).as_str(), row.get::<_, i32>(1)),
+        ("succeeded", 1),
+        "the running task was finished, not abandoned"
+    );
+    c.wait_for(
+        "the job to succeed",
+        Duration::from_secs(30),
+        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
+    )
+    .await;
+    c.stop().await;
+}
