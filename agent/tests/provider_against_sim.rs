@@ -114,6 +114,25 @@ async fn a_dropped_stream_is_discarded_and_retried() {
 }
 
 #[tokio::test]
+async fn the_client_caps_concurrent_calls() {
+    let slow =
+        Scenario::parse("latency: {ttft_ms: 150}\nroles:\n  - name: s\n    steps: [{id: a, text: ok}]\n").unwrap();
+    let sim = flower_sim::start(slow, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let capped =
+        AnthropicClient::new(AnthropicConfig { base_url: sim.base_url(), max_concurrent: 1, ..Default::default() })
+            .unwrap();
+    let started = std::time::Instant::now();
+    let (a, b, c) = tokio::join!(
+        capped.send(&request("x", true), None),
+        capped.send(&request("x", true), None),
+        capped.send(&request("x", true), None)
+    );
+    assert!(a.is_ok() && b.is_ok() && c.is_ok());
+    // One at a time: three first-token delays back to back, at least.
+    assert!(started.elapsed() >= Duration::from_millis(450), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
 async fn fatal_errors_fail_fast_and_retries_run_out() {
     let sim = sim().await;
     let c = client(sim.base_url());

@@ -41,7 +41,11 @@ impl Proc {
 
     /// The http:// address in the first line.
     pub fn url(&self) -> String {
-        self.first_line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_string()
+        self.first_line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://") || w.starts_with("https://"))
+            .unwrap()
+            .to_string()
     }
 
     /// The id in the first line (`flower worker <id> …`, `flower coordinator <id> …`).
@@ -84,6 +88,8 @@ pub struct Options {
     pub s3: bool,
     pub token: Option<&'static str>,
     pub max_request_bytes: Option<&'static str>,
+    /// Serve the API over TLS with the test certificate.
+    pub tls: bool,
 }
 
 impl Default for Options {
@@ -98,6 +104,7 @@ impl Default for Options {
             s3: false,
             token: None,
             max_request_bytes: None,
+            tls: false,
         }
     }
 }
@@ -176,6 +183,11 @@ impl Cluster {
         if let Some(m) = opts.max_request_bytes {
             coord_env.push(("FLOWER_MAX_REQUEST_BYTES".into(), m.into()));
         }
+        if opts.tls {
+            let tls = repo().join("tests/fixtures/tls");
+            coord_env.push(("FLOWER_TLS_CERT".into(), tls.join("server.crt").display().to_string()));
+            coord_env.push(("FLOWER_TLS_KEY".into(), tls.join("server.key").display().to_string()));
+        }
         let coordinators = (0..opts.coordinators)
             .map(|_| Proc::spawn(&["coordinator", "--listen", "127.0.0.1:0"], &coord_env))
             .collect();
@@ -217,6 +229,9 @@ impl Cluster {
         cmd.args(args).env("FLOWER_SERVER", server).env("FLOWER_HOME", self.client_home.path());
         if let Some(t) = self.opts.token {
             cmd.env("FLOWER_TOKEN", t);
+        }
+        if self.opts.tls {
+            cmd.env("FLOWER_TLS_CA", repo().join("tests/fixtures/tls/ca.crt"));
         }
         cmd.output().unwrap()
     }

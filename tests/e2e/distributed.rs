@@ -390,6 +390,9 @@ async fn sigterm_drains_a_worker() {
         &format!("SELECT state = 'running' FROM tasks WHERE job_id = '{job}'"),
     )
     .await;
+    // A message for the coordinator while it waits; it is taken in before its next turn.
+    let sent = c.flower(&["interrupt", &job, "--message", "please also report the time"]);
+    assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
     let status = std::process::Command::new("kill").args(["-TERM", &c.workers[0].pid().to_string()]).status().unwrap();
     assert!(status.success());
     let code = c.workers[0].wait();
@@ -404,6 +407,37 @@ async fn sigterm_drains_a_worker() {
     c.wait_for(
         "the job to succeed",
         Duration::from_secs(30),
+        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
+    )
+    .await;
+    c.stop().await;
+}
+
+/// TLS is optional: with a certificate the API is served over TLS only.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_can_be_served_over_tls() {
+    let mut c = Cluster::start(Options { workers: 1, tls: true, token: Some("t0k"), ..Default::default() }).await;
+    let url = c.server();
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
+    let out = c.flower(&["status", &job, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A client that does not trust the CA cannot talk to it.
+    let untrusted = std::process::Command::new(crate::support::FLOWER)
+        .args(["status", "--server", &url, "--token", "t0k"])
+        .env_remove("FLOWER_TLS_CA")
+        .output()
+        .unwrap();
+    assert!(!untrusted.status.success());
+    // Nor can a plain-text one.
+    let plain = std::process::Command::new(crate::support::FLOWER)
+        .args(["status", "--server", &url.replace("https://", "http://"), "--token", "t0k"])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success());
+    c.wait_for(
+        "the job to end",
+        Duration::from_secs(60),
         &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
     )
     .await;

@@ -55,3 +55,22 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Parallel tasks changing one workspace file: the later change is kept and
+/// the conflict is reported; the user's directory is never touched.
+#[test]
+fn parallel_changes_to_one_file_are_applied_in_completion_order_with_a_conflict() {
+    let home = Home::new();
+    let spec = repo().join("tests/fixtures/conflict/job.yaml");
+    let out = home.run(&["run", spec.to_str().unwrap()]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("workspace conflict on shared.txt (later change kept)"), "{stderr}");
+    assert!(
+        stdout.contains("shared.txt now reads:      1\tversion A")
+            || stdout.contains("shared.txt now reads:      1\tversion B"),
+        "the coordinator reads the job's workspace state: {stdout}"
+    );
+    let original = std::fs::read_to_string(repo().join("tests/fixtures/conflict/workspace/shared.txt")).unwrap();
+    assert_eq!(original, "base\n", "the submitted directory is a snapshot, never written");
+}

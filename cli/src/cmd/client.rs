@@ -17,6 +17,9 @@ pub struct ServerArgs {
     /// Bearer token for the service
     #[arg(long, env = "FLOWER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// PEM CA certificate to trust for an https:// service (default: the public web roots)
+    #[arg(long, env = "FLOWER_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone)]
@@ -44,11 +47,18 @@ impl ServerArgs {
             .clone()
             .filter(|s| !s.is_empty())
             .context("no service: pass --server URL or set FLOWER_SERVER")?;
-        let channel = Channel::from_shared(url.clone())
-            .with_context(|| format!("--server {url}"))?
-            .connect()
-            .await
-            .with_context(|| format!("cannot reach the flower service at {url}"))?;
+        let mut endpoint = Channel::from_shared(url.clone()).with_context(|| format!("--server {url}"))?;
+        if url.starts_with("https://") {
+            let mut tls = tonic::transport::ClientTlsConfig::new();
+            tls = match &self.tls_ca {
+                Some(ca) => tls.ca_certificate(tonic::transport::Certificate::from_pem(
+                    std::fs::read(ca).with_context(|| format!("--tls-ca {}", ca.display()))?,
+                )),
+                None => tls.with_webpki_roots(),
+            };
+            endpoint = endpoint.tls_config(tls).context("TLS settings")?;
+        }
+        let channel = endpoint.connect().await.with_context(|| format!("cannot reach the flower service at {url}"))?;
         let bearer = match self.token.as_deref().filter(|t| !t.is_empty()) {
             Some(t) => Some(format!("Bearer {t}").parse().context("--token: not a valid header value")?),
             None => None,

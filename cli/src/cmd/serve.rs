@@ -25,6 +25,12 @@ pub struct CoordinatorArgs {
     /// Largest request accepted (spec and workspace together)
     #[arg(long, env = "FLOWER_MAX_REQUEST_BYTES", default_value = "16 MiB")]
     pub max_request_bytes: bytesize::ByteSize,
+    /// Serve over TLS with this PEM certificate chain (with --tls-key)
+    #[arg(long, env = "FLOWER_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert
+    #[arg(long, env = "FLOWER_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Lease lifetime: a dead replica's jobs are taken over after this
     #[arg(long, env = "FLOWER_LEASE_TTL", default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_ttl: Duration,
@@ -34,6 +40,13 @@ pub struct CoordinatorArgs {
 
 pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.lease_ttl >= Duration::from_secs(1), "--lease-ttl: must be at least 1s");
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => Some((
+            std::fs::read(c).with_context(|| format!("--tls-cert {}", c.display()))?,
+            std::fs::read(k).with_context(|| format!("--tls-key {}", k.display()))?,
+        )),
+        _ => None,
+    };
     let (backends, _bus) = args.backends.connect().await?;
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("--listen {}", args.listen))?;
@@ -42,12 +55,13 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         token: args.token.filter(|t| !t.is_empty()),
         max_request_bytes: args.max_request_bytes.as_u64() as usize,
         lease_ttl: args.lease_ttl,
+        tls,
         ..Default::default()
     };
     println!(
         "flower coordinator {} listening on {} (providers: {})",
         config.replica,
-        service::describe(addr),
+        service::describe(addr, config.tls.is_some()),
         backends.providers.names().join(", ")
     );
     let shutdown = CancellationToken::new();

@@ -39,6 +39,8 @@ pub struct ServiceConfig {
     pub lease_ttl: Duration,
     /// This replica's name in leases (unique per process).
     pub replica: String,
+    /// PEM certificate chain and key: serve over TLS when set.
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Default for ServiceConfig {
@@ -48,6 +50,7 @@ impl Default for ServiceConfig {
             max_request_bytes: 16 << 20,
             lease_ttl: Duration::from_secs(15),
             replica: format!("coordinator-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
+            tls: None,
         }
     }
 }
@@ -82,7 +85,13 @@ pub async fn serve(
         })
         .ok();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let mut router = tonic::transport::Server::builder().add_service(health).add_service(flower);
+    let mut server = tonic::transport::Server::builder();
+    if let Some((cert, key)) = &config.tls {
+        server = server.tls_config(
+            tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(cert, key)),
+        )?;
+    }
+    let mut router = server.add_service(health).add_service(flower);
     if let Some(r) = reflection {
         router = router.add_service(tonic::service::interceptor::InterceptedService::new(r, auth));
     }
@@ -108,7 +117,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The address a service bound (for logs and tests that bind port 0).
-pub fn describe(addr: SocketAddr) -> String {
-    format!("http://{addr}")
+/// The URL of a service bound at `addr` (for logs and tests that bind port 0).
+pub fn describe(addr: SocketAddr, tls: bool) -> String {
+    format!("{}://{addr}", if tls { "https" } else { "http" })
 }

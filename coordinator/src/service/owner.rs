@@ -168,6 +168,11 @@ impl Owner {
             match run_job(&ctx, job).await {
                 Ok(f) => tracing::info!(job = %job, state = %f.state, "job ended"),
                 Err(StoreError::Fenced { .. }) => tracing::warn!(job = %job, "job taken over by another replica"),
+                // Retrying cannot help a job whose stored data cannot be read: end it.
+                Err(StoreError::Corrupt(m)) => {
+                    let reason = format!("the job cannot be run: {m}");
+                    let _ = b.store.set_job_state(job, JobState::Failed, Some(reason), None, Some(lease.fence())).await;
+                }
                 Err(e) => tracing::error!(job = %job, error = %e, "job run failed; another owner may resume it"),
             }
         }
