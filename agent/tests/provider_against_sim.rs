@@ -121,12 +121,9 @@ async fn the_client_caps_concurrent_calls() {
     let capped =
         AnthropicClient::new(AnthropicConfig { base_url: sim.base_url(), max_concurrent: 1, ..Default::default() })
             .unwrap();
+    let req = request("x", true);
     let started = std::time::Instant::now();
-    let (a, b, c) = tokio::join!(
-        capped.send(&request("x", true), None),
-        capped.send(&request("x", true), None),
-        capped.send(&request("x", true), None)
-    );
+    let (a, b, c) = tokio::join!(capped.send(&req, None), capped.send(&req, None), capped.send(&req, None));
     assert!(a.is_ok() && b.is_ok() && c.is_ok());
     // One at a time: three first-token delays back to back, at least.
     assert!(started.elapsed() >= Duration::from_millis(450), "{:?}", started.elapsed());
