@@ -92,12 +92,14 @@ async fn a_killed_workers_task_is_redelivered_and_heartbeats_hold_long_tasks() {
         pg.query_one(&format!("SELECT attempt FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
     assert_eq!(attempt, 1, "heartbeats kept the task from being redelivered");
 
-    // Now kill -9 the worker running it.
+    // Now kill -9 the worker running it, once its `sleep` is under way.
     let job = c.submit(&spec);
     c.wait_for(
-        "the task to start",
+        "the worker's Bash call",
         Duration::from_secs(30),
-        &format!("SELECT state = 'running' FROM tasks WHERE job_id = '{job}'"),
+        &format!(
+            "SELECT count(*) > 0 FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%sleep 5%'"
+        ),
     )
     .await;
     let holder: String =
@@ -117,6 +119,15 @@ async fn a_killed_workers_task_is_redelivered_and_heartbeats_hold_long_tasks() {
     assert_eq!(row.get::<_, i32>(0), 2, "the task was redelivered once");
     assert_ne!(row.get::<_, String>(1), holder, "to the other worker");
     assert_eq!(row.get::<_, String>(2).trim(), "rested");
+    let healed: i64 = pg
+        .query_one(
+            &format!("SELECT count(*) FROM entries WHERE job_id = '{job}' AND kind = 'tool_result' AND body LIKE '%\"interrupted\":true%'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(healed, 1, "the next worker resumed the subagent's transcript instead of starting over");
     c.stop().await;
 }
 
