@@ -230,33 +230,8 @@ impl AgentSession {
                     .join("\n");
                 return Ok(Outcome::Answered { text, turns, usage });
             }
-            let results = self.run_calls(&calls).await?;
-            for ((id, name, _), out) in calls.iter().zip(results) {
-                let chars =
-                    out.content.iter().map(|b| if let ResultBlock::Text { text } = b { text.len() } else { 0 }).sum();
-                let mut e = self.entry(
-                    EntryKind::ToolResult,
-                    vec![ContentBlock::ToolResult {
-                        tool_use_id: id.clone(),
-                        content: out.content,
-                        is_error: out.is_error,
-                    }],
-                );
-                e.tool_name = Some(name.clone());
-                e.markers = out.markers;
-                w.push(e.clone());
-                history.push(e);
-                w.event(
-                    c.job_id,
-                    EventKind::ToolFinished {
-                        session: c.session_id,
-                        tool: name.clone(),
-                        tool_use_id: id.clone(),
-                        is_error: out.is_error,
-                        chars,
-                    },
-                );
-            }
+            let results = tracing::Instrument::instrument(self.run_calls(&calls), turn_span).await?;
+            self.record_results(&mut w, &mut history, &calls, results);
             w.flush().await?;
         }
     }
