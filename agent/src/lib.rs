@@ -6,6 +6,8 @@
 //! - [`provider`]: the `Provider` trait and the Anthropic Messages API client
 //!   (streaming SSE, error classes, retries with backoff and jitter)
 //! - [`session`]: the loop itself (`AgentSession::run`)
+//! - [`glance`]: `is_ephemeral`, the one judge of commands the coordinator may run itself
+//! - [`guards`]: `delegate_guard` (layer 1) and `spill_guard` (layer 3) as hooks
 //! - [`history`]: stored entries → request messages
 //! - [`tool`]: the `Tool` trait and a session's `ToolSet`
 //! - [`hooks`]: pre-/post-tool hooks (allow, deny with a marker, rewrite; replace output)
@@ -14,6 +16,8 @@
 //! This crate knows no particular tool and no particular role's prompt: the
 //! coordinator and worker crates bring those.
 
+pub mod glance;
+pub mod guards;
 pub mod history;
 pub mod hooks;
 pub mod journal;

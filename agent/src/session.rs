@@ -257,6 +257,18 @@ impl AgentSession {
                 }],
             );
             e.tool_name = Some(name.clone());
+            if let Some(kind) = &out.markers.denial_kind {
+                w.event(
+                    c.job_id,
+                    EventKind::ToolDenied { session: c.session_id, tool: name.clone(), denial_kind: kind.clone() },
+                );
+            }
+            for (path, chars) in &out.spills {
+                w.event(
+                    c.job_id,
+                    EventKind::Spill { session: c.session_id, tool: name.clone(), path: path.clone(), chars: *chars },
+                );
+            }
             e.markers = out.markers;
             w.push(e.clone());
             history.push(e);
@@ -332,12 +344,10 @@ impl AgentSession {
             tool_use_id: id.to_string(),
             cancel: self.cancel.child_token(),
         };
-        let Some(tool) = self.tools.get(name) else {
-            let known = self.tools.names().join(", ");
-            return Ok(ToolOutput::error(format!("no tool named `{name}` in this session (available: {known})")));
-        };
         let hook_ctx = HookContext { tool: ctx.clone(), main_thread: c.main_thread };
         let mut input = input.clone();
+        // Guards judge the call before anything else, even a call to a tool
+        // this session does not have: the denial carries the guidance.
         for hook in &self.hooks.pre {
             match hook.before(name, &input, &hook_ctx).await {
                 PreDecision::Allow => {}
@@ -349,6 +359,10 @@ impl AgentSession {
                 }
             }
         }
+        let Some(tool) = self.tools.get(name) else {
+            let known = self.tools.names().join(", ");
+            return Ok(ToolOutput::error(format!("no tool named `{name}` in this session (available: {known})")));
+        };
         let mut output = match tool.call(input.clone(), &ctx).await {
             Ok(o) => o,
             Err(ToolError::RespondToModel(msg)) => ToolOutput::error(msg),

@@ -31,6 +31,8 @@ pub struct ToolOutput {
     pub is_error: bool,
     /// Markers to store on the result entry (e.g. the `ephemeral` verdict).
     pub markers: Markers,
+    /// Text blocks a post-tool hook moved to the workbench: (path, chars).
+    pub spills: Vec<(String, usize)>,
 }
 
 impl ToolOutput {

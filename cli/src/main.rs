@@ -58,6 +58,8 @@ enum Command {
     Interrupt(cmd::jobs::InterruptArgs),
     /// List a job's workbench files, or download one
     Artifacts(cmd::jobs::ArtifactsArgs),
+    /// Would the coordinator be allowed to run this command itself (a glance)? Exit 0 if so
+    Glance(cmd::glance::GlanceArgs),
     /// Benchmarks (need Postgres and NATS, like the tests)
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -102,6 +104,7 @@ fn main() -> ExitCode {
             Command::Interrupt(args) => cmd::jobs::interrupt(args).await,
             Command::Artifacts(args) => cmd::jobs::artifacts(args).await,
             Command::Bench(c) => cmd::bench::run(c).await,
+            Command::Glance(args) => cmd::glance::run(args),
         }
     });
     match result {

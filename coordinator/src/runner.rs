@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use flower_agent::guards::{DelegateGuard, SpillGuard};
 use flower_agent::hooks::Hooks;
 use flower_agent::provider::{Provider, SystemBlock};
 use flower_agent::{AgentError, AgentSession, Inbox, Journal, Outcome, SessionConfig, ToolSet};
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::Dispatcher;
 use crate::tools::agent::AgentTool;
+use crate::tools::bash::CommandTool;
 use crate::tools::read::CoordinatorRead;
 use crate::tools::todo::TodoTool;
 
@@ -107,10 +109,20 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
 fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session: SessionId) -> AgentSession {
     let workspace = Workspace::new(ctx.objects.clone(), job_id);
     let dispatcher = Arc::new(Dispatcher::new(ctx.journal.clone(), ctx.queue.clone(), workspace.clone(), ctx.epoch));
+    let workbench = Workbench::new(ctx.objects.clone(), job_id);
+    let rt = &spec.runtime;
     let mut tools = ToolSet::new();
-    tools.add(Arc::new(AgentTool::new(dispatcher, spec)));
+    tools.add(Arc::new(AgentTool::new(dispatcher.clone(), spec)));
     tools.add(Arc::new(TodoTool));
-    tools.add(Arc::new(CoordinatorRead::new(Workbench::new(ctx.objects.clone(), job_id), workspace)));
+    tools.add(Arc::new(CoordinatorRead::new(workbench.clone(), workspace)));
+    if rt.glance || !rt.delegate_only {
+        tools.add(Arc::new(CommandTool::new(dispatcher, rt.delegate_only)));
+    }
+    let mut hooks = Hooks::default();
+    if rt.delegate_only {
+        hooks.pre.push(Arc::new(DelegateGuard { glance: rt.glance }));
+    }
+    hooks.post.push(Arc::new(SpillGuard { threshold: spec.spill_threshold(), workbench, mirror: None }));
     let config = SessionConfig {
         job_id,
         session_id: session,
@@ -121,13 +133,6 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
         max_turns: spec.runtime.max_turns,
         max_tokens: spec.runtime.max_output_tokens,
     };
-    AgentSession::new(
-        config,
-        ctx.provider.clone(),
-        Arc::new(tools),
-        Hooks::default(),
-        ctx.journal.clone(),
-        ctx.cancel.clone(),
-    )
-    .with_inbox(ctx.inbox.clone())
+    AgentSession::new(config, ctx.provider.clone(), Arc::new(tools), hooks, ctx.journal.clone(), ctx.cancel.clone())
+        .with_inbox(ctx.inbox.clone())
 }

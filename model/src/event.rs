@@ -63,6 +63,19 @@ pub enum EventKind {
         attempt: u32,
         error: String,
     },
+    /// A large tool result was written to the workbench and replaced by a pointer.
+    Spill {
+        session: SessionId,
+        tool: String,
+        path: String,
+        chars: usize,
+    },
+    /// A guard refused a call (the result entry carries the structural marker).
+    ToolDenied {
+        session: SessionId,
+        tool: String,
+        denial_kind: String,
+    },
     /// A user's message to the running coordinator (`Interrupt`).
     UserMessage {
         text: String,
@@ -89,6 +102,8 @@ impl EventKind {
             Self::ProviderRetry { .. } => "provider_retry",
             Self::WorkspaceConflict { .. } => "workspace_conflict",
             Self::UserMessage { .. } => "user_message",
+            Self::Spill { .. } => "spill",
+            Self::ToolDenied { .. } => "tool_denied",
         }
     }
 }

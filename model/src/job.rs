@@ -79,6 +79,11 @@ pub struct Job {
     pub updated_at: i64,
 }
 
+/// The worker name of a tool-only task: the coordinator's own `Bash` call,
+/// run by a worker in the job's workspace with no model call. The mandate is
+/// the command.
+pub const COMMAND_TASK: &str = "__command";
+
 /// A task's life: queued → running (attempt n) → succeeded | failed | cancelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -112,6 +112,17 @@ pub struct RuntimeOptions {
     pub bash_output_limit: ByteSize,
     /// Largest workspace snapshot accepted (default 64 MiB).
     pub workspace_limit: ByteSize,
+    /// Layer 2: the workbench rules, its INDEX.md and index notices to the
+    /// coordinator (default true).
+    pub workbench: bool,
+    /// Layer 3: tool results of at least this many characters are spilled to
+    /// the workbench (default 4000; 0 disables; needs `workbench`).
+    pub spill_threshold: usize,
+    /// The coordinator may run read-only commands itself (default true).
+    pub glance: bool,
+    /// Layer 1: the coordinator only delegates; hands-on calls on the main
+    /// thread are denied (default true).
+    pub delegate_only: bool,
 }
 
 impl Default for RuntimeOptions {
@@ -124,6 +135,10 @@ impl Default for RuntimeOptions {
             bash_timeout: Duration::from_secs(120),
             bash_output_limit: ByteSize::kib(256),
             workspace_limit: ByteSize::mib(64),
+            workbench: true,
+            spill_threshold: 4000,
+            glance: true,
+            delegate_only: true,
         }
     }
 }
@@ -294,6 +309,11 @@ impl JobSpec {
             }
             None => self.workers.iter().map(|(k, v)| (k.as_str(), v)).collect(),
         }
+    }
+
+    /// The spill threshold in force (0 when spilling is off).
+    pub fn spill_threshold(&self) -> usize {
+        if self.runtime.workbench { self.runtime.spill_threshold } else { 0 }
     }
 
     /// The model a worker runs with (`inherit` resolved).

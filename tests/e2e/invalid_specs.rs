@@ -59,3 +59,18 @@ fn a_bad_scenario_is_named_before_running() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("roles[0].steps[0].id"), "{err}");
 }
+
+/// `flower glance` gives every command of the table the verdict the guard gives it.
+#[test]
+fn flower_glance_agrees_with_the_table() {
+    let home = Home::new();
+    for (cmd, allowed) in flower_agent::glance::CASES {
+        let out = home.run(&["glance", cmd]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.success(), *allowed, "{cmd:?}: {text}");
+        assert!(text.starts_with(if *allowed { "allowed: " } else { "refused: " }), "{cmd:?}: {text}");
+    }
+    let out = home.run(&["glance", "git status && rm -rf x", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["segment"], "rm -rf x");
+}

@@ -74,3 +74,48 @@ fn parallel_changes_to_one_file_are_applied_in_completion_order_with_a_conflict(
     let original = std::fs::read_to_string(repo().join("tests/fixtures/conflict/workspace/shared.txt")).unwrap();
     assert_eq!(original, "base\n", "the submitted directory is a snapshot, never written");
 }
+
+/// Layers 1 and 3 end to end: hands-on calls on the main thread are denied
+/// with the structural marker (a glance runs), a large worker output is
+/// spilled, and reading the spilled file returns it whole.
+#[test]
+fn the_guards_deny_hands_on_work_and_spill_large_output() {
+    let home = Home::new();
+    let summary = home.run_job(&repo().join("tests/fixtures/economy/job.yaml"), &[]);
+    assert_eq!(summary["state"], "succeeded");
+    let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    let coordinator = sessions(&t, "coordinator")[0];
+    let results: Vec<&serde_json::Value> =
+        coordinator["entries"].as_array().unwrap().iter().filter(|e| e["kind"] == "tool_result").collect();
+    let text = |e: &serde_json::Value| e["content"][0]["content"][0]["text"].as_str().unwrap_or_default().to_string();
+    // Write and `rm -rf` denied, with the marker; the glance ran (on a worker) and is ephemeral.
+    assert_eq!(results[0]["markers"]["denial_kind"], "delegate_guard");
+    assert!(text(results[0]).starts_with("Denied by delegate_guard:"), "{}", text(results[0]));
+    assert_eq!(results[1]["markers"]["denial_kind"], "delegate_guard");
+    assert!(text(results[1]).contains("`rm` is not a read-only command"), "{}", text(results[1]));
+    assert!(results[2]["markers"].get("denial_kind").is_none());
+    assert_eq!(results[2]["markers"]["ephemeral"], true);
+    assert_eq!(text(results[2]).trim(), "1", "the glance ran in the job's workspace: {}", text(results[2]));
+    assert!(
+        sessions(&t, "worker").iter().all(|w| w["entries"].to_string().find("delegate_guard").is_none()),
+        "subagents are never denied"
+    );
+
+    let reader = sessions(&t, "worker").into_iter().find(|w| w["label"] == "reader").unwrap();
+    let outputs = tool_results(reader);
+    assert!(
+        outputs[0].0.starts_with("[16092 characters spilled to .flower/spill/"),
+        "{}",
+        &outputs[0].0[..120.min(outputs[0].0.len())]
+    );
+    assert!(outputs[0].0.len() < 700, "only the pointer and 400 characters entered the context");
+    assert!(
+        outputs[1].0.contains("line 300: the quick brown fox") && outputs[1].0.len() > 16092,
+        "the spilled file is read back whole, not spilled again"
+    );
+    assert!(summary["final_answer"].as_str().unwrap().contains("line 300"));
+    let spilled: Vec<_> = std::fs::read_dir(std::path::Path::new(summary["workbench"].as_str().unwrap()).join("spill"))
+        .unwrap()
+        .collect();
+    assert_eq!(spilled.len(), 1);
+}

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use flower_agent::guards::{DelegateGuard, SpillGuard};
 use flower_agent::hooks::{HookContext, Hooks, PostToolHook};
 use flower_agent::provider::{ProviderSource, SystemBlock};
 use flower_agent::{AgentSession, Journal, Outcome, SessionConfig, ToolOutput};
@@ -233,11 +234,6 @@ impl Worker {
         let store = self.journal.store().clone();
         let job = store.get_job(task.job_id).await.map_err(|e| (e.to_string(), none))?;
         let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| (e.to_string(), none))?;
-        let Some(wspec) = spec.workers.get(&task.worker) else {
-            return Err((format!("this job has no worker named `{}`", task.worker), none));
-        };
-        let provider = self.providers.for_job(job.id, &spec).map_err(|e| (e.to_string(), none))?;
-
         let workdir = self.opts.work_root.join(job.id.to_string()).join(format!("{}-{attempt}", task.id));
         let prepared = self
             .prepare(job.id, &workdir)
@@ -249,10 +245,26 @@ impl Worker {
             bash_timeout: spec.runtime.bash_timeout,
             bash_output_limit: spec.runtime.bash_output_limit.as_u64() as usize,
         };
+        let sync = Arc::new(WorkbenchSync {
+            workbench: workbench.clone(),
+            mount: workdir.join(MOUNT),
+            base: tokio::sync::Mutex::new(wb_base),
+        });
+        if task.worker == flower_model::job::COMMAND_TASK {
+            return self
+                .run_command(task, attempt, &sandbox, &limits, cancel, (&workspace, &base, &workdir, &sync))
+                .await;
+        }
+        let Some(wspec) = spec.workers.get(&task.worker) else {
+            return Err((format!("this job has no worker named `{}`", task.worker), none));
+        };
+        let provider = self.providers.for_job(job.id, &spec).map_err(|e| (e.to_string(), none))?;
         let tools = Arc::new(toolset(&wspec.tools, &sandbox, &limits));
-        let sync =
-            Arc::new(WorkbenchSync { workbench, mount: workdir.join(MOUNT), base: tokio::sync::Mutex::new(wb_base) });
-        let hooks = Hooks { pre: vec![], post: vec![sync.clone()] };
+        let spill =
+            Arc::new(SpillGuard { threshold: spec.spill_threshold(), workbench, mirror: Some(workdir.join(MOUNT)) });
+        // The same guards as the coordinator's: a subagent is never denied.
+        let guard = Arc::new(DelegateGuard { glance: spec.runtime.glance });
+        let hooks = Hooks { pre: vec![guard], post: vec![spill, sync.clone()] };
 
         let session = task.id.session();
         let written = store
@@ -275,7 +287,10 @@ impl Worker {
             role: Role::Worker,
             main_thread: false,
             model: spec.worker_model(wspec),
-            system: crate::prompts::system_prompt(&task.worker, wspec).into_iter().map(SystemBlock::text).collect(),
+            system: crate::prompts::system_prompt(&task.worker, wspec, spec.runtime.workbench)
+                .into_iter()
+                .map(SystemBlock::text)
+                .collect(),
             max_turns: spec.runtime.worker_max_turns,
             max_tokens: spec.runtime.max_output_tokens,
         };
@@ -296,6 +311,40 @@ impl Worker {
                 Err((format!("worker `{}` reached its turn limit ({turns}) without a report", task.worker), usage))
             }
             Ok(Outcome::Cancelled { usage, .. }) => Err(("cancelled".into(), usage)),
+            Err(e) => Err((e.to_string(), none)),
+        }
+    }
+
+    /// A tool-only task: the coordinator's command, run here with no model call.
+    async fn run_command(
+        &self,
+        task: &Task,
+        attempt: u32,
+        sandbox: &Sandbox,
+        limits: &ToolLimits,
+        cancel: CancellationToken,
+        (workspace, base, workdir, sync): (&Workspace, &Manifest, &Path, &WorkbenchSync),
+    ) -> Result<(String, Usage), (Failure, Usage)> {
+        let none = Usage::default();
+        let bash = crate::tools::bash::BashTool::new(sandbox.clone(), limits.bash_timeout, limits.bash_output_limit);
+        let ctx = flower_agent::ToolContext {
+            job_id: task.job_id,
+            session_id: task.parent_session,
+            role: Role::Worker,
+            tool_use_id: task.tool_use_id.clone(),
+            cancel,
+        };
+        let result = flower_agent::Tool::call(&bash, serde_json::json!({"command": task.mandate}), &ctx).await;
+        let kept = self.collect(task, attempt, workspace, base, workdir, sync).await;
+        if !self.opts.keep_workdirs {
+            let _ = tokio::fs::remove_dir_all(workdir).await;
+        }
+        kept.map_err(|e| (format!("the command's changes could not be saved: {e}"), none))?;
+        match result {
+            Ok(out) => {
+                let text = flower_model::content::result_text(&out.content);
+                if out.is_error { Err((text, none)) } else { Ok((text, none)) }
+            }
             Err(e) => Err((e.to_string(), none)),
         }
     }

@@ -162,6 +162,10 @@ impl Tool for BashTool {
         if text.trim().is_empty() {
             text = "(no output)".into();
         }
-        Ok(ToolOutput { is_error, ..ToolOutput::text(text) })
+        // The verdict is recorded when the call is made; a later, different
+        // policy never re-judges this entry.
+        let mut out = ToolOutput { is_error, ..ToolOutput::text(text) };
+        out.markers.ephemeral = Some(flower_agent::glance::is_ephemeral(&command).allowed);
+        Ok(out)
     }
 }

@@ -1,0 +1,85 @@
+//! The coordinator's `Bash`: a command run by a worker in the job's
+//! workspace as a tool-only task (no model call). With `delegate_only`, the
+//! guard lets only read-only glances through; the verdict is recorded on the
+//! result entry either way, so the result can expire later.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flower_agent::glance::is_ephemeral;
+use flower_agent::tool::str_field;
+use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
+use flower_model::TaskState;
+use flower_model::job::COMMAND_TASK;
+use serde_json::{Value, json};
+
+use crate::dispatch::{Delegation, DispatchError, Dispatcher};
+
+pub struct CommandTool {
+    dispatcher: Arc<Dispatcher>,
+    glance_only: bool,
+}
+
+impl CommandTool {
+    pub fn new(dispatcher: Arc<Dispatcher>, glance_only: bool) -> Self {
+        Self { dispatcher, glance_only }
+    }
+}
+
+#[async_trait]
+impl Tool for CommandTool {
+    fn name(&self) -> &str {
+        "Bash"
+    }
+    fn description(&self) -> String {
+        if self.glance_only {
+            "Run a read-only command yourself (a glance: ls, git status, wc -l, head, grep, …) in the job's workspace. \
+             Its result may expire later. Anything that writes or takes work must be delegated with Agent."
+                .into()
+        } else {
+            "Run a shell command in the job's workspace.".into()
+        }
+    }
+    fn input_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+            "required": ["command"]
+        })
+    }
+    fn concurrency_safe(&self) -> bool {
+        true
+    }
+    fn resumable(&self) -> bool {
+        true
+    }
+    async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        let command = str_field(&input, "command")?;
+        let d = Delegation {
+            job: ctx.job_id,
+            session: ctx.session_id,
+            tool_use_id: &ctx.tool_use_id,
+            worker: COMMAND_TASK,
+            description: "command",
+            mandate: command,
+        };
+        let fatal = |e: DispatchError| ToolError::Fatal(e.to_string());
+        let task = self.dispatcher.dispatch(d).await.map_err(fatal)?;
+        let task = match self.dispatcher.wait(task.id, &ctx.cancel).await {
+            Ok(t) => t,
+            Err(DispatchError::Cancelled) => return Ok(ToolOutput::error("[cancelled before the command ran]")),
+            Err(e) => return Err(fatal(e)),
+        };
+        let mut out = match task.state {
+            TaskState::Succeeded => {
+                if let Err(e) = self.dispatcher.apply_changes(&task).await {
+                    tracing::warn!(task = %task.id, error = %e, "workspace changes not applied");
+                }
+                ToolOutput::text(task.report.unwrap_or_default())
+            }
+            _ => ToolOutput::error(task.error.unwrap_or_else(|| "the command did not run".into())),
+        };
+        out.markers.ephemeral = Some(is_ephemeral(command).allowed);
+        Ok(out)
+    }
+}
