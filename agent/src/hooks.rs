@@ -42,9 +42,17 @@ pub trait PostToolHook: Send + Sync + 'static {
     async fn after(&self, tool: &str, input: &serde_json::Value, output: &mut ToolOutput, ctx: &HookContext);
 }
 
+/// Runs before each model call; may return a notice to append (sent as user
+/// content in a `<system-reminder>`), never an edit of what was already sent.
+#[async_trait]
+pub trait TurnHook: Send + Sync + 'static {
+    async fn before_turn(&self) -> Option<String>;
+}
+
 /// The hooks of a session, run in order.
 #[derive(Clone, Default)]
 pub struct Hooks {
     pub pre: Vec<Arc<dyn PreToolHook>>,
     pub post: Vec<Arc<dyn PostToolHook>>,
+    pub turn: Vec<Arc<dyn TurnHook>>,
 }

@@ -158,9 +158,20 @@ impl AgentSession {
                 .as_ref()
                 .map(|i| std::mem::take(&mut *i.lock().unwrap_or_else(|p| p.into_inner())))
                 .unwrap_or_default();
-            if !arrived.is_empty() {
+            let mut notices = Vec::new();
+            for hook in &self.hooks.turn {
+                if let Some(n) = hook.before_turn().await {
+                    notices.push(format!("<system-reminder>\n{n}\n</system-reminder>"));
+                }
+            }
+            if !arrived.is_empty() || !notices.is_empty() {
                 for text in arrived {
                     let e = self.entry(EntryKind::User, vec![ContentBlock::text(text)]);
+                    w.push(e.clone());
+                    history.push(e);
+                }
+                for n in notices {
+                    let e = self.entry(EntryKind::Notice, vec![ContentBlock::text(n)]);
                     w.push(e.clone());
                     history.push(e);
                 }

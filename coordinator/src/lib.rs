@@ -7,6 +7,7 @@
 //! - [`dispatch`]: task creation (derived ids), publish, waiting for reports,
 //!   applying workspace changesets in completion order
 //! - [`runner`]: one job's coordinator session, started or resumed, to its end state
+//! - [`index`]: the workbench index as notices to the main thread (layer 2)
 //! - [`embedded`]: one job in one process (SQLite, local objects, in-process bus)
 //! - [`service`]: the gRPC service, leases and takeover (distributed mode)
 //! - [`providers`]: the provider table a service or worker is configured with
@@ -16,6 +17,7 @@
 
 pub mod dispatch;
 pub mod embedded;
+pub mod index;
 pub mod prompts;
 pub mod providers;
 pub mod runner;

@@ -122,6 +122,9 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
     if rt.delegate_only {
         hooks.pre.push(Arc::new(DelegateGuard { glance: rt.glance }));
     }
+    if rt.workbench {
+        hooks.turn.push(Arc::new(crate::index::IndexNotices::new(workbench.clone())));
+    }
     hooks.post.push(Arc::new(SpillGuard { threshold: spec.spill_threshold(), workbench, mirror: None }));
     let config = SessionConfig {
         job_id,

@@ -20,6 +20,12 @@ pub const FOLDERS: &[&str] = &["scripts", "artifacts", "notes", "spill"];
 /// Name of the mirror inside a task's working directory.
 pub const MOUNT: &str = ".flower";
 
+/// The generated index of a workbench.
+pub const INDEX: &str = "INDEX.md";
+
+/// Entries listed in the index before "… N more" (the seed's default).
+pub const INDEX_ENTRIES: usize = 40;
+
 #[derive(Clone)]
 pub struct Workbench {
     store: Arc<dyn ObjectStore>,
@@ -84,6 +90,67 @@ impl Workbench {
         Ok(out)
     }
 
+    /// Render `INDEX.md`: a section per folder, each entry `path — description
+    /// (size)` (the description from a `# desc:` line near the top), at most
+    /// `max_entries` entries, then "… N more".
+    pub async fn render_index(&self, max_entries: usize) -> Result<String> {
+        let files: Vec<(String, u64)> = self.list().await?.into_iter().filter(|(p, _)| p != INDEX).collect();
+        let mut out = String::from("# Workbench index\n");
+        let mut shown = 0;
+        let mut hidden = 0;
+        for folder in FOLDERS {
+            let prefix = format!("{folder}/");
+            let in_folder: Vec<&(String, u64)> = files.iter().filter(|(p, _)| p.starts_with(&prefix)).collect();
+            out.push_str(&format!("\n## {folder}/\n"));
+            if in_folder.is_empty() {
+                out.push_str("(empty)\n");
+            }
+            for (path, size) in in_folder {
+                if shown >= max_entries {
+                    hidden += 1;
+                    continue;
+                }
+                shown += 1;
+                let desc = if *folder == "spill" { None } else { self.description(path).await };
+                match desc {
+                    Some(d) => out.push_str(&format!("- {path} — {d} ({})\n", human_size(*size))),
+                    None => out.push_str(&format!("- {path} ({})\n", human_size(*size))),
+                }
+            }
+        }
+        if hidden > 0 {
+            out.push_str(&format!("\n… {hidden} more\n"));
+        }
+        Ok(out)
+    }
+
+    /// The `# desc:` line among a file's first lines, if any.
+    async fn description(&self, rel: &str) -> Option<String> {
+        let key = self.key(rel).ok()?;
+        let size = self.store.head(&key).await.ok()?.size;
+        let head = self.store.get_range(&key, 0..size.min(1024)).await.ok()?;
+        let text = String::from_utf8_lossy(&head);
+        text.lines().take(5).find_map(|l| {
+            let l = l.trim_start_matches(['#', '/', '-', ' ', '*', '<', '!']).trim();
+            l.strip_prefix("desc:").map(|d| d.trim().chars().take(120).collect())
+        })
+    }
+
+    /// Regenerate `INDEX.md`; returns it and whether it changed.
+    pub async fn refresh_index(&self) -> Result<(String, bool)> {
+        let index = self.render_index(INDEX_ENTRIES).await?;
+        let current = match self.get(INDEX).await {
+            Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+            Err(StoreError::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        let changed = current.as_deref() != Some(index.as_str());
+        if changed {
+            self.put(INDEX, index.clone().into_bytes()).await?;
+        }
+        Ok((index, changed))
+    }
+
     /// Download the whole workbench into `dir` (its `.flower/` mirror) and
     /// return what is there, the base the next [`Workbench::sync`] compares to.
     pub async fn materialize(&self, dir: &Path) -> Result<Manifest> {
@@ -134,4 +201,56 @@ impl Workbench {
 
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Backend(e.to_string()))?
+}
+
+fn human_size(n: u64) -> String {
+    match n {
+        0..1024 => format!("{n} B"),
+        1024..1_048_576 => format!("{:.1} KiB", n as f64 / 1024.0),
+        _ => format!("{:.1} MiB", n as f64 / 1_048_576.0),
+    }
+}
+
+/// A line diff of two index texts: `+ line` added, `- line` removed.
+pub fn index_diff(old: &str, new: &str) -> String {
+    let old_lines: std::collections::HashSet<&str> = old.lines().collect();
+    let new_lines: std::collections::HashSet<&str> = new.lines().collect();
+    let mut out = Vec::new();
+    for l in old.lines().filter(|l| !new_lines.contains(l) && !l.trim().is_empty()) {
+        out.push(format!("- {l}"));
+    }
+    for l in new.lines().filter(|l| !old_lines.contains(l) && !l.trim().is_empty()) {
+        out.push(format!("+ {l}"));
+    }
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_index_lists_sections_descriptions_and_sizes_with_a_cap() {
+        let wb = Workbench::new(Arc::new(object_store::memory::InMemory::new()), JobId::random());
+        wb.put("scripts/count.sh", "#!/bin/sh\n# desc: counts files per folder\nfind . | wc -l\n".as_bytes().to_vec())
+            .await
+            .unwrap();
+        wb.put("artifacts/sizes.md", "# desc: per-file sizes\n1 a\n".as_bytes().to_vec()).await.unwrap();
+        wb.put("spill/abc.txt", vec![b'x'; 2048]).await.unwrap();
+        let (index, changed) = wb.refresh_index().await.unwrap();
+        assert!(changed);
+        assert_eq!(
+            index,
+            "# Workbench index\n\n## scripts/\n- scripts/count.sh — counts files per folder (57 B)\n\n## artifacts/\n- artifacts/sizes.md — per-file sizes (27 B)\n\n## notes/\n(empty)\n\n## spill/\n- spill/abc.txt (2.0 KiB)\n"
+        );
+        assert!(!wb.refresh_index().await.unwrap().1, "unchanged: not rewritten");
+        for i in 0..45 {
+            wb.put(&format!("notes/n{i:02}.md"), format!("desc: decision {i}").into_bytes()).await.unwrap();
+        }
+        let capped = wb.render_index(INDEX_ENTRIES).await.unwrap();
+        assert_eq!(capped.lines().filter(|l| l.starts_with("- ")).count(), 40);
+        assert!(capped.ends_with("… 8 more\n"), "{capped}");
+        let diff = index_diff(&index, &wb.render_index(INDEX_ENTRIES).await.unwrap());
+        assert!(diff.contains("+ - notes/n00.md — decision 0 (16 B)") && diff.contains("- (empty)"), "{diff}");
+    }
 }

@@ -31,12 +31,18 @@ fn the_demo_delegates_in_parallel_and_answers_with_real_figures() {
     // The main thread holds only its own turns: delegations and one workbench read.
     assert_eq!(calls.iter().filter(|(n, _)| n == "Agent").count(), 3);
     assert!(calls.iter().all(|(n, _)| n == "Agent" || n == "Read"), "{calls:?}");
-    let first_turn: Vec<_> = coordinator[0]["entries"][1]["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|b| b["type"] == "tool_use")
-        .collect();
+    let entries = coordinator[0]["entries"].as_array().unwrap();
+    assert_eq!(entries[1]["kind"], "notice", "the workbench index arrives as a notice after the goal");
+    assert!(entries[1]["content"][0]["text"].as_str().unwrap().contains("# Workbench index"));
+    let later: Vec<_> = entries.iter().filter(|e| e["kind"] == "notice").skip(1).collect();
+    assert!(
+        later.iter().all(|e| e["content"][0]["text"].as_str().unwrap().contains("The workbench index changed")),
+        "later index notices are diffs, never a resend"
+    );
+    assert!(!later.is_empty(), "the sizer's artifact changed the index");
+    let first_assistant = entries.iter().find(|e| e["kind"] == "assistant").unwrap();
+    let first_turn: Vec<_> =
+        first_assistant["content"].as_array().unwrap().iter().filter(|b| b["type"] == "tool_use").collect();
     assert_eq!(first_turn.len(), 3, "the three delegations are one turn (parallel)");
     let reports = tool_results(coordinator[0]);
     assert!(reports.iter().any(|(r, _)| r.starts_with("Files: data/ holds")));

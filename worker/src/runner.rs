@@ -264,7 +264,7 @@ impl Worker {
             Arc::new(SpillGuard { threshold: spec.spill_threshold(), workbench, mirror: Some(workdir.join(MOUNT)) });
         // The same guards as the coordinator's: a subagent is never denied.
         let guard = Arc::new(DelegateGuard { glance: spec.runtime.glance });
-        let hooks = Hooks { pre: vec![guard], post: vec![spill, sync.clone()] };
+        let hooks = Hooks { pre: vec![guard], post: vec![spill, sync.clone()], turn: vec![] };
 
         let session = task.id.session();
         let written = store
@@ -402,11 +402,25 @@ impl WorkbenchSync {
 
 #[async_trait]
 impl PostToolHook for WorkbenchSync {
-    async fn after(&self, tool: &str, _input: &serde_json::Value, _output: &mut ToolOutput, _ctx: &HookContext) {
-        if may_write(tool)
-            && let Err(e) = self.sync().await
-        {
+    async fn after(&self, tool: &str, input: &serde_json::Value, _output: &mut ToolOutput, _ctx: &HookContext) {
+        if !may_write(tool) {
+            return;
+        }
+        if let Err(e) = self.sync().await {
             tracing::warn!(error = %e, "workbench sync failed; retried after the next write");
+            return;
+        }
+        // A Write/Edit that landed in the workbench refreshes its index.
+        let path = input.get("file_path").and_then(|p| p.as_str()).unwrap_or_default();
+        if matches!(tool, "Write" | "Edit") && path.trim_start_matches("./").starts_with(".flower/") {
+            match self.workbench.refresh_index().await {
+                Ok((index, true)) => {
+                    let _ = tokio::fs::write(self.mount.join(flower_store::workbench::INDEX), index).await;
+                    let _ = self.sync().await;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "workbench index not refreshed"),
+            }
         }
     }
 }

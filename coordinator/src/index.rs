@@ -1,0 +1,47 @@
+//! Layer 2 for the coordinator: the workbench index reaches the main thread
+//! as notices — the whole index at session start, then only a diff when it
+//! changed — appended, never rewriting what was already sent (the system
+//! prompt stays byte-identical, so the cached prefix holds).
+
+use async_trait::async_trait;
+use flower_agent::hooks::TurnHook;
+use flower_store::Workbench;
+use flower_store::workbench::index_diff;
+use tokio::sync::Mutex;
+
+pub struct IndexNotices {
+    workbench: Workbench,
+    /// The index as last sent to the model.
+    sent: Mutex<Option<String>>,
+}
+
+impl IndexNotices {
+    pub fn new(workbench: Workbench) -> Self {
+        Self { workbench, sent: Mutex::new(None) }
+    }
+}
+
+#[async_trait]
+impl TurnHook for IndexNotices {
+    async fn before_turn(&self) -> Option<String> {
+        let index = match self.workbench.refresh_index().await {
+            Ok((index, _)) => index,
+            Err(e) => {
+                tracing::warn!(error = %e, "workbench index not refreshed");
+                return None;
+            }
+        };
+        let mut sent = self.sent.lock().await;
+        let notice = match sent.as_deref() {
+            None => Some(format!(
+                "The job's workbench (.flower/) — read files with Read; workers see it as .flower/ in their directory.\n{index}"
+            )),
+            Some(previous) if previous != index => {
+                Some(format!("The workbench index changed (+ added, - removed):\n{}", index_diff(previous, &index)))
+            }
+            Some(_) => None,
+        };
+        *sent = Some(index);
+        notice
+    }
+}
