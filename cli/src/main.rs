@@ -58,6 +58,8 @@ enum Command {
     Interrupt(cmd::jobs::InterruptArgs),
     /// List a job's workbench files, or download one
     Artifacts(cmd::jobs::ArtifactsArgs),
+    /// What entered the coordinator's context versus its subagents' (embedded store, or --server)
+    Context(cmd::context::ContextArgs),
     /// Would the coordinator be allowed to run this command itself (a glance)? Exit 0 if so
     Glance(cmd::glance::GlanceArgs),
     /// Benchmarks (need Postgres and NATS, like the tests)
@@ -105,6 +107,7 @@ fn main() -> ExitCode {
             Command::Artifacts(args) => cmd::jobs::artifacts(args).await,
             Command::Bench(c) => cmd::bench::run(c).await,
             Command::Glance(args) => cmd::glance::run(args),
+            Command::Context(args) => cmd::context::run(home, args).await,
         }
     });
     match result {

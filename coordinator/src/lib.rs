@@ -7,6 +7,7 @@
 //! - [`dispatch`]: task creation (derived ids), publish, waiting for reports,
 //!   applying workspace changesets in completion order
 //! - [`runner`]: one job's coordinator session, started or resumed, to its end state
+//! - [`context`]: the context report of a job (main thread vs subagents)
 //! - [`index`]: the workbench index as notices to the main thread (layer 2)
 //! - [`embedded`]: one job in one process (SQLite, local objects, in-process bus)
 //! - [`service`]: the gRPC service, leases and takeover (distributed mode)
@@ -15,6 +16,7 @@
 //! The coordinator never runs a tool on files itself and never writes a
 //! worker's transcript; everything it learns from workers arrives as reports.
 
+pub mod context;
 pub mod dispatch;
 pub mod embedded;
 pub mod index;

@@ -1,6 +1,7 @@
 pub mod backends;
 pub mod bench;
 pub mod client;
+pub mod context;
 pub mod glance;
 pub mod jobs;
 pub mod run;

@@ -289,6 +289,16 @@ impl Flower for Api {
         }))
     }
 
+    async fn get_context(
+        &self,
+        req: Request<pb::GetContextRequest>,
+    ) -> Result<Response<pb::GetContextResponse>, Status> {
+        let job = self.job("job_id", &req.into_inner().job_id).await?;
+        let report = crate::context::report(self.b.store.as_ref(), job.id).await.map_err(from_store)?;
+        let report_json = serde_json::to_string(&report).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(pb::GetContextResponse { report_json }))
+    }
+
     type GetArtifactStream = BoxStream<pb::ArtifactChunk>;
 
     async fn get_artifact(
