@@ -77,7 +77,7 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
     row("denials (main thread) / glances", &|r| format!("{} / {}", r.denials, r.glances));
     row("mandates: count / mean chars", &|r| {
         let n = r.mandate_chars.len();
-        format!("{} / {}", n, if n == 0 { 0 } else { r.mandate_chars.iter().sum::<usize>() / n })
+        format!("{} / {}", n, r.mandate_chars.iter().sum::<usize>().checked_div(n).unwrap_or(0))
     });
     row("scripts: writes / runs", &|r| format!("{} / {}", r.script_writes, r.script_runs));
     row("largest spill-matched result in a context", &|r| r.largest_spill_matched_result.to_string());
