@@ -9,5 +9,6 @@ mod support;
 mod demo;
 mod distributed;
 mod invalid_specs;
+mod long_horizon;
 mod sandbox;
 mod sim_server;
