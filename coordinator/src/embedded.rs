@@ -59,6 +59,8 @@ pub struct RunSummary {
     pub database: PathBuf,
     pub workbench: PathBuf,
     pub artifacts: Vec<(String, u64)>,
+    /// What entered the main thread versus the subagents (`flower context`).
+    pub context: crate::context::ContextReport,
 }
 
 pub struct EmbeddedRuntime {
@@ -222,6 +224,7 @@ impl EmbeddedRuntime {
             database: self.home.join("flower.db"),
             workbench: self.workbench_dir(job_id),
             artifacts,
+            context: crate::context::report(self.store.as_ref(), job_id).await?,
         })
     }
 }

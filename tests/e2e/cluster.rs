@@ -148,17 +148,17 @@ impl Cluster {
             ],
             &[],
         );
-        // The demo's roles live in its own scenario: a second simulator plays them.
-        let demo_sim = Proc::spawn(
-            &[
-                "sim",
-                "--listen",
-                "127.0.0.1:0",
-                "--scenario",
-                repo().join("examples/demo/scenario.yaml").to_str().unwrap(),
-            ],
-            &[],
-        );
+        // The examples' roles (the demo's, the long-horizon job's) are played by a
+        // second simulator, on one merged scenario.
+        let examples = tempfile::NamedTempFile::new().unwrap();
+        let mut merged = flower_sim::Scenario::load(&repo().join("examples/demo/scenario.yaml")).unwrap();
+        merged
+            .roles
+            .extend(flower_sim::Scenario::load(&repo().join("examples/long-horizon/scenario.yaml")).unwrap().roles);
+        merged.latency.ttft_ms = 20;
+        std::fs::write(examples.path(), serde_json::to_string(&merged).unwrap()).unwrap();
+        let demo_sim =
+            Proc::spawn(&["sim", "--listen", "127.0.0.1:0", "--scenario", examples.path().to_str().unwrap()], &[]);
         let mut env: Vec<(String, String)> = vec![
             ("FLOWER_DATABASE_URL".into(), db.url.clone()),
             ("FLOWER_NATS_URL".into(), nats_url()),

@@ -454,3 +454,21 @@ async fn the_api_can_be_served_over_tls() {
     .await;
     c.stop().await;
 }
+
+/// The long-horizon reference job in distributed mode, and its context report over gRPC.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_long_horizon_job_runs_on_a_cluster() {
+    let mut c = Cluster::start(Options { workers: 3, concurrency: 2, ..Default::default() }).await;
+    let out = c.flower(&["submit", repo().join("examples/long-horizon/job.yaml").to_str().unwrap(), "--watch"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let job = text.lines().next().unwrap().trim().to_string();
+    let report = c.flower(&["context", &job, "--json"]);
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert!(r["main"]["turns"].as_u64().unwrap() >= 60);
+    assert!(r["spills"].as_u64().unwrap() > 20);
+    assert!(r["largest_spill_matched_result"].as_u64().unwrap() < 4000);
+    assert!(r["main_slope_tokens_per_turn"].as_f64().unwrap() < 1000.0);
+    c.stop().await;
+}

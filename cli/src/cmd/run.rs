@@ -117,7 +117,23 @@ fn print_summary(s: &RunSummary, took: Duration) {
         human_count(s.usage.cache_read_input_tokens),
         human_count(s.usage.output_tokens)
     );
-    println!("  transcripts: flower transcript show {short}   (database {})", s.database.display());
+    let c = &s.context;
+    println!(
+        "  main thread: {} turns, context {} → {} tokens ({:.0}/turn) · subagents: {} sessions, {} turns · {} spills ({} chars kept out) · {} denials",
+        c.main.turns,
+        c.main_first_tokens,
+        c.main_last_tokens,
+        c.main_slope_tokens_per_turn,
+        c.subagents.sessions,
+        c.subagents.turns,
+        c.spills,
+        c.spilled_chars,
+        c.denials
+    );
+    println!(
+        "  transcripts: flower transcript show {short}   (database {}; flower context {short} for the context report)",
+        s.database.display()
+    );
     println!("  workbench:   {}", s.workbench.display());
     for (path, size) in &s.artifacts {
         println!("    {path} ({size} B)");
