@@ -61,10 +61,10 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
     let cols: Vec<(&str, &ContextReport)> =
         std::iter::once(("this run", &main)).chain(base.iter().map(|b| ("baseline", b))).collect();
     let row = |label: &str, f: &dyn Fn(&ContextReport) -> String| {
-        let cells: Vec<String> = cols.iter().map(|(_, r)| format!("{:>16}", f(r))).collect();
+        let cells: Vec<String> = cols.iter().map(|(_, r)| format!("{:>22}", f(r))).collect();
         println!("{label:<46}{}", cells.join(""));
     };
-    let heads: Vec<String> = cols.iter().map(|(n, _)| format!("{n:>16}")).collect();
+    let heads: Vec<String> = cols.iter().map(|(n, _)| format!("{n:>22}")).collect();
     println!("{:<46}{}", "", heads.join(""));
     row("main thread: turns / subagents: turns", &|r| format!("{} / {}", r.main.turns, r.subagents.turns));
     row("main thread: body chars / subagents", &|r| format!("{} / {}", r.main.body_chars, r.subagents.body_chars));
