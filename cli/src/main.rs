@@ -81,6 +81,16 @@ impl Command {
 }
 
 fn main() -> ExitCode {
+    // Output piped into a reader that stopped (`flower … | head`) ends the
+    // process quietly, as other command-line tools do, not with a panic report.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info.payload().downcast_ref::<String>().map(String::as_str).unwrap_or_default();
+        if msg.contains("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default_hook(info);
+    }));
     let cli = Cli::parse();
     let _telemetry = telemetry::init(cli.command.name());
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
