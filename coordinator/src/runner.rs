@@ -57,7 +57,10 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
     }
     let existing = store.sessions(job_id).await?.into_iter().rfind(|s| s.role == Role::Coordinator);
     let (session, history) = match existing {
-        Some(s) => (s.id, store.entries(s.id, 0, u32::MAX).await?),
+        Some(s) => {
+            let stored = store.entries(s.id, 0, u32::MAX).await?;
+            (s.id, load_pruned(&stored, &spec, &Workbench::new(ctx.objects.clone(), job_id)).await?)
+        }
         None => {
             let id = SessionId::random();
             let written = store
@@ -104,6 +107,25 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
         Err(e) => return Err(e),
     }
     Ok(Finished { state, reason, answer, session, turns })
+}
+
+/// A stored history through the pruning loader (layer 4): the copy the
+/// resumed session is fed; trimmed bodies are written where `Read` finds them.
+pub async fn load_pruned(
+    stored: &[flower_model::Entry],
+    spec: &JobSpec,
+    workbench: &Workbench,
+) -> Result<Vec<flower_model::Entry>, StoreError> {
+    let pruned = flower_store::prune::prune(stored, &spec.runtime.pruning);
+    for t in &pruned.trims {
+        if matches!(workbench.get(&t.path).await, Err(StoreError::NotFound(_))) {
+            workbench.put(&t.path, t.text.clone().into_bytes()).await?;
+        }
+    }
+    if !pruned.changes.is_empty() {
+        tracing::info!(changes = pruned.changes.len(), entries = pruned.entries.len(), "history pruned for resume");
+    }
+    Ok(pruned.entries)
 }
 
 fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session: SessionId) -> AgentSession {

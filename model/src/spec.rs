@@ -123,6 +123,60 @@ pub struct RuntimeOptions {
     /// Layer 1: the coordinator only delegates; hands-on calls on the main
     /// thread are denied (default true).
     pub delegate_only: bool,
+    /// Layer 4: how a session's history is pruned when it is resumed.
+    pub pruning: PruningOptions,
+}
+
+/// Layer 4, applied on the copy of a history fed back on resume (stored rows
+/// are never changed).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PruningOptions {
+    pub ephemeral: EphemeralOptions,
+    pub trim: TrimOptions,
+    /// Denied calls kept (the most recent ones); older ones are removed with their results (default 1).
+    pub keep_denials: usize,
+}
+
+/// Results of calls recorded as ephemeral expire.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EphemeralOptions {
+    pub enabled: bool,
+    /// The most recent ephemeral results kept as they are (default 6).
+    pub keep_recent: usize,
+    /// Only results up to this many characters expire (default 2000).
+    pub max_chars: usize,
+}
+
+/// Older large tool results are moved to the workbench behind a pointer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrimOptions {
+    /// Off by default.
+    pub enabled: bool,
+    /// The most recent tool results never trimmed (default 20).
+    pub keep_recent: usize,
+    /// Results of at least this many characters are trimmed (default 2000).
+    pub min_chars: usize,
+}
+
+impl Default for PruningOptions {
+    fn default() -> Self {
+        Self { ephemeral: EphemeralOptions::default(), trim: TrimOptions::default(), keep_denials: 1 }
+    }
+}
+
+impl Default for EphemeralOptions {
+    fn default() -> Self {
+        Self { enabled: true, keep_recent: 6, max_chars: 2000 }
+    }
+}
+
+impl Default for TrimOptions {
+    fn default() -> Self {
+        Self { enabled: false, keep_recent: 20, min_chars: 2000 }
+    }
 }
 
 impl Default for RuntimeOptions {
@@ -139,6 +193,7 @@ impl Default for RuntimeOptions {
             spill_threshold: 4000,
             glance: true,
             delegate_only: true,
+            pruning: PruningOptions::default(),
         }
     }
 }

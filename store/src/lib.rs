@@ -7,6 +7,7 @@
 //! - [`sqlite`]: the embedded backend (one file under the run directory)
 //! - [`workbench`]: `scripts/`, `artifacts/`, `notes/`, `spill/` of a job on object storage
 //! - [`workspace`]: content-addressed workspace snapshots and task changesets
+//! - [`prune`]: the pruning loader (layer 4): what a resumed session is fed
 //! - [`conformance`]: the one test suite every backend must pass
 //!
 //! Rules every backend keeps: entries are append-only (a stored row is never
@@ -24,6 +25,7 @@ pub mod conformance;
 pub mod localfs;
 pub mod objects;
 pub mod postgres;
+pub mod prune;
 #[cfg(feature = "s3-test-server")]
 pub mod s3test;
 pub mod sqlite;

@@ -114,6 +114,15 @@ fn the_guards_deny_hands_on_work_and_spill_large_output() {
         "the spilled file is read back whole, not spilled again"
     );
     assert!(summary["final_answer"].as_str().unwrap().contains("line 300"));
+    // On resume the older denial is pruned by its marker (keep_denials = 1); the stored rows keep both.
+    let job = summary["job_id"].as_str().unwrap();
+    let out = home.run(&["transcript", "show", job, "--pruned", "--json"]);
+    let pruned: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let main = &sessions(&pruned, "coordinator")[0];
+    assert_eq!(main["pruning"][0]["rule"], "denial", "{}", main["pruning"]);
+    let denials = |s: &serde_json::Value| s["entries"].to_string().matches("\"denial_kind\"").count();
+    assert_eq!(denials(main), 1);
+    assert_eq!(denials(coordinator), 2, "stored rows are never rewritten");
     let spilled: Vec<_> = std::fs::read_dir(std::path::Path::new(summary["workbench"].as_str().unwrap()).join("spill"))
         .unwrap()
         .collect();

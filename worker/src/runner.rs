@@ -279,7 +279,17 @@ impl Worker {
             .await
             .map_err(|e| (e.to_string(), none))?;
         self.journal.announce(&written).await;
-        let history = store.entries(session, 0, u32::MAX).await.map_err(|e| (e.to_string(), none))?;
+        let stored = store.entries(session, 0, u32::MAX).await.map_err(|e| (e.to_string(), none))?;
+        // A redelivered task resumes its subagent through the pruning loader.
+        let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning);
+        for t in &pruned.trims {
+            let local = workdir.join(MOUNT).join(&t.path);
+            if let Some(parent) = local.parent() {
+                let _ = tokio::fs::create_dir_all(parent).await;
+            }
+            let _ = tokio::fs::write(&local, &t.text).await;
+        }
+        let history = pruned.entries;
         let input = history.is_empty().then(|| vec![flower_model::ContentBlock::text(task.mandate.clone())]);
         let config = SessionConfig {
             job_id: job.id,

@@ -25,6 +25,10 @@ pub struct ShowArgs {
     /// Print JSON: `{"job": …, "sessions": [{…, "entries": […]}]}`
     #[arg(long)]
     pub json: bool,
+    /// Show exactly the history the model would receive on resume (the pruning
+    /// loader's copy), with what each rule changed; stored rows are untouched
+    #[arg(long)]
+    pub pruned: bool,
     /// Characters of each text shown (0: everything)
     #[arg(long, default_value_t = 600)]
     pub width: usize,
@@ -49,29 +53,56 @@ pub async fn run(home: std::path::PathBuf, cmd: TranscriptCommand) -> anyhow::Re
         anyhow::ensure!(!sessions.is_empty(), "job {job} has no session `{want}`");
         anyhow::ensure!(sessions.len() == 1, "`{want}` matches several sessions; give more of the id");
     }
+    // The job's pruning policy (remote: the defaults; the API does not serve specs).
+    let policy = match &store {
+        Some(store) => flower_model::JobSpec::from_value(store.get_job(job).await?.spec)
+            .map(|s| s.runtime.pruning)
+            .unwrap_or_default(),
+        None => Default::default(),
+    };
     let mut out = Vec::new();
+    let mut changes = Vec::new();
     for s in &sessions {
-        let entries = match &store {
+        let mut entries = match &store {
             Some(store) => store.entries(s.id, 0, u32::MAX).await?,
             None => remote_entries(&args, job, s.id).await?,
         };
+        if args.pruned {
+            let p = flower_store::prune::prune(&entries, &policy);
+            entries = p.entries;
+            changes.push(p.changes);
+        } else {
+            changes.push(Vec::new());
+        }
         out.push((s.clone(), entries));
     }
     if args.json {
         let sessions: Vec<serde_json::Value> = out
             .iter()
-            .map(|(s, entries)| {
+            .zip(&changes)
+            .map(|((s, entries), changes)| {
                 serde_json::json!({
                     "session": s.id, "role": s.role, "label": s.label, "task_id": s.task_id,
-                    "entries": entries,
+                    "entries": entries, "pruning": changes,
                 })
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({"job": job, "sessions": sessions}))?);
         return Ok(ExitCode::SUCCESS);
     }
-    for (s, entries) in &out {
+    for ((s, entries), changes) in out.iter().zip(&changes) {
         print_session(s, entries, args.width);
+        if args.pruned {
+            if changes.is_empty() {
+                println!("  (pruning changed nothing)\n");
+            }
+            for c in changes {
+                println!("  pruned [{}] {}", c.rule, c.detail);
+            }
+            if !changes.is_empty() {
+                println!();
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
