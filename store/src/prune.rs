@@ -79,8 +79,11 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions) -> Pruned {
             calls.insert(id.to_string(), (i, name.to_string(), input.clone()));
         }
     }
-    let assistants_after =
-        |i: usize, entries: &[Entry]| entries[i..].iter().filter(|e| e.kind == EntryKind::Assistant).count();
+    // Assistant turns after each position (how many turns ago a result is), in one pass.
+    let mut assistants_after = vec![0usize; entries.len() + 1];
+    for i in (0..entries.len()).rev() {
+        assistants_after[i] = assistants_after[i + 1] + usize::from(entries[i].kind == EntryKind::Assistant);
+    }
 
     // 1. Ephemeral expiry.
     if opts.ephemeral.enabled {
@@ -100,7 +103,7 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions) -> Pruned {
             let id = result_id(&entries[i]).unwrap_or_default().to_string();
             let command =
                 calls.get(&id).and_then(|(_, _, input)| input["command"].as_str()).unwrap_or("the command").to_string();
-            let ago = assistants_after(i, entries);
+            let ago = assistants_after[i];
             let uuid = entries[i].uuid;
             set_result_text(
                 &mut entries[i],
@@ -118,6 +121,7 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions) -> Pruned {
 
     // 2. Trim.
     if opts.trim.enabled {
+        let mut trimmed: HashSet<String> = HashSet::new();
         let results: Vec<usize> =
             entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::ToolResult).map(|(i, _)| i).collect();
         let old = results.len().saturating_sub(opts.trim.keep_recent);
@@ -148,7 +152,7 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions) -> Pruned {
                 ),
             );
             changes.push(Change { rule: "trim", entry: uuid, detail: format!("{chars} chars → .flower/{path}") });
-            if !out.trims.iter().any(|t| t.path == path) {
+            if trimmed.insert(path.clone()) {
                 out.trims.push(TrimWrite { path, text });
             }
         }

@@ -36,6 +36,111 @@ use tokio_util::sync::CancellationToken;
 pub enum BenchCommand {
     /// Orchestration overhead per delegated task, and task throughput
     Orchestration(OrchestrationArgs),
+    /// The pruning loader on a large synthetic transcript: time and peak memory
+    Pruning(PruningArgs),
+}
+
+#[derive(Args)]
+pub struct PruningArgs {
+    /// Entries in the synthetic transcript
+    #[arg(long, default_value_t = 100_000)]
+    pub entries: usize,
+    /// Runs (the median is reported)
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Peak resident memory of this process so far (Linux `VmHWM`), in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+fn pruning(a: PruningArgs) -> anyhow::Result<ExitCode> {
+    use flower_model::{Entry, EntryKind, JobId, SessionId};
+    let (job, session) = (JobId::random(), SessionId::random());
+    let before = peak_rss_kib();
+    // A long session: tool calls with results of mixed sizes, glances, denials, interruptions.
+    let mut entries: Vec<Entry> = Vec::with_capacity(a.entries);
+    let mut parent = None;
+    let mut n = 0usize;
+    while entries.len() < a.entries {
+        n += 1;
+        let id = format!("toolu_{n}");
+        let mut call = Entry::new(
+            job,
+            session,
+            parent,
+            EntryKind::Assistant,
+            vec![ContentBlock::ToolUse {
+                id: id.clone(),
+                name: "Bash".into(),
+                input: json!({"command": if n % 3 == 0 { "ls -la" } else { "sh .flower/scripts/run.sh" }}),
+            }],
+        );
+        call.seq = entries.len() as i64 + 1;
+        parent = Some(call.uuid);
+        entries.push(call);
+        let body = "x".repeat(if n % 10 == 0 { 6000 } else { 300 });
+        let mut result =
+            Entry::new(job, session, parent, EntryKind::ToolResult, vec![ContentBlock::tool_result(id, body, false)]);
+        result.seq = entries.len() as i64 + 1;
+        result.markers.ephemeral = Some(n % 3 == 0);
+        if n % 97 == 0 {
+            result.markers.denial_kind = Some("delegate_guard".into());
+        }
+        if n % 211 == 0 {
+            result.markers.interrupted = true;
+        }
+        parent = Some(result.uuid);
+        entries.push(result);
+    }
+    let built = peak_rss_kib();
+    let mut opts = flower_model::spec::PruningOptions::default();
+    opts.trim.enabled = true;
+    let mut times = Vec::new();
+    let mut kept = 0;
+    for _ in 0..a.runs.max(1) {
+        let started = Instant::now();
+        let p = flower_store::prune::prune(&entries, &opts);
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+        kept = p.entries.len();
+    }
+    let after = peak_rss_kib();
+    times.sort_by(|x, y| x.total_cmp(y));
+    let median = times[times.len() / 2];
+    let figures = json!({
+        "entries": entries.len(),
+        "kept": kept,
+        "median_ms": median,
+        "min_ms": times[0],
+        "max_ms": times[times.len() - 1],
+        "peak_rss_transcript_kib": built.zip(before).map(|(b, a)| b.saturating_sub(a)),
+        "peak_rss_pruning_extra_kib": after.zip(built).map(|(a, b)| a.saturating_sub(b)),
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&figures)?);
+    } else {
+        println!(
+            "pruning loader: {} entries → {} in {:.1} ms (median of {}; min {:.1}, max {:.1})",
+            entries.len(),
+            kept,
+            median,
+            times.len(),
+            times[0],
+            times[times.len() - 1]
+        );
+        println!(
+            "peak memory: transcript {} KiB, pruning adds {} KiB",
+            figures["peak_rss_transcript_kib"], figures["peak_rss_pruning_extra_kib"]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Args)]
@@ -65,8 +170,10 @@ pub struct OrchestrationArgs {
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
-    let BenchCommand::Orchestration(args) = cmd;
-    orchestration(args).await
+    match cmd {
+        BenchCommand::Orchestration(args) => orchestration(args).await,
+        BenchCommand::Pruning(args) => pruning(args),
+    }
 }
 
 /// Instants seen by the timing providers, per task marker (`task-<n>`).
