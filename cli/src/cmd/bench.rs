@@ -80,21 +80,21 @@ fn pruning(a: PruningArgs) -> anyhow::Result<ExitCode> {
             vec![ContentBlock::ToolUse {
                 id: id.clone(),
                 name: "Bash".into(),
-                input: json!({"command": if n % 3 == 0 { "ls -la" } else { "sh .flower/scripts/run.sh" }}),
+                input: json!({"command": if n.is_multiple_of(3) { "ls -la" } else { "sh .flower/scripts/run.sh" }}),
             }],
         );
         call.seq = entries.len() as i64 + 1;
         parent = Some(call.uuid);
         entries.push(call);
-        let body = "x".repeat(if n % 10 == 0 { 6000 } else { 300 });
+        let body = "x".repeat(if n.is_multiple_of(10) { 6000 } else { 300 });
         let mut result =
             Entry::new(job, session, parent, EntryKind::ToolResult, vec![ContentBlock::tool_result(id, body, false)]);
         result.seq = entries.len() as i64 + 1;
-        result.markers.ephemeral = Some(n % 3 == 0);
-        if n % 97 == 0 {
+        result.markers.ephemeral = Some(n.is_multiple_of(3));
+        if n.is_multiple_of(97) {
             result.markers.denial_kind = Some("delegate_guard".into());
         }
-        if n % 211 == 0 {
+        if n.is_multiple_of(211) {
             result.markers.interrupted = true;
         }
         parent = Some(result.uuid);
