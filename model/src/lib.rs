@@ -8,6 +8,7 @@
 //! - [`entry`]: transcript entries with their structural markers
 //! - [`event`]: job events (rows with a per-job sequence number)
 //! - [`job`]: job, task and session records and their states
+//! - [`session_file`]: export/import in the Claude Code session-file (JSONL) shape
 //! - [`usage`]: token usage, including the prompt-cache fields
 //!
 //! This crate does no I/O except reading a spec's own files during validation;
@@ -18,6 +19,7 @@ pub mod entry;
 pub mod event;
 pub mod ids;
 pub mod job;
+pub mod session_file;
 pub mod spec;
 pub mod usage;
 

@@ -74,3 +74,39 @@ fn flower_glance_agrees_with_the_table() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["segment"], "rm -rf x");
 }
+
+/// A Claude Code session file is imported with its markers mapped, and the
+/// pruning loader treats it as it treats flower's own transcripts.
+#[test]
+fn a_claude_code_session_imports_and_prunes() {
+    let home = Home::new();
+    let file = repo().join("tests/fixtures/claude-code/session.jsonl");
+    let out = home.run(&["transcript", "import", file.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let imported: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(imported["entries"], 9);
+    assert_eq!(imported["skipped"][0]["line"], 1, "the summary line is not a chain entry");
+    let job = imported["job_id"].as_str().unwrap();
+    let out = home.run(&["transcript", "show", job, "--pruned", "--json"]);
+    let t: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let main = &t["sessions"][0];
+    let rules: Vec<&str> = main["pruning"].as_array().unwrap().iter().map(|c| c["rule"].as_str().unwrap()).collect();
+    assert_eq!(rules, vec!["denial", "synthetic", "interrupted", "heal"]);
+    let text = main["entries"].to_string();
+    assert!(!text.contains("rm -rf logs"), "the older denied call left with its result");
+    assert!(text.contains("rm logs/old.log"), "the most recent denial is kept");
+    assert!(!text.contains("API Error"), "synthetic errors are not re-injected");
+
+    // flower's own transcripts export in the same shape and come back the same.
+    let exported = home.dir.path().join("export.jsonl");
+    let out = home.run(&["transcript", "export", job, "-o", exported.to_str().unwrap()]);
+    assert!(out.status.success());
+    let again = home.run(&["transcript", "import", exported.to_str().unwrap(), "--json"]);
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again["entries"], 9);
+    let out = home.run(&["transcript", "show", again["job_id"].as_str().unwrap(), "--pruned", "--json"]);
+    let t2: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rules2: Vec<&str> =
+        t2["sessions"][0]["pruning"].as_array().unwrap().iter().map(|c| c["rule"].as_str().unwrap()).collect();
+    assert_eq!(rules2, rules, "markers survive the round trip");
+}

@@ -13,6 +13,32 @@ use super::{open_store, resolve_job};
 pub enum TranscriptCommand {
     /// Show a job's transcripts, one session after another
     Show(ShowArgs),
+    /// Write a job's transcripts in the Claude Code session-file shape (JSONL)
+    Export(ExportArgs),
+    /// Read a Claude Code session file (JSONL) into the embedded store; prints the id
+    /// to use with `flower transcript show ID --pruned`
+    Import(ImportArgs),
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// The job id (or a unique prefix)
+    pub job: String,
+    /// Only this session (id or unique prefix)
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Write here instead of stdout
+    #[arg(short, long)]
+    pub output: Option<std::path::PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ImportArgs {
+    /// The session file (JSONL)
+    pub file: std::path::PathBuf,
+    /// Print `{"job_id": …, "sessions": […], "entries": N, "skipped": […]}`
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -37,7 +63,11 @@ pub struct ShowArgs {
 }
 
 pub async fn run(home: std::path::PathBuf, cmd: TranscriptCommand) -> anyhow::Result<ExitCode> {
-    let TranscriptCommand::Show(args) = cmd;
+    let args = match cmd {
+        TranscriptCommand::Show(args) => args,
+        TranscriptCommand::Export(args) => return export(home, args).await,
+        TranscriptCommand::Import(args) => return import(home, args).await,
+    };
     let (job, mut sessions, store) = if args.server.configured() {
         let (job, sessions) = remote_sessions(&args).await?;
         (job, sessions, None)
@@ -215,4 +245,86 @@ fn print_session(s: &Session, entries: &[Entry], width: usize) {
         }
     }
     println!();
+}
+
+async fn export(home: std::path::PathBuf, args: ExportArgs) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let store = open_store(&home)?;
+    let job = resolve_job(store.as_ref(), &args.job).await?;
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(p) => Box::new(std::fs::File::create(p)?),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let mut found = false;
+    for s in store.sessions(job).await? {
+        if args.session.as_ref().is_some_and(|want| !s.id.to_string().starts_with(&want.to_lowercase())) {
+            continue;
+        }
+        found = true;
+        for e in store.entries(s.id, 0, u32::MAX).await? {
+            let line = flower_model::session_file::export_line(&e, s.role == flower_model::Role::Worker);
+            writeln!(out, "{line}")?;
+        }
+    }
+    anyhow::ensure!(found, "no session to export");
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn import(home: std::path::PathBuf, args: ImportArgs) -> anyhow::Result<ExitCode> {
+    use flower_model::{JobId, JobState, Role, SessionId, now_ms};
+    let text = std::fs::read_to_string(&args.file)?;
+    std::fs::create_dir_all(&home)?;
+    let store = flower_store::SqliteStore::open(&home.join("flower.db"))?;
+    let (job, main, side) = (JobId::random(), SessionId::random(), SessionId::random());
+    let imported = flower_model::session_file::import(&text, job, main, side);
+    anyhow::ensure!(
+        !imported.main.is_empty() || !imported.sidechain.is_empty(),
+        "no transcript entries in {}",
+        args.file.display()
+    );
+    use flower_store::Store;
+    let name =
+        format!("import: {}", args.file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    store
+        .create_job(flower_store::NewJob {
+            id: job,
+            name: name.clone(),
+            spec: serde_json::json!({"imported_from": args.file.display().to_string()}),
+            idempotency_key: None,
+        })
+        .await?;
+    let mut sessions = Vec::new();
+    for (id, role, entries) in [(main, Role::Coordinator, &imported.main), (side, Role::Worker, &imported.sidechain)] {
+        if entries.is_empty() {
+            continue;
+        }
+        let label = if role == Role::Coordinator { "main".to_string() } else { "sidechain".to_string() };
+        store
+            .create_session(flower_model::Session { id, job_id: job, role, label, task_id: None, created_at: now_ms() })
+            .await?;
+        store.append(flower_store::Batch { entries: entries.clone(), ..Default::default() }).await?;
+        sessions.push(id);
+    }
+    let reason = Some(format!("imported from {}", args.file.display()));
+    store.set_job_state(job, JobState::Succeeded, reason, None, None).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "job_id": job, "sessions": sessions,
+                "entries": imported.main.len() + imported.sidechain.len(),
+                "skipped": imported.skipped.iter().map(|(n, why)| serde_json::json!({"line": n, "why": why})).collect::<Vec<_>>(),
+            })
+        );
+    } else {
+        println!("{job}");
+        eprintln!(
+            "imported {} entries ({} skipped lines); see: flower transcript show {} --pruned",
+            imported.main.len() + imported.sidechain.len(),
+            imported.skipped.len(),
+            &job.to_string()[..8]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }

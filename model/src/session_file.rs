@@ -1,0 +1,215 @@
+//! Transcripts in the Claude Code / Agent SDK session-file shape (JSONL, one
+//! entry a line: `type`, `uuid`, `parentUuid`, `sessionId`, `isSidechain`,
+//! `timestamp`, `message`, …), so existing sessions can be inspected, pruned
+//! and resumed by flower, and flower's can be read by other tools.
+//!
+//! Import maps that shape's structural fields onto flower's markers:
+//! `toolDenialKind` → `denial_kind`; `isApiErrorMessage` or model
+//! `<synthetic>` → `synthetic_error`; a `[Request interrupted…` error result →
+//! `interrupted`; `isMeta` → a notice; `isSidechain` → a subagent session.
+//! flower's own markers without an equivalent travel in `flowerMarkers`.
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::content::{ContentBlock, result_text};
+use crate::entry::{Entry, EntryKind, Markers};
+use crate::ids::{JobId, SessionId};
+use crate::usage::Usage;
+
+/// One exported line.
+pub fn export_line(e: &Entry, sidechain: bool) -> Value {
+    let ts = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(e.created_at) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default();
+    let mut message = json!({"role": e.role(), "content": e.content});
+    if e.kind == EntryKind::Assistant {
+        message["model"] =
+            json!(if e.markers.synthetic_error { "<synthetic>" } else { e.model.as_deref().unwrap_or("") });
+        if let Some(u) = &e.usage {
+            message["usage"] = json!(u);
+        }
+        if let Some(r) = &e.stop_reason {
+            message["stop_reason"] = json!(r);
+        }
+    }
+    let mut line = json!({
+        "type": if e.kind == EntryKind::Assistant { "assistant" } else { "user" },
+        "uuid": e.uuid,
+        "parentUuid": e.parent_uuid,
+        "sessionId": e.session_id,
+        "isSidechain": sidechain,
+        "timestamp": ts,
+        "message": message,
+    });
+    if let Some(k) = &e.markers.denial_kind {
+        line["toolDenialKind"] = json!(k);
+    }
+    if e.markers.synthetic_error {
+        line["isApiErrorMessage"] = json!(true);
+    }
+    if e.kind == EntryKind::Notice {
+        line["isMeta"] = json!(true);
+    }
+    if e.markers.ephemeral.is_some() || e.markers.interrupted {
+        line["flowerMarkers"] = json!(e.markers);
+    }
+    line
+}
+
+/// Entries parsed from a session file, split by side.
+#[derive(Debug, Default)]
+pub struct Imported {
+    pub main: Vec<Entry>,
+    pub sidechain: Vec<Entry>,
+    /// Lines skipped (not chain entries, or unreadable), with the reason.
+    pub skipped: Vec<(usize, String)>,
+}
+
+/// Parse a session file into entries of `job`, in the given sessions.
+pub fn import(text: &str, job: JobId, main: SessionId, side: SessionId) -> Imported {
+    let mut out = Imported::default();
+    // Entries split or dropped on the way keep the chain through this map.
+    let mut last_of: std::collections::HashMap<Uuid, Uuid> = std::collections::HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(e) => {
+                out.skipped.push((n + 1, format!("not JSON: {e}")));
+                continue;
+            }
+        };
+        let kind = v["type"].as_str().unwrap_or_default();
+        if kind != "user" && kind != "assistant" {
+            out.skipped.push((n + 1, format!("`{kind}` is not a chain entry")));
+            continue;
+        }
+        let sidechain = v["isSidechain"].as_bool().unwrap_or(false);
+        let session = if sidechain { side } else { main };
+        // Fresh ids: the same file may be imported twice; the chain is kept through the map.
+        let original: Option<Uuid> = v["uuid"].as_str().and_then(|u| u.parse().ok());
+        let uuid = Uuid::new_v4();
+        let parent: Option<Uuid> =
+            v["parentUuid"].as_str().and_then(|u| u.parse::<Uuid>().ok()).and_then(|p| last_of.get(&p).copied());
+        let created_at = v["timestamp"]
+            .as_str()
+            .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok())
+            .map_or_else(crate::now_ms, |t| (t.unix_timestamp_nanos() / 1_000_000) as i64);
+        let blocks: Vec<ContentBlock> = match &v["message"]["content"] {
+            Value::String(s) => vec![ContentBlock::text(s.clone())],
+            Value::Array(a) => a.iter().filter_map(|b| serde_json::from_value(b.clone()).ok()).collect(),
+            _ => Vec::new(),
+        };
+        let mut markers = Markers::default();
+        if let Some(m) = v.get("flowerMarkers").and_then(|m| serde_json::from_value::<Markers>(m.clone()).ok()) {
+            markers = m;
+        }
+        if let Some(k) = v["toolDenialKind"].as_str() {
+            markers.denial_kind = Some(k.to_string());
+        }
+        if v["isApiErrorMessage"].as_bool() == Some(true) || v["message"]["model"].as_str() == Some("<synthetic>") {
+            markers.synthetic_error = true;
+        }
+        let target = if sidechain { &mut out.sidechain } else { &mut out.main };
+        if kind == "assistant" {
+            let mut e = Entry::new(job, session, parent, EntryKind::Assistant, blocks);
+            e.uuid = uuid;
+            e.created_at = created_at;
+            e.markers = markers;
+            e.model = v["message"]["model"].as_str().map(str::to_string);
+            e.stop_reason = v["message"]["stop_reason"].as_str().map(str::to_string);
+            e.usage = serde_json::from_value::<Usage>(v["message"]["usage"].clone()).ok();
+            if let Some(o) = original {
+                last_of.insert(o, uuid);
+            }
+            target.push(e);
+            continue;
+        }
+        // A user line: each tool result becomes its own entry (its own markers); text follows.
+        let (results, rest): (Vec<ContentBlock>, Vec<ContentBlock>) =
+            blocks.into_iter().partition(|b| matches!(b, ContentBlock::ToolResult { .. }));
+        let mut prev = parent;
+        let mut first = true;
+        for r in results {
+            let interrupted = matches!(&r, ContentBlock::ToolResult { content, is_error, .. } if *is_error && result_text(content).starts_with("[Request interrupted"));
+            let mut e = Entry::new(job, session, prev, EntryKind::ToolResult, vec![r]);
+            if first {
+                e.uuid = uuid;
+                first = false;
+            }
+            e.created_at = created_at;
+            e.markers = markers.clone();
+            e.markers.interrupted |= interrupted;
+            prev = Some(e.uuid);
+            target.push(e);
+        }
+        if !rest.is_empty() {
+            let kind = if v["isMeta"].as_bool() == Some(true) { EntryKind::Notice } else { EntryKind::User };
+            let mut e = Entry::new(job, session, prev, kind, rest);
+            if first {
+                e.uuid = uuid;
+            }
+            e.created_at = created_at;
+            prev = Some(e.uuid);
+            target.push(e);
+        }
+        if let (Some(o), Some(p)) = (original, prev) {
+            last_of.insert(o, p);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claude_code_markers_map_onto_flowers() {
+        let text = r#"
+{"type":"summary","summary":"x"}
+{"type":"user","uuid":"00000000-0000-0000-0000-000000000001","parentUuid":null,"sessionId":"s","isSidechain":false,"timestamp":"2026-11-30T10:00:00Z","message":{"role":"user","content":"do it"}}
+{"type":"assistant","uuid":"00000000-0000-0000-0000-000000000002","parentUuid":"00000000-0000-0000-0000-000000000001","sessionId":"s","isSidechain":false,"timestamp":"2026-11-30T10:00:01Z","message":{"role":"assistant","model":"claude","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"rm x"}},{"type":"tool_use","id":"t2","name":"Bash","input":{"command":"sleep 9"}}]}}
+{"type":"user","uuid":"00000000-0000-0000-0000-000000000003","parentUuid":"00000000-0000-0000-0000-000000000002","sessionId":"s","isSidechain":false,"toolDenialKind":"permission-rule","message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"denied","is_error":true}]}}
+{"type":"user","uuid":"00000000-0000-0000-0000-000000000004","parentUuid":"00000000-0000-0000-0000-000000000003","sessionId":"s","isSidechain":false,"message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"t2","content":"[Request interrupted by user for tool use]","is_error":true}]}}
+{"type":"assistant","uuid":"00000000-0000-0000-0000-000000000005","parentUuid":"00000000-0000-0000-0000-000000000004","sessionId":"s","isSidechain":false,"isApiErrorMessage":true,"message":{"role":"assistant","model":"<synthetic>","content":[{"type":"text","text":"API Error"}]}}
+{"type":"user","uuid":"00000000-0000-0000-0000-000000000006","parentUuid":"00000000-0000-0000-0000-000000000005","sessionId":"s","isSidechain":true,"message":{"role":"user","content":"sub task"}}
+"#;
+        let got = import(text, JobId::random(), SessionId::random(), SessionId::random());
+        assert_eq!(got.skipped.len(), 1);
+        assert_eq!(got.main.len(), 5);
+        assert_eq!(got.sidechain.len(), 1);
+        assert_eq!(got.main[2].markers.denial_kind.as_deref(), Some("permission-rule"));
+        assert!(got.main[3].markers.interrupted);
+        assert!(got.main[4].markers.synthetic_error);
+        assert_eq!(got.main[1].parent_uuid, Some(got.main[0].uuid));
+    }
+
+    #[test]
+    fn export_then_import_round_trips_markers() {
+        let job = JobId::random();
+        let s = SessionId::random();
+        let mut a = Entry::new(
+            job,
+            s,
+            None,
+            EntryKind::Assistant,
+            vec![ContentBlock::ToolUse { id: "t".into(), name: "Bash".into(), input: json!({"command": "ls"}) }],
+        );
+        a.model = Some("m".into());
+        let mut r =
+            Entry::new(job, s, Some(a.uuid), EntryKind::ToolResult, vec![ContentBlock::tool_result("t", "x", false)]);
+        r.markers.ephemeral = Some(true);
+        r.markers.denial_kind = Some("delegate_guard".into());
+        let text: String = [&a, &r].iter().map(|e| export_line(e, false).to_string() + "\n").collect();
+        let back = import(&text, job, s, SessionId::random());
+        assert_eq!(back.main.len(), 2);
+        assert_eq!(back.main[1].markers, r.markers);
+        assert_eq!(back.main[1].parent_uuid, Some(back.main[0].uuid), "the chain survives fresh ids");
+        assert_eq!(back.main[0].content, a.content);
+    }
+}
