@@ -15,7 +15,8 @@ pub const NEVER_PRODUCED: &str = "[interrupted here; this tool result was never 
 
 pub fn to_messages(entries: &[Entry]) -> Vec<Message> {
     let mut out: Vec<Message> = Vec::new();
-    for e in entries {
+    // Synthetic error entries record what happened; they are never re-sent.
+    for e in entries.iter().filter(|e| !e.markers.synthetic_error) {
         let role = e.role();
         match out.last_mut() {
             Some(m) if m.role == role => m.content.extend(e.content.iter().cloned()),

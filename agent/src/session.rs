@@ -186,9 +186,10 @@ impl AgentSession {
                 tools: self.tools.defs(),
                 stream: true,
             };
+            let dropped: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
             let turn_span = tracing::info_span!("turn", turn = turns);
             let call = tracing::Instrument::instrument(
-                self.provider.send(&request, Some(self.retry_observer())),
+                self.provider.send(&request, Some(self.retry_observer(dropped.clone()))),
                 turn_span.clone(),
             );
             let response = tokio::select! {
@@ -196,6 +197,17 @@ impl AgentSession {
                 _ = self.cancel.cancelled() => return Ok(Outcome::Cancelled { turns: turns - 1, usage }),
             };
             usage.add(&response.usage);
+            // A dropped stream's partial output was discarded; what is left of it
+            // is a marked entry, never re-sent to the model.
+            for error in std::mem::take(&mut *dropped.lock().unwrap_or_else(|p| p.into_inner())) {
+                let mut e = self.entry(
+                    EntryKind::Assistant,
+                    vec![ContentBlock::text(format!("[{error}; the request was sent again]"))],
+                );
+                e.markers.synthetic_error = true;
+                w.push(e.clone());
+                history.push(e);
+            }
             let mut assistant = self.entry(EntryKind::Assistant, response.content.clone());
             assistant.model = Some(response.model.clone());
             assistant.stop_reason = response.stop_reason.clone();
@@ -301,12 +313,15 @@ impl AgentSession {
     }
 
     /// Forward stream events to the session's observer, and record retries as events.
-    fn retry_observer(&self) -> Observer {
+    fn retry_observer(&self, dropped: Arc<std::sync::Mutex<Vec<String>>>) -> Observer {
         let outer = self.observer.clone();
         let journal = self.journal.clone();
         let (job, session) = (self.config.job_id, self.config.session_id);
         Arc::new(move |ev: StreamEvent| {
             if let StreamEvent::Retrying { attempt, error, .. } = &ev {
+                if error.starts_with("stream dropped") {
+                    dropped.lock().unwrap_or_else(|p| p.into_inner()).push(error.clone());
+                }
                 let (journal, attempt, error) = (journal.clone(), *attempt, error.clone());
                 tokio::spawn(async move {
                     let batch = flower_store::Batch {

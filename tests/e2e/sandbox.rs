@@ -102,6 +102,10 @@ fn the_guards_deny_hands_on_work_and_spill_large_output() {
     );
 
     let reader = sessions(&t, "worker").into_iter().find(|w| w["label"] == "reader").unwrap();
+    let synthetic: Vec<&serde_json::Value> =
+        reader["entries"].as_array().unwrap().iter().filter(|e| e["markers"]["synthetic_error"] == true).collect();
+    assert_eq!(synthetic.len(), 1, "the dropped stream left one marked entry");
+    assert!(synthetic[0]["content"][0]["text"].as_str().unwrap().starts_with("[stream dropped"));
     let outputs = tool_results(reader);
     assert!(
         outputs[0].0.starts_with("[16092 characters spilled to .flower/spill/"),
