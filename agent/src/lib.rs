@@ -11,6 +11,7 @@
 //! - [`history`]: stored entries → request messages
 //! - [`tool`]: the `Tool` trait and a session's `ToolSet`
 //! - [`hooks`]: pre-/post-tool hooks (allow, deny with a marker, rewrite; replace output)
+//! - [`limits`]: a job's budget (tokens, cost, deadline), checked before every model call
 //! - [`journal`]: commit-then-notify writes, and the per-session transcript writer
 //!
 //! This crate knows no particular tool and no particular role's prompt: the
@@ -21,6 +22,7 @@ pub mod guards;
 pub mod history;
 pub mod hooks;
 pub mod journal;
+pub mod limits;
 pub mod provider;
 pub mod session;
 pub mod tool;

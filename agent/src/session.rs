@@ -38,6 +38,12 @@ pub enum Outcome {
         turns: u32,
         usage: Usage,
     },
+    /// The job's budget (tokens, cost, deadline) is spent.
+    Budget {
+        reason: String,
+        turns: u32,
+        usage: Usage,
+    },
     /// `max_turns` model calls were made without a final answer.
     TurnLimit {
         turns: u32,
@@ -66,6 +72,7 @@ pub enum AgentError {
 pub type Inbox = Arc<std::sync::Mutex<Vec<String>>>;
 
 pub struct AgentSession {
+    limits: Option<Arc<crate::limits::JobLimits>>,
     inbox: Option<Inbox>,
     config: SessionConfig,
     provider: Arc<dyn Provider>,
@@ -85,7 +92,13 @@ impl AgentSession {
         journal: Journal,
         cancel: CancellationToken,
     ) -> Self {
-        Self { config, provider, tools, hooks, journal, cancel, observer: None, inbox: None }
+        Self { config, provider, tools, hooks, journal, cancel, observer: None, inbox: None, limits: None }
+    }
+
+    /// Stop when the job's budget is spent.
+    pub fn with_limits(mut self, limits: Option<Arc<crate::limits::JobLimits>>) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Take in messages from `inbox` before each model call.
@@ -152,6 +165,11 @@ impl AgentSession {
             }
             if turns >= c.max_turns {
                 return Ok(Outcome::TurnLimit { turns, usage });
+            }
+            if let Some(limits) = &self.limits
+                && let Some(reason) = limits.exceeded().await
+            {
+                return Ok(Outcome::Budget { reason, turns, usage });
             }
             let arrived: Vec<String> = self
                 .inbox

@@ -81,7 +81,9 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
         tracing::info!(job = %job_id, entries = history.len(), epoch = ctx.epoch, "resuming the coordinator session");
     }
     let input = history.is_empty().then(|| vec![ContentBlock::text(spec.goal.clone())]);
-    let agent = coordinator_session(ctx, &spec, job_id, session);
+    let limits =
+        flower_agent::limits::JobLimits::new(store.clone(), job_id, &spec.runtime.budget, &spec.model, job.created_at);
+    let agent = coordinator_session(ctx, &spec, job_id, session).with_limits(limits);
     let outcome = agent.run(history, input).await;
     let (state, reason, answer, turns) = match outcome {
         Ok(Outcome::Answered { text, turns, .. }) => (JobState::Succeeded, None, Some(text), turns),
@@ -92,6 +94,7 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
             turns,
         ),
         Ok(Outcome::Cancelled { turns, .. }) => (JobState::Cancelled, Some("cancelled".into()), None, turns),
+        Ok(Outcome::Budget { reason, turns, .. }) => (JobState::Failed, Some(format!("budget: {reason}")), None, turns),
         Err(AgentError::Store(e @ StoreError::Fenced { .. })) => return Err(e),
         Err(e) => (JobState::Failed, Some(e.to_string()), None, 0),
     };

@@ -125,6 +125,83 @@ pub struct RuntimeOptions {
     pub delegate_only: bool,
     /// Layer 4: how a session's history is pruned when it is resumed.
     pub pruning: PruningOptions,
+    /// Limits of the whole job; crossing one ends it with the reason.
+    pub budget: Budget,
+}
+
+/// Limits of a job (all off by default).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Budget {
+    /// Tokens across every session: input + cache reads + cache writes + output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Cost in US dollars, priced per model from `prices` (else the built-in table).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
+    /// Time from submission after which the job ends.
+    #[serde(skip_serializing_if = "Option::is_none", with = "humantime_serde::option")]
+    pub deadline: Option<Duration>,
+    /// Prices per million tokens, by model name (overrides the built-in table).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub prices: BTreeMap<String, Price>,
+}
+
+/// US dollars per million tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input: f64,
+    pub output: f64,
+    pub cache_write_5m: f64,
+    pub cache_write_1h: f64,
+    pub cache_read: f64,
+}
+
+/// Published list prices (USD per MTok) of the models flower knows by name.
+pub fn builtin_price(model: &str) -> Option<Price> {
+    let p = |input: f64, output: f64| Price {
+        input,
+        output,
+        cache_write_5m: input * 1.25,
+        cache_write_1h: input * 2.0,
+        cache_read: input * 0.1,
+    };
+    let m = model.to_ascii_lowercase();
+    if m.contains("opus-4-5") || m.contains("opus-4.5") {
+        Some(p(5.0, 25.0))
+    } else if m.contains("opus") {
+        Some(p(15.0, 75.0))
+    } else if m.contains("sonnet") {
+        Some(p(3.0, 15.0))
+    } else if m.contains("haiku-4-5") || m.contains("haiku-4.5") {
+        Some(p(1.0, 5.0))
+    } else if m.contains("haiku") {
+        Some(p(0.8, 4.0))
+    } else {
+        None
+    }
+}
+
+impl Budget {
+    /// The price of `model`: the spec's table first, then the built-in one.
+    pub fn price(&self, model: &str) -> Option<Price> {
+        self.prices.get(model).copied().or_else(|| builtin_price(model))
+    }
+}
+
+impl Price {
+    /// The cost of `usage` at this price.
+    pub fn cost(&self, u: &crate::usage::Usage) -> f64 {
+        let w1h = u.cache_creation.ephemeral_1h_input_tokens as f64;
+        let w5m = (u.cache_creation_input_tokens as f64 - w1h).max(0.0);
+        (u.input_tokens as f64 * self.input
+            + u.output_tokens as f64 * self.output
+            + w5m * self.cache_write_5m
+            + w1h * self.cache_write_1h
+            + u.cache_read_input_tokens as f64 * self.cache_read)
+            / 1e6
+    }
 }
 
 /// Layer 4, applied on the copy of a history fed back on resume (stored rows
@@ -194,6 +271,7 @@ impl Default for RuntimeOptions {
             glance: true,
             delegate_only: true,
             pruning: PruningOptions::default(),
+            budget: Budget::default(),
         }
     }
 }
@@ -348,6 +426,17 @@ impl JobSpec {
         ] {
             if v == 0 {
                 return Err(SpecError::new(field, "must be at least 1"));
+            }
+        }
+        if r.budget.max_cost_usd.is_some() {
+            let models = std::iter::once(self.model.clone()).chain(self.workers.values().map(|w| self.worker_model(w)));
+            for m in models {
+                if r.budget.price(&m).is_none() {
+                    return Err(SpecError::new(
+                        "runtime.budget.prices",
+                        format!("no price for model `{m}`: add it to runtime.budget.prices to use max_cost_usd"),
+                    ));
+                }
             }
         }
         if r.bash_timeout.is_zero() {

@@ -110,3 +110,37 @@ fn a_claude_code_session_imports_and_prunes() {
         t2["sessions"][0]["pruning"].as_array().unwrap().iter().map(|c| c["rule"].as_str().unwrap()).collect();
     assert_eq!(rules2, rules, "markers survive the round trip");
 }
+
+/// A job that crosses its token budget ends cleanly with the reason; what ran is kept.
+#[test]
+fn a_spent_budget_ends_the_job_with_the_reason() {
+    let home = Home::new();
+    let dir = tempfile::tempdir().unwrap();
+    let demo = repo().join("examples/demo");
+    let spec = std::fs::read_to_string(demo.join("job.yaml"))
+        .unwrap()
+        .replace("scenario: scenario.yaml", &format!("scenario: {}", demo.join("scenario.yaml").display()))
+        .replace("workspace: .", &format!("workspace: {}", demo.display()))
+        .replace("  bash_timeout: 30s", "  bash_timeout: 30s\n  budget:\n    max_tokens: 3000");
+    let path = dir.path().join("job.yaml");
+    std::fs::write(&path, spec).unwrap();
+    let out = home.run(&["run", path.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["state"], "failed");
+    assert!(summary["reason"].as_str().unwrap().starts_with("budget: token budget spent:"), "{}", summary["reason"]);
+    let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    assert!(t["sessions"].as_array().unwrap().len() > 1, "the work done before the limit is kept");
+
+    // A cost budget needs a price for every model the job uses.
+    let spec = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("max_tokens: 3000", "max_cost_usd: 1.0")
+        .replace("model: claude-sonnet-4-5", "model: my-local-model");
+    std::fs::write(&path, spec).unwrap();
+    let out = home.run(&["run", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("runtime.budget.prices: no price for model `my-local-model`")
+    );
+}

@@ -304,7 +304,14 @@ impl Worker {
             max_turns: spec.runtime.worker_max_turns,
             max_tokens: spec.runtime.max_output_tokens,
         };
-        let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel);
+        let limits = flower_agent::limits::JobLimits::new(
+            store.clone(),
+            job.id,
+            &spec.runtime.budget,
+            &spec.model,
+            job.created_at,
+        );
+        let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel).with_limits(limits);
         let outcome = agent.run(history, input).await;
 
         // Whatever happened, what the task wrote is kept.
@@ -321,6 +328,7 @@ impl Worker {
                 Err((format!("worker `{}` reached its turn limit ({turns}) without a report", task.worker), usage))
             }
             Ok(Outcome::Cancelled { usage, .. }) => Err(("cancelled".into(), usage)),
+            Ok(Outcome::Budget { reason, usage, .. }) => Err((format!("the job's budget is spent: {reason}"), usage)),
             Err(e) => Err((e.to_string(), none)),
         }
     }
