@@ -60,6 +60,21 @@ impl MemoryBus {
         }
     }
 
+    /// Publish a task that earlier deliveries (in a process that died) already
+    /// reached `prior` times: its next delivery counts `prior + 1`, so the
+    /// store's attempt claim sees a new attempt.
+    pub fn publish_resumed(&self, task: TaskMessage, prior: u32) -> bool {
+        {
+            let mut st = self.shared.lock();
+            if st.closed || st.seen.insert(task.dedupe_id(), Instant::now()).is_some() {
+                return false;
+            }
+            st.ready.push_back((task, prior));
+        }
+        self.shared.wake.notify_one();
+        true
+    }
+
     /// Stop handing out deliveries: every waiting `next` returns `Closed`.
     pub fn close(&self) {
         self.shared.lock().closed = true;

@@ -113,6 +113,24 @@ impl EmbeddedRuntime {
         Ok(job.id)
     }
 
+    /// Continue a job whose process died: its unfinished tasks go back on the
+    /// queue as new attempts, and the coordinator resumes its stored main
+    /// thread through the pruning loader.
+    pub async fn resume(&self, job_id: JobId, cancel: CancellationToken) -> Result<RunSummary, RunError> {
+        let job = self.store.get_job(job_id).await?;
+        if job.state.is_terminal() {
+            return Err(RunError::Store(StoreError::Conflict(format!("job {job_id} already {}", job.state))));
+        }
+        for t in self.store.tasks(job_id).await? {
+            if !t.state.is_terminal() {
+                let msg =
+                    flower_bus::TaskMessage { job_id, task_id: t.id, worker: t.worker.clone(), epoch: 1, trace: None };
+                self.bus.publish_resumed(msg, t.attempt);
+            }
+        }
+        self.run(job_id, cancel).await
+    }
+
     /// Run a submitted job to its end. `cancel` stops it cleanly (state `cancelled`).
     pub async fn run(&self, job_id: JobId, cancel: CancellationToken) -> Result<RunSummary, RunError> {
         let store: Arc<dyn Store> = self.store.clone();

@@ -132,3 +132,51 @@ fn the_guards_deny_hands_on_work_and_spill_large_output() {
         .collect();
     assert_eq!(spilled.len(), 1);
 }
+
+/// `flower run --resume`: a job whose process was killed mid-task continues
+/// from what was stored — the subagent resumes its turns, the task runs as a
+/// new attempt, the job succeeds.
+#[test]
+fn a_killed_embedded_run_resumes() {
+    let home = Home::new();
+    let spec = repo().join("tests/fixtures/resume/job.yaml");
+    let mut child = home
+        .cmd()
+        .args(["run", spec.to_str().unwrap(), "--json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait (on the stored state) for the worker's `sleep` to be under way.
+    let started = std::time::Instant::now();
+    let job = loop {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the sleep never started");
+        let out = home.run(&["status", "--json"]);
+        if let Ok(jobs) = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            && let Some(id) = jobs[0]["id"].as_str()
+        {
+            let t = home.run(&["transcript", "show", id, "--json"]);
+            if String::from_utf8_lossy(&t.stdout).contains("sleep 5") {
+                break id.to_string();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let out = home.run(&["run", "--resume", &job[..8], "--json"]);
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["final_answer"], "slow task said: rested");
+    assert_eq!(summary["tasks"], 1, "the Agent call found its task again");
+    let t = home.transcripts(&job);
+    let sleeper = sessions(&t, "worker")[0];
+    let entries = sleeper["entries"].as_array().unwrap();
+    assert!(
+        entries.iter().any(|e| e["markers"]["interrupted"] == true),
+        "the killed call is marked, not re-run blindly"
+    );
+    assert_eq!(entries[0]["content"][0]["text"], "Take your time.", "the same session continues its earlier turns");
+    let again = home.run(&["run", "--resume", &job]);
+    assert_eq!(again.status.code(), Some(2), "a finished job cannot be resumed");
+}

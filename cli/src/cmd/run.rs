@@ -20,7 +20,11 @@ use super::human_count;
 #[derive(Args)]
 pub struct RunArgs {
     /// The job spec (YAML or JSON)
-    pub spec: PathBuf,
+    #[arg(required_unless_present = "resume")]
+    pub spec: Option<PathBuf>,
+    /// Continue this job (id or unique prefix), whose process died, from its stored state
+    #[arg(long, conflicts_with = "spec", conflicts_with = "workspace")]
+    pub resume: Option<String>,
     /// Directory the tasks work on (overrides the spec's `workspace`)
     #[arg(long)]
     pub workspace: Option<PathBuf>,
@@ -46,30 +50,39 @@ pub async fn demo(home: PathBuf, args: DemoArgs) -> anyhow::Result<ExitCode> {
         "the demo lives in the source tree ({}); run `flower run examples/demo/job.yaml` from a checkout",
         spec.display()
     );
-    run(home, RunArgs { spec, workspace: None, json: args.json }).await
+    run(home, RunArgs { spec: Some(spec), resume: None, workspace: None, json: args.json }).await
 }
 
 pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
-    // An invalid spec fails here, before anything runs.
-    let spec = match JobSpec::load(&args.spec) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {}: {e}", args.spec.display());
-            return Ok(ExitCode::from(2));
-        }
-    };
-    if let Some(path) = &spec.scenario
-        && let Err(e) = flower_sim::Scenario::load(path)
-    {
-        eprintln!("error: {}: scenario {}: {e}", args.spec.display(), path.display());
-        return Ok(ExitCode::from(2));
-    }
-    if let Some(w) = &args.workspace {
-        anyhow::ensure!(w.is_dir(), "--workspace {}: not a directory", w.display());
-    }
     let runtime = EmbeddedRuntime::open(&home).with_context(|| format!("opening {}", home.display()))?;
     let started = Instant::now();
-    let job = runtime.submit(&spec, args.workspace.as_deref()).await?;
+    let (job, name, resuming) = match (&args.spec, &args.resume) {
+        (_, Some(id)) => {
+            let job = runtime.store().resolve_job(id).await?;
+            (job, runtime.store().get_job(job).await?.name, true)
+        }
+        (Some(path), None) => {
+            // An invalid spec fails here, before anything runs.
+            let spec = match JobSpec::load(path) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: {}: {e}", path.display());
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            if let Some(scenario) = &spec.scenario
+                && let Err(e) = flower_sim::Scenario::load(scenario)
+            {
+                eprintln!("error: {}: scenario {}: {e}", path.display(), scenario.display());
+                return Ok(ExitCode::from(2));
+            }
+            if let Some(w) = &args.workspace {
+                anyhow::ensure!(w.is_dir(), "--workspace {}: not a directory", w.display());
+            }
+            (runtime.submit(&spec, args.workspace.as_deref()).await?, spec.name.clone(), false)
+        }
+        (None, None) => anyhow::bail!("give a job spec, or --resume JOB"),
+    };
 
     let cancel = CancellationToken::new();
     let on_ctrl_c = cancel.clone();
@@ -83,10 +96,10 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let progress = (!args.json).then(|| {
-        let p = Progress::new(&spec.name, job);
+        let p = Progress::new(&name, job);
         tokio::spawn(p.follow(runtime.store(), runtime.notifier()))
     });
-    let summary = runtime.run(job, cancel).await;
+    let summary = if resuming { runtime.resume(job, cancel).await } else { runtime.run(job, cancel).await };
     if let Some(p) = progress {
         p.abort();
         let _ = p.await;
