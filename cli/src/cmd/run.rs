@@ -54,15 +54,9 @@ pub async fn demo(home: PathBuf, args: DemoArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
-    let runtime = EmbeddedRuntime::open(&home).with_context(|| format!("opening {}", home.display()))?;
-    let started = Instant::now();
-    let (job, name, resuming) = match (&args.spec, &args.resume) {
-        (_, Some(id)) => {
-            let job = runtime.store().resolve_job(id).await?;
-            (job, runtime.store().get_job(job).await?.name, true)
-        }
-        (Some(path), None) => {
-            // An invalid spec fails here, before anything runs.
+    // An invalid spec fails here, before anything runs or is created.
+    let spec = match &args.spec {
+        Some(path) => {
             let spec = match JobSpec::load(path) {
                 Ok(s) => s,
                 Err(e) => {
@@ -79,8 +73,23 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
             if let Some(w) = &args.workspace {
                 anyhow::ensure!(w.is_dir(), "--workspace {}: not a directory", w.display());
             }
-            (runtime.submit(&spec, args.workspace.as_deref()).await?, spec.name.clone(), false)
+            Some(spec)
         }
+        None => None,
+    };
+    let runtime = EmbeddedRuntime::open(&home).with_context(|| format!("opening {}", home.display()))?;
+    let started = Instant::now();
+    let (job, name, resuming) = match (spec, &args.resume) {
+        (_, Some(id)) => {
+            let job = runtime.store().resolve_job(id).await?;
+            let found = runtime.store().get_job(job).await?;
+            if found.state.is_terminal() {
+                eprintln!("error: job {job} already {}; nothing to resume", found.state);
+                return Ok(ExitCode::from(2));
+            }
+            (job, found.name, true)
+        }
+        (Some(spec), None) => (runtime.submit(&spec, args.workspace.as_deref()).await?, spec.name.clone(), false),
         (None, None) => anyhow::bail!("give a job spec, or --resume JOB"),
     };
 
