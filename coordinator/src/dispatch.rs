@@ -99,6 +99,23 @@ impl Dispatcher {
         }
     }
 
+    /// Dispatch, wait for the end, and apply the task's workspace changes when
+    /// it succeeded. `None` when cancelled while waiting.
+    pub async fn delegate(&self, d: Delegation<'_>, cancel: &CancellationToken) -> Result<Option<Task>, DispatchError> {
+        let task = self.dispatch(d).await?;
+        let task = match self.wait(task.id, cancel).await {
+            Ok(t) => t,
+            Err(DispatchError::Cancelled) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if task.state == flower_model::TaskState::Succeeded
+            && let Err(e) = self.apply_changes(&task).await
+        {
+            tracing::warn!(task = %task.id, error = %e, "workspace changes not applied");
+        }
+        Ok(Some(task))
+    }
+
     /// Apply the changeset a finished task left, recording conflicts.
     pub async fn apply_changes(&self, task: &Task) -> Result<usize, DispatchError> {
         let Some(cs) = self.workspace.changeset(task.id, task.attempt).await? else { return Ok(0) };

@@ -264,6 +264,12 @@ impl Cluster {
         }
     }
 
+    /// Wait until the job is in `state`.
+    pub async fn wait_job(&self, job: &str, state: &str) {
+        let q = format!("SELECT state = '{state}' FROM jobs WHERE id = '{job}'");
+        self.wait_for(&format!("job {job} to be {state}"), Duration::from_secs(60), &q).await;
+    }
+
     /// Stop every process and remove the database and the NATS stream.
     pub async fn stop(mut self) {
         self.workers.clear();

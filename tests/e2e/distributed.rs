@@ -81,12 +81,7 @@ async fn a_killed_workers_task_is_redelivered_and_heartbeats_hold_long_tasks() {
 
     // A 5 s task with a 2 s ack wait, its worker alive: one attempt only.
     let job = c.submit(&spec);
-    c.wait_for(
-        "the slow job to end",
-        Duration::from_secs(60),
-        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
-    )
-    .await;
+    c.wait_job(&job, "succeeded").await;
     let pg = c.pg().await;
     let attempt: i32 =
         pg.query_one(&format!("SELECT attempt FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
@@ -106,12 +101,7 @@ async fn a_killed_workers_task_is_redelivered_and_heartbeats_hold_long_tasks() {
         pg.query_one(&format!("SELECT claimed_by FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
     let victim = c.workers.iter_mut().find(|w| w.id() == holder).expect("the claiming worker is one of ours");
     victim.kill9();
-    c.wait_for(
-        "the job to succeed",
-        Duration::from_secs(60),
-        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
-    )
-    .await;
+    c.wait_job(&job, "succeeded").await;
     let row = pg
         .query_one(&format!("SELECT attempt, claimed_by, report FROM tasks WHERE job_id = '{job}'"), &[])
         .await
@@ -184,12 +174,7 @@ async fn a_surviving_coordinator_takes_over_a_running_job() {
     let (owner, epoch): (String, i64) = (lease.get(0), lease.get(1));
     let victim = c.coordinators.iter_mut().find(|p| p.id() == owner).expect("the owner is one of ours");
     victim.kill9();
-    c.wait_for(
-        "the job to succeed",
-        Duration::from_secs(60),
-        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
-    )
-    .await;
+    c.wait_job(&job, "succeeded").await;
     let lease = pg.query_one(&format!("SELECT owner, epoch FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap();
     assert_ne!(lease.get::<_, String>(0), owner, "another replica owns it");
     assert_eq!(lease.get::<_, i64>(1), epoch + 1);
@@ -415,12 +400,7 @@ async fn sigterm_drains_a_worker() {
         ("succeeded", 1),
         "the running task was finished, not abandoned"
     );
-    c.wait_for(
-        "the job to succeed",
-        Duration::from_secs(30),
-        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
-    )
-    .await;
+    c.wait_job(&job, "succeeded").await;
     c.stop().await;
 }
 
@@ -446,12 +426,7 @@ async fn the_api_can_be_served_over_tls() {
         .output()
         .unwrap();
     assert!(!plain.status.success());
-    c.wait_for(
-        "the job to end",
-        Duration::from_secs(60),
-        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{job}'"),
-    )
-    .await;
+    c.wait_job(&job, "succeeded").await;
     c.stop().await;
 }
 

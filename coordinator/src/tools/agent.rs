@@ -82,19 +82,11 @@ impl Tool for AgentTool {
             mandate: prompt,
         };
         let fatal = |e: DispatchError| ToolError::Fatal(e.to_string());
-        let task = self.dispatcher.dispatch(d).await.map_err(fatal)?;
-        let task = match self.dispatcher.wait(task.id, &ctx.cancel).await {
-            Ok(t) => t,
-            Err(DispatchError::Cancelled) => return Ok(ToolOutput::error("[cancelled before the worker reported]")),
-            Err(e) => return Err(fatal(e)),
+        let Some(task) = self.dispatcher.delegate(d, &ctx.cancel).await.map_err(fatal)? else {
+            return Ok(ToolOutput::error("[cancelled before the worker reported]"));
         };
         match task.state {
-            TaskState::Succeeded => {
-                if let Err(e) = self.dispatcher.apply_changes(&task).await {
-                    tracing::warn!(task = %task.id, error = %e, "workspace changes not applied");
-                }
-                Ok(ToolOutput::text(task.report.unwrap_or_default()))
-            }
+            TaskState::Succeeded => Ok(ToolOutput::text(task.report.unwrap_or_default())),
             TaskState::Cancelled => Ok(ToolOutput::error(format!(
                 "task cancelled: {}",
                 task.error.unwrap_or_else(|| "no reason given".into())

@@ -64,19 +64,11 @@ impl Tool for CommandTool {
             mandate: command,
         };
         let fatal = |e: DispatchError| ToolError::Fatal(e.to_string());
-        let task = self.dispatcher.dispatch(d).await.map_err(fatal)?;
-        let task = match self.dispatcher.wait(task.id, &ctx.cancel).await {
-            Ok(t) => t,
-            Err(DispatchError::Cancelled) => return Ok(ToolOutput::error("[cancelled before the command ran]")),
-            Err(e) => return Err(fatal(e)),
+        let Some(task) = self.dispatcher.delegate(d, &ctx.cancel).await.map_err(fatal)? else {
+            return Ok(ToolOutput::error("[cancelled before the command ran]"));
         };
         let mut out = match task.state {
-            TaskState::Succeeded => {
-                if let Err(e) = self.dispatcher.apply_changes(&task).await {
-                    tracing::warn!(task = %task.id, error = %e, "workspace changes not applied");
-                }
-                ToolOutput::text(task.report.unwrap_or_default())
-            }
+            TaskState::Succeeded => ToolOutput::text(task.report.unwrap_or_default()),
             _ => ToolOutput::error(task.error.unwrap_or_else(|| "the command did not run".into())),
         };
         out.markers.ephemeral = Some(is_ephemeral(command).allowed);
