@@ -12,6 +12,7 @@
 //! - [`tool`]: the `Tool` trait and a session's `ToolSet`
 //! - [`hooks`]: pre-/post-tool hooks (allow, deny with a marker, rewrite; replace output)
 //! - [`limits`]: a job's budget (tokens, cost, deadline), checked before every model call
+//! - [`mailbox`]: user messages and late reports for a running session (interrupts)
 //! - [`journal`]: commit-then-notify writes, and the per-session transcript writer
 //!
 //! This crate knows no particular tool and no particular role's prompt: the
@@ -23,6 +24,7 @@ pub mod history;
 pub mod hooks;
 pub mod journal;
 pub mod limits;
+pub mod mailbox;
 pub mod provider;
 pub mod session;
 pub mod tool;

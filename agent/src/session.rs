@@ -67,9 +67,11 @@ pub enum AgentError {
     Tool(String),
 }
 
-/// Messages for a running session from outside (a user's interrupt), taken
-/// in before the next model call.
-pub type Inbox = Arc<std::sync::Mutex<Vec<String>>>;
+/// Messages for a running session from outside (see [`crate::mailbox`]).
+pub type Inbox = Arc<crate::mailbox::Mailbox>;
+
+/// The result given to a call still running when the user interrupted.
+pub const STILL_RUNNING: &str = "[still running: you were interrupted while waiting; this call goes on and its result will be appended as a notice when it arrives]";
 
 pub struct AgentSession {
     limits: Option<Arc<crate::limits::JobLimits>>,
@@ -171,12 +173,15 @@ impl AgentSession {
             {
                 return Ok(Outcome::Budget { reason, turns, usage });
             }
-            let arrived: Vec<String> = self
+            let arrived: Vec<String> = self.inbox.as_ref().map(|i| i.take_messages()).unwrap_or_default();
+            let mut notices: Vec<String> = self
                 .inbox
                 .as_ref()
-                .map(|i| std::mem::take(&mut *i.lock().unwrap_or_else(|p| p.into_inner())))
-                .unwrap_or_default();
-            let mut notices = Vec::new();
+                .map(|i| i.take_notices())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|n| format!("<system-reminder>\n{n}\n</system-reminder>"))
+                .collect();
             for hook in &self.hooks.turn {
                 if let Some(n) = hook.before_turn().await {
                     notices.push(format!("<system-reminder>\n{n}\n</system-reminder>"));
@@ -370,15 +375,105 @@ impl AgentSession {
                     j += 1;
                 }
             }
-            let group = join_all(calls[i..j].iter().map(|(id, name, input)| self.run_call(id, name, input))).await;
-            for r in group {
-                out.push(r?);
+            match (&self.inbox, self.config.main_thread) {
+                (Some(inbox), true) => {
+                    for r in self.run_interruptible(&calls[i..j], inbox.clone()).await {
+                        out.push(r?);
+                    }
+                }
+                _ => {
+                    let group =
+                        join_all(calls[i..j].iter().map(|(id, name, input)| self.run_call(id, name, input))).await;
+                    for r in group {
+                        out.push(r?);
+                    }
+                }
             }
             i = j;
         }
         Ok(out)
     }
 
+    /// Run a group of calls, each as a task of its own, until they end — or
+    /// until a user's message arrives: then the calls still running get a
+    /// placeholder result and go on in the background; each one's result is
+    /// appended as a notice when it arrives.
+    async fn run_interruptible(
+        &self,
+        calls: &[(String, String, serde_json::Value)],
+        inbox: Inbox,
+    ) -> Vec<Result<ToolOutput, AgentError>> {
+        use futures::StreamExt;
+        let mut running = futures::stream::FuturesUnordered::new();
+        for (k, (id, name, input)) in calls.iter().enumerate() {
+            let runner = self.runner();
+            let (id, name, input) = (id.clone(), name.clone(), input.clone());
+            let handle = tokio::spawn(async move { runner.run_call(&id, &name, &input).await });
+            running.push(async move { (k, handle.await) });
+        }
+        let mut results: Vec<Option<Result<ToolOutput, AgentError>>> = (0..calls.len()).map(|_| None).collect();
+        loop {
+            tokio::select! {
+                next = running.next() => match next {
+                    Some((k, joined)) => {
+                        results[k] = Some(joined.unwrap_or_else(|e| Err(AgentError::Tool(format!("tool task failed: {e}")))));
+                    }
+                    None => break,
+                },
+                _ = inbox.message_arrived() => {
+                    let late: Vec<(String, String)> = calls.iter().map(|(id, name, _)| (id.clone(), name.clone())).collect();
+                    tokio::spawn(async move {
+                        while let Some((k, joined)) = running.next().await {
+                            let (id, name) = &late[k];
+                            let text = match joined {
+                                Ok(Ok(out)) => flower_model::content::result_text(&out.content),
+                                Ok(Err(e)) => format!("error: {e}"),
+                                Err(e) => format!("error: the call's task failed: {e}"),
+                            };
+                            inbox.push_notice(format!("The result of your {name} call {id}, which was still running when you were interrupted:\n{text}"));
+                        }
+                    });
+                    break;
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    let mut placeholder = ToolOutput::text(STILL_RUNNING);
+                    placeholder.markers.interrupted = true;
+                    Ok(placeholder)
+                })
+            })
+            .collect()
+    }
+
+    /// What running one call needs, owned (so a call can outlive the turn).
+    fn runner(&self) -> CallRunner {
+        CallRunner {
+            config: self.config.clone(),
+            tools: self.tools.clone(),
+            hooks: self.hooks.clone(),
+            cancel: self.cancel.clone(),
+        }
+    }
+
+    async fn run_call(&self, id: &str, name: &str, input: &serde_json::Value) -> Result<ToolOutput, AgentError> {
+        self.runner().run_call(id, name, input).await
+    }
+}
+
+/// Runs one tool call: guards, the tool, post-hooks.
+#[derive(Clone)]
+struct CallRunner {
+    config: SessionConfig,
+    tools: Arc<ToolSet>,
+    hooks: Hooks,
+    cancel: CancellationToken,
+}
+
+impl CallRunner {
     async fn run_call(&self, id: &str, name: &str, input: &serde_json::Value) -> Result<ToolOutput, AgentError> {
         let c = &self.config;
         let ctx = ToolContext {

@@ -447,3 +447,60 @@ async fn the_long_horizon_job_runs_on_a_cluster() {
     assert!(r["main_slope_tokens_per_turn"].as_f64().unwrap() < 1000.0);
     c.stop().await;
 }
+
+/// An interrupt is delivered at once: the waiting call gets a placeholder (the
+/// task keeps running), the user's message follows, the same session goes on,
+/// and the task's report arrives later as a notice.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupt_is_delivered_at_once_and_the_task_keeps_running() {
+    let mut c = Cluster::start(Options { workers: 2, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/interrupt.yaml"));
+    c.wait_for(
+        "the sleeper's Bash call",
+        Duration::from_secs(30),
+        &format!(
+            "SELECT count(*) > 0 FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%sleep 5%'"
+        ),
+    )
+    .await;
+    let sent = c.flower(&["interrupt", &job, "--message", "also nap"]);
+    assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+    c.wait_job(&job, "succeeded").await;
+    let pg = c.pg().await;
+    let rows = pg
+        .query(
+            &format!(
+                "SELECT e.kind, e.body FROM entries e JOIN sessions s ON s.id = e.session_id
+                 WHERE s.job_id = '{job}' AND s.role = 'coordinator' ORDER BY e.seq"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let main: Vec<(String, serde_json::Value)> =
+        rows.iter().map(|r| (r.get::<_, String>(0), serde_json::from_str(r.get::<_, &str>(1)).unwrap())).collect();
+    let placeholder = main
+        .iter()
+        .position(|(k, b)| k == "tool_result" && b.to_string().contains("still running"))
+        .expect("a placeholder result");
+    assert_eq!(main[placeholder].1["markers"]["interrupted"], true);
+    assert_eq!(main[placeholder + 1].0, "user");
+    assert!(main[placeholder + 1].1.to_string().contains("also nap"), "the message follows the placeholder");
+    let notice = main
+        .iter()
+        .position(|(k, b)| k == "notice" && b.to_string().contains("rested"))
+        .expect("the late report as a notice");
+    assert!(notice > placeholder + 1);
+    assert_eq!(
+        main.iter().filter(|(k, _)| k == "assistant").count(),
+        3,
+        "one session went on: delegate, adjust, answer"
+    );
+    let tasks: i64 = pg
+        .query_one(&format!("SELECT count(*) FROM tasks WHERE job_id = '{job}' AND state = 'succeeded'"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tasks, 2, "the interrupted task kept running to its end");
+    c.stop().await;
+}

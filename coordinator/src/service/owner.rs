@@ -210,11 +210,9 @@ impl Owner {
         for e in events {
             r.cursor = r.cursor.max(e.seq);
             match e.kind {
-                EventKind::UserMessage { text } => r
-                    .inbox
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(format!("[a message from the user, sent while the job runs]\n{text}")),
+                EventKind::UserMessage { text } => r.inbox.push(format!(
+                    "[a message from the user, sent while the job runs: adjust and continue — don't start over]\n{text}"
+                )),
                 EventKind::JobState { state: JobState::Cancelled, .. } => r.cancel.cancel(),
                 _ => {}
             }
