@@ -74,6 +74,22 @@ impl Engine {
         if let Err(e) = validate(body) {
             return e;
         }
+        // Faults on a share of all requests, chosen by fingerprint, each served once.
+        let fingerprint = hex::encode(Sha256::digest(body.to_string().as_bytes()));
+        let share = |salt: &str| {
+            let h = Sha256::digest(format!("{salt}{fingerprint}").as_bytes());
+            u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]) as f64 / u64::MAX as f64
+        };
+        let faults = self.scenario.faults;
+        if faults.overloaded > 0.0
+            && share("overloaded") < faults.overloaded
+            && self.take_fault(&fingerprint, "rate-overloaded", 1)
+        {
+            return Reply::Error { status: 529, kind: "overloaded_error".into(), message: "Overloaded".into() };
+        }
+        let rate_drop = faults.dropped > 0.0
+            && share("dropped") < faults.dropped
+            && self.take_fault(&fingerprint, "rate-dropped", 1);
         let model = body["model"].as_str().unwrap_or_default().to_string();
         let model = self.scenario.model.clone().unwrap_or(model);
         let messages = body["messages"].as_array().map(Vec::as_slice).unwrap_or_default();
@@ -88,7 +104,7 @@ impl Engine {
                 model,
                 vec![json!({"type": "text", "text": DEFAULT_TEXT})],
                 input_tokens,
-                false,
+                rate_drop,
             ));
         };
         let role = &self.scenario.roles[role_idx];
@@ -99,16 +115,16 @@ impl Engine {
                 model,
                 vec![json!({"type": "text", "text": "(scenario complete)"})],
                 input_tokens,
-                false,
+                rate_drop,
             ));
         };
-        let fingerprint = hex::encode(Sha256::digest(body.to_string().as_bytes()));
         if let Some(f) = &step.fail
             && self.take_fault(&fingerprint, "fail", f.times)
         {
             return Reply::Error { status: f.status, kind: f.kind.clone(), message: f.message.clone() };
         }
-        let drop = step.drop_stream.as_ref().is_some_and(|d| self.take_fault(&fingerprint, "drop", d.times));
+        let drop =
+            rate_drop || step.drop_stream.as_ref().is_some_and(|d| self.take_fault(&fingerprint, "drop", d.times));
         let (text, calls) = choose(step, messages);
         let results = ResultIndex::new(messages);
         let mut content = Vec::new();

@@ -38,7 +38,9 @@
 //! **Faults.** `fail: {status: 529, type: overloaded_error, message: Overloaded, times: 2}`
 //! answers the step's first `times` identical requests with that error (counted
 //! per request fingerprint, so a retry eventually succeeds); `drop_stream: {times: 1}`
-//! starts streaming and cuts the connection before `message_stop`.
+//! starts streaming and cuts the connection before `message_stop`. Top-level
+//! `faults: {overloaded: 0.1, dropped: 0.1}` hits that share of *all* requests
+//! (chosen by request fingerprint, each at most once).
 
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +53,21 @@ pub struct Scenario {
     pub latency: Latency,
     #[serde(default)]
     pub roles: Vec<RoleScript>,
+    /// Faults on a share of all requests (each request fails at most once, so retries succeed).
+    #[serde(default)]
+    pub faults: Faults,
+}
+
+/// Shares of requests (0.0–1.0) answered with a fault the first time they are seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    /// 529 `overloaded_error`.
+    #[serde(default)]
+    pub overloaded: f64,
+    /// A stream cut before `message_stop`.
+    #[serde(default)]
+    pub dropped: f64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -98,3 +98,32 @@ fn walk_count(dir: &std::path::Path) -> usize {
     }
     n
 }
+
+/// With every request answered once by a 529 and once by a dropped stream,
+/// the demo still succeeds; each drop leaves a marked entry.
+#[test]
+fn the_demo_survives_overloads_and_dropped_streams() {
+    let home = Home::new();
+    let dir = tempfile::tempdir().unwrap();
+    let demo = repo().join("examples/demo");
+    let scenario = std::fs::read_to_string(demo.join("scenario.yaml")).unwrap().replace(
+        "latency: {ttft_ms: 60, tokens_per_sec: 0}",
+        "latency: {ttft_ms: 0, tokens_per_sec: 0}\nfaults: {overloaded: 1.0, dropped: 1.0}",
+    );
+    std::fs::write(dir.path().join("scenario.yaml"), scenario).unwrap();
+    let spec = std::fs::read_to_string(demo.join("job.yaml"))
+        .unwrap()
+        .replace("workspace: .", &format!("workspace: {}", demo.display()));
+    std::fs::write(dir.path().join("job.yaml"), spec).unwrap();
+    let summary = home.run_job(&dir.path().join("job.yaml"), &[]);
+    assert_eq!(summary["state"], "succeeded");
+    assert!(summary["final_answer"].as_str().unwrap().contains("data/ holds 15 files"));
+    let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    for s in t["sessions"].as_array().unwrap() {
+        let entries = s["entries"].as_array().unwrap();
+        let real =
+            entries.iter().filter(|e| e["kind"] == "assistant" && e["markers"]["synthetic_error"] != true).count();
+        let synthetic = entries.iter().filter(|e| e["markers"]["synthetic_error"] == true).count();
+        assert_eq!(synthetic, real, "{}: one dropped stream recorded per model call", s["label"]);
+    }
+}
