@@ -175,7 +175,7 @@ impl Provider for AnthropicClient {
                 return Err(ProviderError::Exhausted { attempts: attempt, last: Box::new(err) });
             }
             let wait = self.backoff(attempt, &err);
-            tracing::warn!(attempt, wait_ms = wait.as_millis() as u64, error = %err, "provider request failed, retrying");
+            tracing::info!(attempt, wait_ms = wait.as_millis() as u64, error = %err, "provider request failed, retrying");
             if let Some(obs) = &observer {
                 obs(StreamEvent::Retrying { attempt, wait, error: err.to_string() });
             }
