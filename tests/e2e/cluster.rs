@@ -209,6 +209,15 @@ impl Cluster {
         cluster
     }
 
+    /// Start one more coordinator replica (same settings as the others).
+    pub fn add_coordinator(&mut self) {
+        let mut env = self.env.clone();
+        if let Some(t) = self.opts.token {
+            env.push(("FLOWER_TOKEN".into(), t.into()));
+        }
+        self.coordinators.push(Proc::spawn(&["coordinator", "--listen", "127.0.0.1:0"], &env));
+    }
+
     pub fn add_worker(&mut self) {
         let c = self.opts.concurrency.to_string();
         self.workers.push(Proc::spawn(&["worker", "--concurrency", &c], &self.env));

@@ -12,3 +12,4 @@ mod invalid_specs;
 mod long_horizon;
 mod sandbox;
 mod sim_server;
+mod soak;
