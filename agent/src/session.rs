@@ -38,6 +38,13 @@ pub enum Outcome {
         turns: u32,
         usage: Usage,
     },
+    /// The main thread reached its handoff threshold (or the provider said the
+    /// prompt is too long: `forced`); a new session should continue.
+    Handoff {
+        forced: bool,
+        turns: u32,
+        usage: Usage,
+    },
     /// The job's budget (tokens, cost, deadline) is spent.
     Budget {
         reason: String,
@@ -74,6 +81,8 @@ pub type Inbox = Arc<crate::mailbox::Mailbox>;
 pub const STILL_RUNNING: &str = "[still running: you were interrupted while waiting; this call goes on and its result will be appended as a notice when it arrives]";
 
 pub struct AgentSession {
+    /// (warn at, hand off at), in context tokens, for a main thread.
+    handoff: Option<(u64, u64)>,
     limits: Option<Arc<crate::limits::JobLimits>>,
     inbox: Option<Inbox>,
     config: SessionConfig,
@@ -94,7 +103,24 @@ impl AgentSession {
         journal: Journal,
         cancel: CancellationToken,
     ) -> Self {
-        Self { config, provider, tools, hooks, journal, cancel, observer: None, inbox: None, limits: None }
+        Self {
+            config,
+            provider,
+            tools,
+            hooks,
+            journal,
+            cancel,
+            observer: None,
+            inbox: None,
+            limits: None,
+            handoff: None,
+        }
+    }
+
+    /// Hand off when the context reaches `at` (a warning event at `warn`).
+    pub fn with_handoff(mut self, thresholds: Option<(u64, u64)>) -> Self {
+        self.handoff = thresholds;
+        self
     }
 
     /// Stop when the job's budget is spent.
@@ -161,7 +187,20 @@ impl AgentSession {
 
         let mut usage = Usage::default();
         let mut turns = 0u32;
+        // The context the last request occupied, as the provider reported it.
+        let mut context = history.iter().rev().find_map(|e| e.usage.map(|u| u.context_tokens())).unwrap_or(0);
+        let mut warned = false;
         loop {
+            if let Some((warn, at)) = self.handoff {
+                if context >= at {
+                    return Ok(Outcome::Handoff { forced: false, turns, usage });
+                }
+                if context >= warn && !warned {
+                    warned = true;
+                    w.event(c.job_id, EventKind::HandoffWarning { session: c.session_id, context_tokens: context, at });
+                    w.flush().await?;
+                }
+            }
             if self.cancel.is_cancelled() {
                 return Ok(Outcome::Cancelled { turns, usage });
             }
@@ -216,10 +255,18 @@ impl AgentSession {
                 turn_span.clone(),
             );
             let response = tokio::select! {
-                r = call => r?,
+                r = call => match r {
+                    Ok(r) => r,
+                    // "Prompt is too long" cannot be retried; a handoff can help.
+                    Err(e) if self.handoff.is_some() && e.class() == crate::provider::ErrorClass::PromptTooLong => {
+                        return Ok(Outcome::Handoff { forced: true, turns, usage });
+                    }
+                    Err(e) => return Err(e.into()),
+                },
                 _ = self.cancel.cancelled() => return Ok(Outcome::Cancelled { turns: turns - 1, usage }),
             };
             usage.add(&response.usage);
+            context = response.usage.context_tokens();
             // A dropped stream's partial output was discarded; what is left of it
             // is a marked entry, never re-sent to the model.
             for error in std::mem::take(&mut *dropped.lock().unwrap_or_else(|p| p.into_inner())) {

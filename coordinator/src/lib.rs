@@ -9,6 +9,7 @@
 //! - [`runner`]: one job's coordinator session, started or resumed, to its end state
 //! - [`context`]: the context report of a job (main thread vs subagents)
 //! - [`index`]: the workbench index as notices to the main thread (layer 2)
+//! - [`handoff`]: a new main-thread session from a handoff document when the context fills
 //! - [`embedded`]: one job in one process (SQLite, local objects, in-process bus)
 //! - [`service`]: the gRPC service, leases and takeover (distributed mode)
 //! - [`providers`]: the provider table a service or worker is configured with
@@ -19,6 +20,7 @@
 pub mod context;
 pub mod dispatch;
 pub mod embedded;
+pub mod handoff;
 pub mod index;
 pub mod prompts;
 pub mod providers;

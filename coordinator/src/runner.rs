@@ -55,8 +55,11 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
         let written = store.set_job_state(job_id, JobState::Running, None, None, ctx.journal.fence()).await?;
         ctx.journal.announce(&written).await;
     }
-    let existing = store.sessions(job_id).await?.into_iter().rfind(|s| s.role == Role::Coordinator);
-    let (session, history) = match existing {
+    let coordinator_sessions: Vec<Session> =
+        store.sessions(job_id).await?.into_iter().filter(|s| s.role == Role::Coordinator).collect();
+    let mut generation = coordinator_sessions.len().max(1) as u32;
+    let existing = coordinator_sessions.last().cloned();
+    let (mut session, history) = match existing {
         Some(s) => {
             let stored = store.entries(s.id, 0, u32::MAX).await?;
             (s.id, load_pruned(&stored, &spec, &Workbench::new(ctx.objects.clone(), job_id)).await?)
@@ -80,12 +83,41 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
     if !history.is_empty() {
         tracing::info!(job = %job_id, entries = history.len(), epoch = ctx.epoch, "resuming the coordinator session");
     }
-    let input = history.is_empty().then(|| vec![ContentBlock::text(spec.goal.clone())]);
+    let mut input = history.is_empty().then(|| vec![ContentBlock::text(spec.goal.clone())]);
+    let mut history = history;
     let limits =
         flower_agent::limits::JobLimits::new(store.clone(), job_id, &spec.runtime.budget, &spec.model, job.created_at);
-    let agent = coordinator_session(ctx, &spec, job_id, session).with_limits(limits);
-    let outcome = agent.run(history, input).await;
+    let ho = &spec.runtime.handoff;
+    let thresholds = ho.enabled.then(|| ho.thresholds(&spec.model));
+    let mut earlier_turns = 0;
+    let outcome = loop {
+        let agent =
+            coordinator_session(ctx, &spec, job_id, session).with_limits(limits.clone()).with_handoff(thresholds);
+        match agent.run(std::mem::take(&mut history), input.take()).await {
+            Ok(Outcome::Handoff { forced, turns, .. }) => {
+                if generation >= ho.max_generations {
+                    break Err(format!(
+                        "the coordinator's main thread filled {generation} sessions (runtime.handoff.max_generations): \
+                         each reached the handoff threshold{}; the goal needs a larger window, more headroom or fewer turns",
+                        if forced { " or the provider's prompt limit" } else { "" }
+                    ));
+                }
+                let next = crate::handoff::hand_off(ctx, &spec, job_id, session, generation, forced).await?;
+                tracing::info!(job = %job_id, generation, turns, forced, "handoff to a new coordinator session");
+                earlier_turns += turns;
+                session = next.session;
+                input = Some(vec![ContentBlock::text(next.first_message)]);
+                generation += 1;
+            }
+            other => break Ok(other),
+        }
+    };
+    let (outcome, cap) = match outcome {
+        Ok(o) => (o, None),
+        Err(diagnosis) => (Ok(Outcome::TurnLimit { turns: 0, usage: Default::default() }), Some(diagnosis)),
+    };
     let (state, reason, answer, turns) = match outcome {
+        _ if cap.is_some() => (JobState::Failed, cap.clone(), None, 0),
         Ok(Outcome::Answered { text, turns, .. }) => (JobState::Succeeded, None, Some(text), turns),
         Ok(Outcome::TurnLimit { turns, .. }) => (
             JobState::Failed,
@@ -95,6 +127,9 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
         ),
         Ok(Outcome::Cancelled { turns, .. }) => (JobState::Cancelled, Some("cancelled".into()), None, turns),
         Ok(Outcome::Budget { reason, turns, .. }) => (JobState::Failed, Some(format!("budget: {reason}")), None, turns),
+        Ok(Outcome::Handoff { turns, .. }) => {
+            (JobState::Failed, Some("handoff loop ended unexpectedly".into()), None, turns)
+        }
         Err(AgentError::Store(e @ StoreError::Fenced { .. })) => return Err(e),
         Err(e) => (JobState::Failed, Some(e.to_string()), None, 0),
     };
@@ -109,7 +144,7 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
         Err(StoreError::Conflict(_)) => {}
         Err(e) => return Err(e),
     }
-    Ok(Finished { state, reason, answer, session, turns })
+    Ok(Finished { state, reason, answer, session, turns: earlier_turns + turns })
 }
 
 /// A stored history through the pruning loader (layer 4): the copy the

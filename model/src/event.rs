@@ -76,6 +76,21 @@ pub enum EventKind {
         tool: String,
         denial_kind: String,
     },
+    /// The main thread's context nears the handoff threshold.
+    HandoffWarning {
+        session: SessionId,
+        context_tokens: u64,
+        at: u64,
+    },
+    /// A new coordinator session continues from a handoff document.
+    Handoff {
+        from: SessionId,
+        to: SessionId,
+        generation: u32,
+        degraded: bool,
+        forced: bool,
+        document: String,
+    },
     /// A user's message to the running coordinator (`Interrupt`).
     UserMessage {
         text: String,
@@ -103,6 +118,8 @@ impl EventKind {
             Self::WorkspaceConflict { .. } => "workspace_conflict",
             Self::UserMessage { .. } => "user_message",
             Self::Spill { .. } => "spill",
+            Self::HandoffWarning { .. } => "handoff_warning",
+            Self::Handoff { .. } => "handoff",
             Self::ToolDenied { .. } => "tool_denied",
         }
     }

@@ -127,6 +127,45 @@ pub struct RuntimeOptions {
     pub pruning: PruningOptions,
     /// Limits of the whole job; crossing one ends it with the reason.
     pub budget: Budget,
+    /// When the coordinator's main thread nears its window, a new session
+    /// continues from a handoff document.
+    pub handoff: HandoffOptions,
+}
+
+/// Handoff of the coordinator's main thread (flower's formula).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HandoffOptions {
+    pub enabled: bool,
+    /// The model's context window in tokens (default: from the model name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
+    /// Room kept free; 0 means max(50,000, 25 % of the window).
+    pub headroom: u64,
+    /// Sessions a job may use before it fails (default 8).
+    pub max_generations: u32,
+}
+
+impl Default for HandoffOptions {
+    fn default() -> Self {
+        Self { enabled: true, window: None, headroom: 0, max_generations: 8 }
+    }
+}
+
+impl HandoffOptions {
+    /// The window: configured, else known from the model name (200K for Claude models).
+    pub fn window_for(&self, model: &str) -> u64 {
+        self.window.unwrap_or(if model.contains("[1m]") { 1_000_000 } else { 200_000 })
+    }
+
+    /// (warn at, hand off at): `at = max(10_000, window − room)`, the warning
+    /// at `max(1_000, at − 20_000)`.
+    pub fn thresholds(&self, model: &str) -> (u64, u64) {
+        let window = self.window_for(model);
+        let room = if self.headroom > 0 { self.headroom } else { 50_000u64.max(window / 4) };
+        let at = 10_000u64.max(window.saturating_sub(room));
+        (1_000u64.max(at.saturating_sub(20_000)), at)
+    }
 }
 
 /// Limits of a job (all off by default).
@@ -272,6 +311,7 @@ impl Default for RuntimeOptions {
             delegate_only: true,
             pruning: PruningOptions::default(),
             budget: Budget::default(),
+            handoff: HandoffOptions::default(),
         }
     }
 }

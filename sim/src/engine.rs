@@ -96,6 +96,35 @@ impl Engine {
         let input_tokens = estimate_tokens(
             body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len(),
         );
+        if let Some(window) = self.scenario.window_tokens
+            && input_tokens > window
+        {
+            return Reply::Error {
+                status: 400,
+                kind: "invalid_request_error".into(),
+                message: format!("prompt is too long: {input_tokens} tokens > {window} maximum"),
+            };
+        }
+        let last_user = messages.last().map(|m| content_text(&m["content"])).unwrap_or_default();
+        if last_user.contains("<flower-handoff>") {
+            let seen = highest_step(messages).unwrap_or(0);
+            let doc = match self.scenario.handoff {
+                crate::scenario::HandoffReply::Error => {
+                    return Reply::Error {
+                        status: 500,
+                        kind: "api_error".into(),
+                        message: "Internal server error".into(),
+                    };
+                }
+                crate::scenario::HandoffReply::Incomplete => {
+                    format!("## Doing now\nworking (last calls: toolu_s{seen:03}_0_handoff)\n")
+                }
+                crate::scenario::HandoffReply::Full => format!(
+                    "## Doing now\nThe scripted plan, at step {seen}.\n## Decided\n- keep going (the plan holds)\n## Dead ends\n- none\n## Next\n- the next step\n## Where things are\n- last calls: toolu_s{seen:03}_0_handoff\n- .flower/ for tables\n"
+                ),
+            };
+            return Reply::Message(planned(model, vec![json!({"type": "text", "text": doc})], input_tokens, false));
+        }
         let system = system_text(&body["system"]);
         let first_user = messages.first().map(|m| content_text(&m["content"])).unwrap_or_default();
 
@@ -191,13 +220,23 @@ pub fn step_of(tool_use_id: &str) -> Option<usize> {
 }
 
 fn highest_step(messages: &[Value]) -> Option<usize> {
-    messages
+    let in_calls = messages
         .iter()
         .filter(|m| m["role"] == "assistant")
         .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
         .filter(|b| b["type"] == "tool_use")
         .filter_map(|b| b["id"].as_str().and_then(step_of))
-        .max()
+        .max();
+    // A handoff document names the last calls: a new session continues after them.
+    let in_text = messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .flat_map(|m| {
+            let text = content_text(&m["content"]);
+            text.match_indices("toolu_s").filter_map(|(i, _)| step_of(&text[i..])).collect::<Vec<_>>()
+        })
+        .max();
+    in_calls.max(in_text)
 }
 
 fn system_text(system: &Value) -> String {

@@ -56,6 +56,26 @@ pub struct Scenario {
     /// Faults on a share of all requests (each request fails at most once, so retries succeed).
     #[serde(default)]
     pub faults: Faults,
+    /// Requests larger than this many (estimated) input tokens get the provider's
+    /// "prompt is too long" error.
+    #[serde(default)]
+    pub window_tokens: Option<u64>,
+    /// How a handoff request (`<flower-handoff>`) is answered.
+    #[serde(default)]
+    pub handoff: HandoffReply,
+}
+
+/// The simulator's answer to a handoff request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandoffReply {
+    /// A document with every section, naming the last calls (so steps continue).
+    #[default]
+    Full,
+    /// A document missing sections (the harness must degrade).
+    Incomplete,
+    /// An API error (the harness must degrade).
+    Error,
 }
 
 /// Shares of requests (0.0–1.0) answered with a fault the first time they are seen.

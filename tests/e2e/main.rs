@@ -8,6 +8,7 @@ mod support;
 
 mod demo;
 mod distributed;
+mod handoff;
 mod invalid_specs;
 mod long_horizon;
 mod sandbox;

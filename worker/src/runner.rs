@@ -328,6 +328,7 @@ impl Worker {
                 Err((format!("worker `{}` reached its turn limit ({turns}) without a report", task.worker), usage))
             }
             Ok(Outcome::Cancelled { usage, .. }) => Err(("cancelled".into(), usage)),
+            Ok(Outcome::Handoff { usage, .. }) => Err(("the worker's context is full".into(), usage)),
             Ok(Outcome::Budget { reason, usage, .. }) => Err((format!("the job's budget is spent: {reason}"), usage)),
             Err(e) => Err((e.to_string(), none)),
         }
