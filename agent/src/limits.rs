@@ -30,7 +30,7 @@ impl JobLimits {
         if let Some(d) = self.budget.deadline
             && now_ms() - self.submitted > d.as_millis() as i64
         {
-            return Some(format!("deadline of {} passed", humantime_fmt(d)));
+            return Some(format!("deadline of {} ms passed", d.as_millis()));
         }
         if self.budget.max_tokens.is_none() && self.budget.max_cost_usd.is_none() {
             return None;
@@ -58,8 +58,4 @@ impl JobLimits {
         }
         None
     }
-}
-
-fn humantime_fmt(d: std::time::Duration) -> String {
-    format!("{}s", d.as_secs())
 }

@@ -132,6 +132,19 @@ fn a_spent_budget_ends_the_job_with_the_reason() {
     let t = home.transcripts(summary["job_id"].as_str().unwrap());
     assert!(t["sessions"].as_array().unwrap().len() > 1, "the work done before the limit is kept");
 
+    // A deadline ends the job at the next model call.
+    let deadline = std::fs::read_to_string(&path).unwrap().replace("max_tokens: 3000", "deadline: 1ms");
+    let deadline_path = dir.path().join("deadline.yaml");
+    std::fs::write(&deadline_path, deadline).unwrap();
+    let out = home.run(&["run", deadline_path.to_str().unwrap(), "--json"]);
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["state"], "failed");
+    assert!(
+        summary["reason"].as_str().unwrap().starts_with("budget: deadline of 1 ms passed"),
+        "{}",
+        summary["reason"]
+    );
+
     // A cost budget needs a price for every model the job uses.
     let spec = std::fs::read_to_string(&path)
         .unwrap()

@@ -38,6 +38,110 @@ pub enum BenchCommand {
     Orchestration(OrchestrationArgs),
     /// The pruning loader on a large synthetic transcript: time and peak memory
     Pruning(PruningArgs),
+    /// From a coordinator's restart to its first resumed request: load the main
+    /// thread from the store, prune it, build the request (SQLite and Postgres)
+    Resume(ResumeArgs),
+}
+
+#[derive(Args)]
+pub struct ResumeArgs {
+    /// Entries in the stored main thread
+    #[arg(long, default_value_t = 5_000)]
+    pub entries: usize,
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Postgres URL with CREATE DATABASE rights (a scratch database is made and dropped)
+    #[arg(long, env = "FLOWER_BENCH_DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    pub database_url: String,
+}
+
+async fn resume(a: ResumeArgs) -> anyhow::Result<ExitCode> {
+    use flower_model::{Entry, EntryKind, JobId, Role, Session, SessionId};
+    let dir = tempfile::tempdir()?;
+    let db = ScratchDatabase::create(&a.database_url).await.context("--database-url")?;
+    let backends: Vec<(&str, Arc<dyn Store>)> = vec![
+        ("sqlite", Arc::new(flower_store::SqliteStore::open(&dir.path().join("flower.db"))?)),
+        ("postgres", Arc::new(PostgresStore::connect(&db.url, 4).await?)),
+    ];
+    for (name, store) in backends {
+        let spec = flower_model::JobSpec::parse(&spec("resume"))?;
+        let (job, _) = store
+            .create_job(flower_store::NewJob {
+                id: JobId::random(),
+                name: "resume".into(),
+                spec: serde_json::to_value(&spec)?,
+                idempotency_key: None,
+            })
+            .await?;
+        let session = SessionId::random();
+        store
+            .create_session(Session {
+                id: session,
+                job_id: job.id,
+                role: Role::Coordinator,
+                label: "c".into(),
+                task_id: None,
+                created_at: 0,
+            })
+            .await?;
+        let mut parent = None;
+        let mut batch = Vec::new();
+        for n in 0..a.entries / 2 {
+            let id = format!("toolu_{n}");
+            let call = Entry::new(
+                job.id,
+                session,
+                parent,
+                EntryKind::Assistant,
+                vec![ContentBlock::ToolUse {
+                    id: id.clone(),
+                    name: "Agent".into(),
+                    input: json!({"subagent_type": "w", "prompt": "x".repeat(170)}),
+                }],
+            );
+            let result = Entry::new(
+                job.id,
+                session,
+                Some(call.uuid),
+                EntryKind::ToolResult,
+                vec![ContentBlock::tool_result(id, "r".repeat(600), false)],
+            );
+            parent = Some(result.uuid);
+            batch.push(call);
+            batch.push(result);
+            if batch.len() >= 1000 {
+                store.append(flower_store::Batch { entries: std::mem::take(&mut batch), ..Default::default() }).await?;
+            }
+        }
+        store.append(flower_store::Batch { entries: batch, ..Default::default() }).await?;
+        let mut times = Vec::new();
+        for _ in 0..a.runs.max(1) {
+            let started = Instant::now();
+            let stored = store.entries(session, 0, u32::MAX).await?;
+            let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning);
+            let request = flower_agent::provider::Request {
+                model: spec.model.clone(),
+                max_tokens: 1024,
+                system: vec![],
+                messages: flower_agent::history::to_messages(&pruned.entries),
+                tools: vec![],
+                stream: true,
+            };
+            let body = serde_json::to_vec(&request)?;
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+            anyhow::ensure!(!body.is_empty());
+        }
+        times.sort_by(|x, y| x.total_cmp(y));
+        println!(
+            "{name:>8}: restart → first resumed request for a {}-entry main thread: median {:.1} ms (min {:.1}, max {:.1}; load + prune + build)",
+            a.entries,
+            times[times.len() / 2],
+            times[0],
+            times[times.len() - 1]
+        );
+    }
+    db.drop_now().await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Args)]
@@ -173,6 +277,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Orchestration(args) => orchestration(args).await,
         BenchCommand::Pruning(args) => pruning(args),
+        BenchCommand::Resume(args) => resume(args).await,
     }
 }
 
