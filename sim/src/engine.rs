@@ -34,6 +34,8 @@ pub struct Planned {
     pub output_tokens: u64,
     /// Cut the stream before `message_stop`.
     pub drop_stream: bool,
+    /// Prompt-cache figures (`input_tokens` above is what was read uncached).
+    pub cache: crate::cache::CacheUsage,
 }
 
 /// The text answered to a request no scripted role matches.
@@ -45,10 +47,11 @@ pub struct Engine {
     scenario: Scenario,
     /// Faults already served, per (request fingerprint, kind).
     served: Mutex<HashMap<(String, &'static str), u32>>,
+    cache: crate::cache::PromptCache,
 }
 
-fn invalid(message: impl Into<String>) -> Reply {
-    Reply::Error { status: 400, kind: "invalid_request_error".into(), message: message.into() }
+fn invalid(message: impl Into<String>) -> String {
+    message.into()
 }
 
 /// Rough token count: the simulator has no tokenizer; 4 characters a token.
@@ -63,7 +66,7 @@ fn nonce() -> String {
 
 impl Engine {
     pub fn new(scenario: Scenario) -> Self {
-        Self { scenario, served: Mutex::new(HashMap::new()) }
+        Self { scenario, served: Mutex::new(HashMap::new()), cache: Default::default() }
     }
 
     pub fn scenario(&self) -> &Scenario {
@@ -71,9 +74,30 @@ impl Engine {
     }
 
     pub fn reply(&self, body: &Value) -> Reply {
-        if let Err(e) = validate(body) {
-            return e;
+        if let Err(message) = validate(body) {
+            return Reply::Error { status: 400, kind: "invalid_request_error".into(), message };
         }
+        let total = estimate_tokens(
+            body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len(),
+        );
+        let model = body["model"].as_str().unwrap_or_default();
+        let now = std::time::Instant::now();
+        let begins = now + std::time::Duration::from_millis(self.scenario.latency.ttft_ms);
+        let cache = match self.cache.account(body, model, total, now, begins) {
+            Ok(c) => c,
+            Err(message) => return Reply::Error { status: 400, kind: "invalid_request_error".into(), message },
+        };
+        match self.reply_uncached(body) {
+            Reply::Message(mut p) => {
+                p.input_tokens = cache.input_tokens;
+                p.cache = cache;
+                Reply::Message(p)
+            }
+            error => error,
+        }
+    }
+
+    fn reply_uncached(&self, body: &Value) -> Reply {
         // Faults on a share of all requests, chosen by fingerprint, each served once.
         let fingerprint = hex::encode(Sha256::digest(body.to_string().as_bytes()));
         let share = |salt: &str| {
@@ -198,6 +222,7 @@ fn planned(model: String, content: Vec<Value>, input_tokens: u64, drop_stream: b
         input_tokens,
         output_tokens: estimate_tokens(chars).max(1),
         drop_stream,
+        cache: Default::default(),
     }
 }
 
@@ -335,7 +360,7 @@ fn render_value(v: &Value, results: &ResultIndex, steps: &[Step]) -> Value {
 }
 
 /// The request checks the real API makes that a harness most easily gets wrong.
-fn validate(body: &Value) -> Result<(), Reply> {
+fn validate(body: &Value) -> Result<(), String> {
     if !body["model"].is_string() {
         return Err(invalid("model: Field required"));
     }

@@ -5,12 +5,14 @@
 //!
 //! # Layout
 //! - [`scenario`]: the scenario file format (documented there) and its validation
+//! - [`cache`]: prompt-cache accounting by the provider's rules
 //! - [`engine`]: request validation, stateless step choice, rendering, faults
 //! - [`server`]: the HTTP shell and the exact event shapes it emits
 //!
 //! The simulator keeps no conversation state: everything it needs is in the
 //! request, which is what lets pruning, resume and handoff work against it.
 
+pub mod cache;
 pub mod engine;
 pub mod scenario;
 pub mod server;

@@ -110,11 +110,12 @@ fn error_response(status: u16, kind: &str, message: &str) -> Response {
 }
 
 fn usage(p: &Planned, output_tokens: u64) -> Value {
+    let c = &p.cache;
     json!({
         "input_tokens": p.input_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-        "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+        "cache_creation_input_tokens": c.cache_write_5m + c.cache_write_1h,
+        "cache_read_input_tokens": c.cache_read,
+        "cache_creation": {"ephemeral_5m_input_tokens": c.cache_write_5m, "ephemeral_1h_input_tokens": c.cache_write_1h},
         "output_tokens": output_tokens,
     })
 }

@@ -96,3 +96,30 @@ async fn non_streaming_and_error_bodies() {
         reqwest::Client::new().post(format!("{}/v1/messages", sim.base_url())).json(&body(false)).send().await.unwrap();
     assert_eq!(no_version.status(), 400);
 }
+
+#[tokio::test]
+async fn cache_fields_follow_the_providers_rules_over_http() {
+    let sim = sim().await;
+    let system = json!([{"type": "text", "text": "cached rules ".repeat(600), "cache_control": {"type": "ephemeral", "ttl": "1h"}}]);
+    let body = |q: &str| json!({"model": "claude-sonnet-4-5", "max_tokens": 8, "system": system, "messages": [{"role": "user", "content": q}]});
+    let first: Value = post(&sim.base_url(), body("one")).await.json().await.unwrap();
+    let u = &first["usage"];
+    assert!(u["cache_creation"]["ephemeral_1h_input_tokens"].as_u64().unwrap() > 1024, "{u}");
+    assert_eq!(u["cache_read_input_tokens"], 0);
+    let second: Value = post(&sim.base_url(), body("two")).await.json().await.unwrap();
+    let u2 = &second["usage"];
+    assert!(u2["cache_read_input_tokens"].as_u64().unwrap() > 1024, "{u2}");
+    assert_eq!(u2["cache_creation_input_tokens"], 0);
+
+    let five: Vec<Value> = (0..5)
+        .map(|i| json!({"type": "text", "text": format!("b{i}"), "cache_control": {"type": "ephemeral"}}))
+        .collect();
+    let resp = post(
+        &sim.base_url(),
+        json!({"model": "m", "max_tokens": 1, "system": five, "messages": [{"role": "user", "content": "q"}]}),
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["message"], "A maximum of 4 blocks with cache_control may be provided. Found 5.");
+}

@@ -1,0 +1,300 @@
+//! Prompt-cache accounting faithful to the provider's rules, so cache rate is
+//! measured, not assumed:
+//! - the prefix is linearised `tools` → `system` → `messages` blocks;
+//! - at most 4 `cache_control` breakpoints, longer TTLs before shorter ones
+//!   (else the provider's 400 error);
+//! - writes happen only at breakpoints; a read is found by checking at most 20
+//!   block positions backwards from each breakpoint (the breakpoint first);
+//! - entries live 5 min or 1 h from the request's start and a hit refreshes
+//!   them; an entry is readable only once the response that wrote it begins;
+//! - below the model's minimum cacheable length nothing is cached;
+//! - usage: read A (the longest prefix hit), 1-h write B − A (B the last 1-h
+//!   breakpoint after A), 5-min write C − B (C the last breakpoint).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::engine::estimate_tokens;
+
+const LOOKBACK: usize = 20;
+const FIVE_MIN: Duration = Duration::from_secs(300);
+const ONE_HOUR: Duration = Duration::from_secs(3600);
+
+/// Minimum cacheable prompt length of a model, in tokens.
+pub fn min_cacheable(model: &str) -> u64 {
+    let m = model.to_ascii_lowercase();
+    if m.contains("opus-4-5") || m.contains("haiku-4-5") {
+        4096
+    } else if m.contains("haiku") {
+        2048
+    } else {
+        1024
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheUsage {
+    /// Tokens read without the cache.
+    pub input_tokens: u64,
+    pub cache_read: u64,
+    pub cache_write_5m: u64,
+    pub cache_write_1h: u64,
+}
+
+struct Cached {
+    ttl: Duration,
+    expires: Instant,
+    readable_at: Instant,
+}
+
+#[derive(Default)]
+pub struct PromptCache {
+    entries: Mutex<HashMap<[u8; 32], Cached>>,
+}
+
+struct Block {
+    /// Hash of the prefix up to and including this block.
+    prefix: [u8; 32],
+    /// Estimated tokens of the prefix up to and including this block.
+    tokens: u64,
+    ttl: Option<Duration>,
+}
+
+fn blocks_of(body: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    for t in body["tools"].as_array().into_iter().flatten() {
+        out.push(t.clone());
+    }
+    match &body["system"] {
+        Value::String(s) => out.push(serde_json::json!({"type": "text", "text": s})),
+        Value::Array(a) => out.extend(a.iter().cloned()),
+        _ => {}
+    }
+    for m in body["messages"].as_array().into_iter().flatten() {
+        match &m["content"] {
+            Value::String(s) => out.push(serde_json::json!({"type": "text", "text": s, "role": m["role"]})),
+            Value::Array(a) => out.extend(a.iter().map(|b| {
+                let mut b = b.clone();
+                b["role"] = m["role"].clone();
+                b
+            })),
+            _ => {}
+        }
+    }
+    out
+}
+
+impl PromptCache {
+    /// Account one request (`total` its estimated input tokens) made at `now`,
+    /// whose response begins at `responds_at`. `Err` is the provider's 400 message.
+    pub fn account(
+        &self,
+        body: &Value,
+        model: &str,
+        total: u64,
+        now: Instant,
+        responds_at: Instant,
+    ) -> Result<CacheUsage, String> {
+        let mut chain = Sha256::digest(b"flower-sim-cache").into();
+        let mut tokens = 0u64;
+        let mut blocks = Vec::new();
+        let mut seen_5m = false;
+        let mut breakpoints = 0;
+        for mut b in blocks_of(body) {
+            let ttl = match b.get("cache_control") {
+                Some(cc) => {
+                    breakpoints += 1;
+                    let ttl = if cc["ttl"] == "1h" { ONE_HOUR } else { FIVE_MIN };
+                    if ttl == ONE_HOUR && seen_5m {
+                        return Err(
+                            "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block".into(),
+                        );
+                    }
+                    seen_5m |= ttl == FIVE_MIN;
+                    Some(ttl)
+                }
+                None => None,
+            };
+            if let Some(o) = b.as_object_mut() {
+                o.remove("cache_control");
+            }
+            let text = b.to_string();
+            tokens += estimate_tokens(text.len());
+            let mut h = Sha256::new();
+            h.update(chain);
+            h.update(text.as_bytes());
+            chain = h.finalize().into();
+            blocks.push(Block { prefix: chain, tokens, ttl });
+        }
+        if breakpoints > 4 {
+            return Err(format!("A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."));
+        }
+        // Scale block estimates to the request's own total (the two estimates differ in framing).
+        let scale = |t: u64| if tokens == 0 { 0 } else { (t as u128 * total as u128 / tokens as u128) as u64 };
+        let min = min_cacheable(model);
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|_, e| e.expires > now);
+        // A: the longest prefix found within 20 positions back of any breakpoint.
+        let mut hit: Option<usize> = None;
+        for (p, b) in blocks.iter().enumerate() {
+            if b.ttl.is_none() {
+                continue;
+            }
+            for q in (p.saturating_sub(LOOKBACK - 1)..=p).rev() {
+                if let Some(e) = entries.get_mut(&blocks[q].prefix)
+                    && e.readable_at <= now
+                {
+                    e.expires = now + e.ttl;
+                    hit = Some(hit.map_or(q, |h: usize| h.max(q)));
+                    break;
+                }
+            }
+        }
+        let read = hit.map_or(0, |a| blocks[a].tokens);
+        // Writes at every breakpoint after A, when long enough to cache.
+        let mut last_1h = read;
+        let mut last = read;
+        for (p, b) in blocks.iter().enumerate() {
+            let Some(ttl) = b.ttl else { continue };
+            if hit.is_some_and(|a| p <= a) || scale(b.tokens) < min {
+                continue;
+            }
+            entries.entry(b.prefix).or_insert(Cached { ttl, expires: now + ttl, readable_at: responds_at });
+            if ttl == ONE_HOUR {
+                last_1h = last_1h.max(b.tokens);
+            }
+            last = last.max(b.tokens);
+        }
+        let (read, w1h, w5m) = (scale(read), scale(last_1h) - scale(read), scale(last) - scale(last_1h.max(read)));
+        Ok(CacheUsage {
+            input_tokens: total.saturating_sub(read + w1h + w5m),
+            cache_read: read,
+            cache_write_5m: w5m,
+            cache_write_1h: w1h,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn long(n: usize) -> String {
+        "word ".repeat(n)
+    }
+
+    fn req(system: &str, user: &str, cc_system: Option<&str>) -> Value {
+        let mut sys = json!({"type": "text", "text": system});
+        if let Some(ttl) = cc_system {
+            sys["cache_control"] =
+                if ttl == "1h" { json!({"type": "ephemeral", "ttl": "1h"}) } else { json!({"type": "ephemeral"}) };
+        }
+        json!({"model": "claude-sonnet-4-5", "max_tokens": 10, "system": [sys], "messages": [{"role": "user", "content": user}]})
+    }
+
+    fn account(c: &PromptCache, body: &Value, now: Instant) -> CacheUsage {
+        let total = estimate_tokens(body.to_string().len());
+        c.account(body, "claude-sonnet-4-5", total, now, now).unwrap()
+    }
+
+    /// Provider example: a first request writes the cached system prompt, the
+    /// next identical-prefix request reads it.
+    #[test]
+    fn a_cached_system_prompt_is_written_then_read() {
+        let c = PromptCache::default();
+        let t0 = Instant::now();
+        let first = account(&c, &req(&long(2000), "q1", Some("5m")), t0);
+        assert!(first.cache_write_5m > 1024 && first.cache_read == 0, "{first:?}");
+        let second = account(&c, &req(&long(2000), "another question", Some("5m")), t0 + Duration::from_secs(1));
+        assert!(
+            second.cache_read.abs_diff(first.cache_write_5m) <= first.cache_write_5m / 100,
+            "{first:?} then {second:?}"
+        );
+        assert_eq!(second.cache_write_5m, 0);
+    }
+
+    /// Provider example: below the minimum cacheable length nothing is cached, no error.
+    #[test]
+    fn short_prompts_are_not_cached() {
+        let c = PromptCache::default();
+        let t0 = Instant::now();
+        let u = account(&c, &req("short system prompt", "q", Some("5m")), t0);
+        assert_eq!((u.cache_read, u.cache_write_5m, u.cache_write_1h), (0, 0, 0));
+        assert_eq!(account(&c, &req("short system prompt", "q", Some("5m")), t0).cache_read, 0);
+    }
+
+    /// An entry is readable only once the response that wrote it began; it expires after its TTL.
+    #[test]
+    fn readability_and_expiry() {
+        let c = PromptCache::default();
+        let t0 = Instant::now();
+        let body = req(&long(2000), "q", Some("5m"));
+        let total = estimate_tokens(body.to_string().len());
+        c.account(&body, "claude-sonnet-4-5", total, t0, t0 + Duration::from_secs(2)).unwrap();
+        assert_eq!(
+            account(&c, &body, t0 + Duration::from_secs(1)).cache_read,
+            0,
+            "the writer has not begun responding"
+        );
+        assert!(account(&c, &body, t0 + Duration::from_secs(3)).cache_read > 0);
+        assert_eq!(account(&c, &body, t0 + Duration::from_secs(3 + 301)).cache_read, 0, "5 minutes later it expired");
+    }
+
+    /// Mixed TTLs: read A, 1-h write B − A, 5-min write C − B; a 1h after a 5m is the provider's 400.
+    #[test]
+    fn mixed_ttls_split_the_writes_and_order_is_enforced() {
+        let c = PromptCache::default();
+        let t0 = Instant::now();
+        let body = json!({"model": "m", "max_tokens": 1, "system": [
+            {"type": "text", "text": long(1500), "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+            {"type": "text", "text": long(1500), "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "q"}]});
+        let u = account(&c, &body, t0);
+        assert!(u.cache_write_1h > 0 && u.cache_write_5m > 0 && u.cache_read == 0, "{u:?}");
+        let bad = json!({"model": "m", "max_tokens": 1, "system": [
+            {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "b", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+            "messages": [{"role": "user", "content": "q"}]});
+        assert!(c.account(&bad, "m", 10, t0, t0).unwrap_err().contains("must not come after"));
+    }
+
+    /// A breakpoint finds an earlier entry only within 20 blocks.
+    #[test]
+    fn lookback_is_twenty_blocks() {
+        let c = PromptCache::default();
+        let t0 = Instant::now();
+        let mut messages = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": long(1500), "cache_control": {"type": "ephemeral"}}]}),
+        ];
+        account(&c, &json!({"model": "m", "max_tokens": 1, "messages": messages.clone()}), t0);
+        let strip = |m: &mut Vec<Value>| m[0]["content"][0].as_object_mut().unwrap().remove("cache_control");
+        strip(&mut messages);
+        let tail = |n: usize, tag: &str| -> Vec<Value> {
+            (0..n).map(|i| json!({"type": "text", "text": format!("{tag}{i}")})).collect()
+        };
+        let mut near = messages.clone();
+        let mut blocks = tail(19, "near");
+        blocks.last_mut().unwrap()["cache_control"] = json!({"type": "ephemeral"});
+        near.push(json!({"role": "assistant", "content": blocks}));
+        near.push(json!({"role": "user", "content": "x"}));
+        assert!(
+            account(&c, &json!({"model": "m", "max_tokens": 1, "messages": near}), t0).cache_read > 0,
+            "19 blocks back: found"
+        );
+        let mut far = messages.clone();
+        let mut blocks = tail(25, "far");
+        blocks.last_mut().unwrap()["cache_control"] = json!({"type": "ephemeral"});
+        far.push(json!({"role": "assistant", "content": blocks}));
+        far.push(json!({"role": "user", "content": "x"}));
+        assert_eq!(
+            account(&c, &json!({"model": "m", "max_tokens": 1, "messages": far}), t0).cache_read,
+            0,
+            "25 blocks back: a silent miss"
+        );
+    }
+}
