@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::history::{NEVER_PRODUCED, to_messages, unanswered_calls};
 use crate::hooks::{HookContext, Hooks, PreDecision};
 use crate::journal::{Journal, TranscriptWriter};
-use crate::provider::{Observer, Provider, ProviderError, Request, StreamEvent, SystemBlock};
+use crate::provider::{CachePlan, Observer, Provider, ProviderError, Request, StreamEvent, SystemBlock};
 use crate::tool::{ToolContext, ToolError, ToolOutput, ToolSet};
 
 /// Who the session is and what bounds it.
@@ -190,6 +190,9 @@ impl AgentSession {
         // The context the last request occupied, as the provider reported it.
         let mut context = history.iter().rev().find_map(|e| e.usage.map(|u| u.context_tokens())).unwrap_or(0);
         let mut warned = false;
+        // The previous request's tail, for its cache breakpoint (none after a
+        // rewrite: a resumed session starts without one).
+        let mut previous_tail: Option<(usize, usize)> = None;
         loop {
             if let Some((warn, at)) = self.handoff {
                 if context >= at {
@@ -247,7 +250,9 @@ impl AgentSession {
                 messages: to_messages(&history),
                 tools: self.tools.defs(),
                 stream: true,
+                cache: Some(CachePlan { previous_tail }),
             };
+            previous_tail = request.tail();
             let dropped: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
             let turn_span = tracing::info_span!("turn", turn = turns);
             let call = tracing::Instrument::instrument(

@@ -58,6 +58,7 @@ fn request(system: &str, stream: bool) -> Request {
         messages: vec![Message { role: "user".into(), content: vec![ContentBlock::text("go")] }],
         tools: vec![],
         stream,
+        cache: None,
     }
 }
 

@@ -23,6 +23,10 @@ pub struct Side {
     pub turns: usize,
     pub body_chars: usize,
     pub tool_calls: usize,
+    /// Reported usage summed over the side's model calls.
+    pub usage: flower_model::Usage,
+    /// Cache reads / (uncached input + cache reads + cache writes).
+    pub cache_rate: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -90,6 +94,9 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
             match e.kind {
                 EntryKind::Assistant => {
                     side.turns += 1;
+                    if let Some(u) = &e.usage {
+                        side.usage.add(u);
+                    }
                     for (id, name, input) in e.tool_uses() {
                         side.tool_calls += 1;
                         // A deliberate read of a spilled file is exempt: it passes the guard by design.
@@ -148,6 +155,8 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
             r.harness_tokens_per_turn_estimate = harness_sum / r.main_turns.len() as f64;
         }
     }
+    r.main.cache_rate = r.main.usage.cache_rate();
+    r.subagents.cache_rate = r.subagents.usage.cache_rate();
     let points: Vec<(f64, f64)> = r.main_turns.iter().map(|t| (t.turn as f64, t.context_tokens as f64)).collect();
     r.main_slope_tokens_per_turn = slope(&points);
     r.main_first_tokens = r.main_turns.first().map_or(0, |t| t.context_tokens);

@@ -52,6 +52,7 @@ pub async fn hand_off(
         messages,
         tools: Vec::new(),
         stream: true,
+        cache: None,
     };
     let written = match ctx.provider.send(&request, None).await {
         Ok(r) => Some(

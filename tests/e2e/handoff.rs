@@ -64,13 +64,20 @@ fn the_threshold_warns_then_hands_off_and_an_incomplete_document_degrades() {
     let first = sessions[1]["entries"][0]["content"][0]["text"].as_str().unwrap();
     assert!(first.contains("Handoff (degraded: the handoff turn's document was incomplete"), "{first}");
     assert!(first.contains("## Where things are") && first.contains("- last calls: "), "{first}");
-    // The first generation stopped near the threshold, not at the provider's limit.
+    // The first generation stopped near the threshold (context = input + cache reads + cache writes).
     let last_context = sessions[0]["entries"]
         .as_array()
         .unwrap()
         .iter()
         .rev()
-        .find_map(|e| e["usage"]["input_tokens"].as_u64())
+        .find_map(|e| {
+            let u = &e["usage"];
+            Some(
+                u["input_tokens"].as_u64()?
+                    + u["cache_read_input_tokens"].as_u64().unwrap_or(0)
+                    + u["cache_creation_input_tokens"].as_u64().unwrap_or(0),
+            )
+        })
         .unwrap();
     assert!((10_000..14_000).contains(&last_context), "{last_context}");
 }

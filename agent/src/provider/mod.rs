@@ -43,6 +43,50 @@ pub struct Request {
     pub tools: Vec<ToolDef>,
     #[serde(default)]
     pub stream: bool,
+    /// Where the prompt-cache breakpoints go (not serialised as such: the
+    /// client writes `cache_control` markers from it).
+    #[serde(skip)]
+    pub cache: Option<CachePlan>,
+}
+
+/// The breakpoints of SPEC §4: the last tool (1 h), the last system block
+/// (1 h), the previous request's tail (5 min), the current tail (5 min) —
+/// never more than 4, longer TTLs first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachePlan {
+    /// (message index, block index) of the previous request's last block,
+    /// when the history since then was only appended to.
+    pub previous_tail: Option<(usize, usize)>,
+}
+
+impl Request {
+    /// The request body with the cache plan's `cache_control` markers.
+    pub fn body(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        let Some(plan) = self.cache else { return v };
+        let one_hour = serde_json::json!({"type": "ephemeral", "ttl": "1h"});
+        let five_min = serde_json::json!({"type": "ephemeral"});
+        if let Some(last) = v["tools"].as_array_mut().and_then(|t| t.last_mut()) {
+            last["cache_control"] = one_hour.clone();
+        }
+        if let Some(last) = v["system"].as_array_mut().and_then(|s| s.last_mut()) {
+            last["cache_control"] = one_hour;
+        }
+        let current = self.messages.len().checked_sub(1).map(|m| (m, self.messages[m].content.len().saturating_sub(1)));
+        for (m, b) in [plan.previous_tail, current].into_iter().flatten() {
+            if let Some(block) = v["messages"][m]["content"].get_mut(b)
+                && block.is_object()
+            {
+                block["cache_control"] = five_min.clone();
+            }
+        }
+        v
+    }
+
+    /// Where this request's tail is: the next request's `previous_tail`.
+    pub fn tail(&self) -> Option<(usize, usize)> {
+        self.messages.len().checked_sub(1).map(|m| (m, self.messages[m].content.len().saturating_sub(1)))
+    }
 }
 
 /// A block of the system prompt.

@@ -126,6 +126,7 @@ async fn resume(a: ResumeArgs) -> anyhow::Result<ExitCode> {
                 messages: flower_agent::history::to_messages(&pruned.entries),
                 tools: vec![],
                 stream: true,
+                cache: None,
             };
             let body = serde_json::to_vec(&request)?;
             times.push(started.elapsed().as_secs_f64() * 1e3);

@@ -73,6 +73,8 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
     row("main context: first → last (tokens)", &|r| format!("{} → {}", r.main_first_tokens, r.main_last_tokens));
     row("main context slope (tokens/turn)", &|r| format!("{:.0}", r.main_slope_tokens_per_turn));
     row("harness tokens per main turn (estimate)", &|r| format!("{:.0}", r.harness_tokens_per_turn_estimate));
+    let rate = |r: Option<f64>| r.map_or("-".to_string(), |x| format!("{:.1}%", x * 100.0));
+    row("cache rate: main / subagents", &|r| format!("{} / {}", rate(r.main.cache_rate), rate(r.subagents.cache_rate)));
     row("spills / chars removed", &|r| format!("{} / {}", r.spills, r.spilled_chars));
     row("denials (main thread) / glances", &|r| format!("{} / {}", r.denials, r.glances));
     row("mandates: count / mean chars", &|r| {
