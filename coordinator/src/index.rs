@@ -6,25 +6,28 @@
 use async_trait::async_trait;
 use flower_agent::hooks::TurnHook;
 use flower_store::Workbench;
-use flower_store::workbench::index_diff;
+use flower_store::workbench::{DescriptionCache, index_diff};
 use tokio::sync::Mutex;
 
 pub struct IndexNotices {
     workbench: Workbench,
     /// The index as last sent to the model.
     sent: Mutex<Option<String>>,
+    /// Descriptions of unchanged files are not read again every turn.
+    descriptions: Mutex<DescriptionCache>,
 }
 
 impl IndexNotices {
     pub fn new(workbench: Workbench) -> Self {
-        Self { workbench, sent: Mutex::new(None) }
+        Self { workbench, sent: Mutex::new(None), descriptions: Mutex::new(DescriptionCache::new()) }
     }
 }
 
 #[async_trait]
 impl TurnHook for IndexNotices {
     async fn before_turn(&self) -> Option<String> {
-        let index = match self.workbench.refresh_index().await {
+        let mut descriptions = self.descriptions.lock().await;
+        let index = match self.workbench.refresh_index_with(&mut descriptions).await {
             Ok((index, _)) => index,
             Err(e) => {
                 tracing::warn!(error = %e, "workbench index not refreshed");

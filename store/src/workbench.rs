@@ -26,6 +26,10 @@ pub const INDEX: &str = "INDEX.md";
 /// Entries listed in the index before "… N more" (the seed's default).
 pub const INDEX_ENTRIES: usize = 40;
 
+/// Descriptions already read, by (path, version): the index is rendered before
+/// every coordinator turn, and unchanged files are not read again.
+pub type DescriptionCache = std::collections::HashMap<(String, String), Option<String>>;
+
 #[derive(Clone)]
 pub struct Workbench {
     store: Arc<dyn ObjectStore>,
@@ -79,12 +83,20 @@ impl Workbench {
 
     /// Every file: (relative path, size), sorted by path.
     pub async fn list(&self) -> Result<Vec<(String, u64)>> {
+        Ok(self.list_versions().await?.into_iter().map(|(p, size, _)| (p, size)).collect())
+    }
+
+    /// Every file with its size and a version (e-tag, else modification time), sorted by path.
+    async fn list_versions(&self) -> Result<Vec<(String, u64, String)>> {
         let prefix = ObjPath::from(self.prefix.as_str());
         let metas: Vec<_> = self.store.list(Some(&prefix)).try_collect().await.map_err(obj_err)?;
         let strip = format!("{}/", self.prefix);
-        let mut out: Vec<(String, u64)> = metas
+        let mut out: Vec<(String, u64, String)> = metas
             .into_iter()
-            .filter_map(|m| m.location.as_ref().strip_prefix(&strip).map(|r| (r.to_string(), m.size)))
+            .filter_map(|m| {
+                let version = m.e_tag.clone().unwrap_or_else(|| m.last_modified.to_rfc3339());
+                m.location.as_ref().strip_prefix(&strip).map(|r| (r.to_string(), m.size, version))
+            })
             .collect();
         out.sort();
         Ok(out)
@@ -94,24 +106,43 @@ impl Workbench {
     /// (size)` (the description from a `# desc:` line near the top), at most
     /// `max_entries` entries, then "… N more".
     pub async fn render_index(&self, max_entries: usize) -> Result<String> {
-        let files: Vec<(String, u64)> = self.list().await?.into_iter().filter(|(p, _)| p != INDEX).collect();
+        self.render_index_with(max_entries, &mut DescriptionCache::new()).await
+    }
+
+    /// [`Workbench::render_index`], reading only descriptions `cache` lacks.
+    pub async fn render_index_with(&self, max_entries: usize, cache: &mut DescriptionCache) -> Result<String> {
+        let files: Vec<(String, u64, String)> =
+            self.list_versions().await?.into_iter().filter(|(p, _, _)| p != INDEX).collect();
         let mut out = String::from("# Workbench index\n");
         let mut shown = 0;
         let mut hidden = 0;
         for folder in FOLDERS {
             let prefix = format!("{folder}/");
-            let in_folder: Vec<&(String, u64)> = files.iter().filter(|(p, _)| p.starts_with(&prefix)).collect();
+            let in_folder: Vec<&(String, u64, String)> =
+                files.iter().filter(|(p, _, _)| p.starts_with(&prefix)).collect();
             out.push_str(&format!("\n## {folder}/\n"));
             if in_folder.is_empty() {
                 out.push_str("(empty)\n");
             }
-            for (path, size) in in_folder {
+            for (path, size, version) in in_folder {
                 if shown >= max_entries {
                     hidden += 1;
                     continue;
                 }
                 shown += 1;
-                let desc = if *folder == "spill" { None } else { self.description(path).await };
+                let desc = if *folder == "spill" {
+                    None
+                } else {
+                    let key = (path.clone(), version.clone());
+                    match cache.get(&key) {
+                        Some(d) => d.clone(),
+                        None => {
+                            let d = self.description(path, *size).await;
+                            cache.insert(key, d.clone());
+                            d
+                        }
+                    }
+                };
                 match desc {
                     Some(d) => out.push_str(&format!("- {path} — {d} ({})\n", human_size(*size))),
                     None => out.push_str(&format!("- {path} ({})\n", human_size(*size))),
@@ -125,9 +156,8 @@ impl Workbench {
     }
 
     /// The `# desc:` line among a file's first lines, if any.
-    async fn description(&self, rel: &str) -> Option<String> {
+    async fn description(&self, rel: &str, size: u64) -> Option<String> {
         let key = self.key(rel).ok()?;
-        let size = self.store.head(&key).await.ok()?.size;
         let head = self.store.get_range(&key, 0..size.min(1024)).await.ok()?;
         let text = String::from_utf8_lossy(&head);
         text.lines().take(5).find_map(|l| {
@@ -138,7 +168,12 @@ impl Workbench {
 
     /// Regenerate `INDEX.md`; returns it and whether it changed.
     pub async fn refresh_index(&self) -> Result<(String, bool)> {
-        let index = self.render_index(INDEX_ENTRIES).await?;
+        self.refresh_index_with(&mut DescriptionCache::new()).await
+    }
+
+    /// [`Workbench::refresh_index`] with a description cache kept by the caller.
+    pub async fn refresh_index_with(&self, cache: &mut DescriptionCache) -> Result<(String, bool)> {
+        let index = self.render_index_with(INDEX_ENTRIES, cache).await?;
         let current = match self.get(INDEX).await {
             Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
             Err(StoreError::NotFound(_)) => None,

@@ -273,6 +273,12 @@ impl Cluster {
         }
     }
 
+    /// Wait until the job's (only) task is in `state`.
+    pub async fn wait_task(&self, job: &str, state: &str) {
+        let q = format!("SELECT state = '{state}' FROM tasks WHERE job_id = '{job}'");
+        self.wait_for(&format!("the task of job {job} to be {state}"), Duration::from_secs(30), &q).await;
+    }
+
     /// Wait until the job is in `state`.
     pub async fn wait_job(&self, job: &str, state: &str) {
         let q = format!("SELECT state = '{state}' FROM jobs WHERE id = '{job}'");

@@ -163,12 +163,7 @@ async fn a_task_that_kills_its_workers_fails_at_the_delivery_limit() {
 async fn a_surviving_coordinator_takes_over_a_running_job() {
     let mut c = Cluster::start(Options { coordinators: 2, workers: 1, lease_ttl: "2s", ..Default::default() }).await;
     let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
-    c.wait_for(
-        "the task to start",
-        Duration::from_secs(30),
-        &format!("SELECT state = 'running' FROM tasks WHERE job_id = '{job}'"),
-    )
-    .await;
+    c.wait_task(&job, "running").await;
     let pg = c.pg().await;
     let lease = pg.query_one(&format!("SELECT owner, epoch FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap();
     let (owner, epoch): (String, i64) = (lease.get(0), lease.get(1));
@@ -366,12 +361,7 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    c.wait_for(
-        "the job to end",
-        Duration::from_secs(60),
-        &format!("SELECT state = 'succeeded' FROM jobs WHERE id = '{}'", first.job_id),
-    )
-    .await;
+    c.wait_job(&first.job_id, "succeeded").await;
     c.stop().await;
 }
 
@@ -380,12 +370,7 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
 async fn sigterm_drains_a_worker() {
     let mut c = Cluster::start(Options { workers: 1, ..Default::default() }).await;
     let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
-    c.wait_for(
-        "the task to start",
-        Duration::from_secs(30),
-        &format!("SELECT state = 'running' FROM tasks WHERE job_id = '{job}'"),
-    )
-    .await;
+    c.wait_task(&job, "running").await;
     // A message for the coordinator while it waits; it is taken in before its next turn.
     let sent = c.flower(&["interrupt", &job, "--message", "please also report the time"]);
     assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
