@@ -39,6 +39,8 @@ enum Command {
     Demo(cmd::run::DemoArgs),
     /// Serve the Anthropic-compatible LLM simulator, playing a scenario
     Sim(cmd::sim::SimArgs),
+    /// Serve the fixture MCP server (a catalog of ≥ 120 realistic tools) over stdio, or streamable HTTP with --http
+    McpFixture(cmd::sim::McpFixtureArgs),
     /// Read transcripts
     #[command(subcommand)]
     Transcript(cmd::transcript::TranscriptCommand),
@@ -106,6 +108,7 @@ fn main() -> ExitCode {
             Command::Run(args) => cmd::run::run(home, args).await,
             Command::Demo(args) => cmd::run::demo(home, args).await,
             Command::Sim(args) => cmd::sim::serve(args).await,
+            Command::McpFixture(args) => cmd::sim::mcp_fixture(args).await,
             Command::Transcript(c) => cmd::transcript::run(home, c).await,
             Command::Status(args) => cmd::status::run(home, args).await,
             Command::Coordinator(args) => cmd::serve::coordinator(args).await,

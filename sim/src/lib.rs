@@ -8,12 +8,14 @@
 //! - [`cache`]: prompt-cache accounting by the provider's rules
 //! - [`engine`]: request validation, stateless step choice, rendering, faults
 //! - [`server`]: the HTTP shell and the exact event shapes it emits
+//! - [`mcp_fixture`]: a fixture MCP server with a catalog of ≥ 120 realistic tools
 //!
 //! The simulator keeps no conversation state: everything it needs is in the
 //! request, which is what lets pruning, resume and handoff work against it.
 
 pub mod cache;
 pub mod engine;
+pub mod mcp_fixture;
 pub mod scenario;
 pub mod server;
 

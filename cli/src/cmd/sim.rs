@@ -32,3 +32,55 @@ pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
     handle.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }
+
+#[derive(Args)]
+pub struct McpFixtureArgs {
+    /// Serve streamable HTTP at this address (endpoint `/mcp`) instead of stdio
+    #[arg(long)]
+    pub http: Option<SocketAddr>,
+    /// Require a token: the value of this environment variable, as a bearer
+    /// token over HTTP; over stdio the server refuses to start without it
+    #[arg(long)]
+    pub token_env: Option<String>,
+    /// Print the catalog (name, category, schema size) instead of serving
+    #[arg(long)]
+    pub list: bool,
+    /// With --list: machine-readable output
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn mcp_fixture(args: McpFixtureArgs) -> anyhow::Result<ExitCode> {
+    use flower_sim::mcp_fixture;
+    if args.list {
+        let tools = mcp_fixture::catalog();
+        if args.json {
+            let v: Vec<_> = tools
+                .iter()
+                .map(|t| serde_json::json!({"name": t.name, "category": t.category, "description": t.description, "inputSchema": t.input_schema}))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            for t in tools {
+                println!("{:<40} {:<28} {} chars", t.name, t.category, t.description.len() + t.input_schema.to_string().len());
+            }
+            println!("{} tools", tools.len());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    match args.http {
+        None => mcp_fixture::serve_stdio(args.token_env.as_deref()).await?,
+        Some(addr) => {
+            let token = match &args.token_env {
+                Some(var) => Some(std::env::var(var).with_context(|| format!("the token variable {var} is not set"))?),
+                None => None,
+            };
+            let server = mcp_fixture::serve_http(addr, token).await.with_context(|| format!("listening on {addr}"))?;
+            eprintln!("flower mcp-fixture listening on {}", server.url());
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => server.shutdown().await,
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
