@@ -10,6 +10,7 @@
 //! - [`guards`]: `delegate_guard` (layer 1) and `spill_guard` (layer 3) as hooks
 //! - [`history`]: stored entries → request messages
 //! - [`tool`]: the `Tool` trait and a session's `ToolSet`
+//! - [`surface`]: tool deferral: the resident set, the index, `search_tools` (BM25)
 //! - [`hooks`]: pre-/post-tool hooks (allow, deny with a marker, rewrite; replace output)
 //! - [`limits`]: a job's budget (tokens, cost, deadline), checked before every model call
 //! - [`mailbox`]: user messages and late reports for a running session (interrupts)
@@ -27,6 +28,7 @@ pub mod limits;
 pub mod mailbox;
 pub mod provider;
 pub mod session;
+pub mod surface;
 pub mod tool;
 
 pub use journal::{Journal, TranscriptWriter};

@@ -27,6 +27,8 @@ pub struct SessionConfig {
     pub system: Vec<SystemBlock>,
     pub max_turns: u32,
     pub max_tokens: u32,
+    /// Where the prompt-cache breakpoints go.
+    pub cache: flower_model::spec::CacheMode,
 }
 
 /// How a run ended.
@@ -160,6 +162,15 @@ impl AgentSession {
             return Ok(Outcome::Answered { text: last.text(), turns: 0, usage: Usage::default() });
         }
         let mut w = TranscriptWriter::new(self.journal.clone(), history.last().map(|e| e.uuid));
+        // The deferred tools this session loaded before, in order: the tool
+        // block is rebuilt as it was sent.
+        let mut loaded: Vec<String> = Vec::new();
+        for name in history.iter().flat_map(|e| &e.markers.loaded_tools) {
+            if !loaded.contains(name) {
+                loaded.push(name.clone());
+            }
+        }
+        w.event(c.job_id, crate::surface::composition(c.session_id, c.role, &self.tools, &c.system));
         // Calls left without a result (the process died mid-turn): idempotent
         // ones are made again (an `Agent` call re-attaches to its task); the
         // others get a neutral, marked result. Before anything else.
@@ -176,7 +187,7 @@ impl AgentSession {
         if !again.is_empty() {
             w.flush().await?;
             let results = self.run_calls(&again).await?;
-            self.record_results(&mut w, &mut history, &again, results);
+            self.record_results(&mut w, &mut history, &again, results, &mut loaded);
         }
         if let Some(content) = input {
             let e = self.entry(EntryKind::User, content);
@@ -193,6 +204,8 @@ impl AgentSession {
         // The previous request's tail, for its cache breakpoint (none after a
         // rewrite: a resumed session starts without one).
         let mut previous_tail: Option<(usize, usize)> = None;
+        // Loaded schemas the previous request carried: more now is a rewrite.
+        let mut sent_loaded = loaded.len();
         loop {
             if let Some((warn, at)) = self.handoff {
                 if context >= at {
@@ -243,14 +256,29 @@ impl AgentSession {
                 w.flush().await?;
             }
             turns += 1;
+            // Newly loaded schemas go after the cached tool block: everything
+            // after it is written again once — a deliberate rewrite, recorded
+            // with its measured cost; the previous-tail marker resets.
+            let rewrite = (loaded.len() > sent_loaded).then_some("tools_loaded");
+            if rewrite.is_some() {
+                previous_tail = None;
+            }
+            sent_loaded = loaded.len();
+            use flower_model::spec::CacheMode;
             let request = Request {
                 model: c.model.clone(),
                 max_tokens: c.max_tokens,
                 system: c.system.clone(),
                 messages: to_messages(&history),
-                tools: self.tools.defs(),
+                tools: self.tools.defs_with(&loaded),
+                resident_tools: Some(self.tools.names().len()),
                 stream: true,
-                cache: Some(CachePlan { previous_tail }),
+                cache: match c.cache {
+                    CacheMode::Full => Some(CachePlan { previous_tail, tail_only: false }),
+                    CacheMode::TailOnly => Some(CachePlan { previous_tail: None, tail_only: true }),
+                    CacheMode::Off => None,
+                },
+                session: Some(c.session_id.to_string()),
             };
             previous_tail = request.tail();
             let dropped: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
@@ -290,6 +318,18 @@ impl AgentSession {
             w.push(assistant.clone());
             history.push(assistant);
             w.usage(c.job_id, response.usage);
+            if let Some(reason) = rewrite {
+                w.event(
+                    c.job_id,
+                    EventKind::CacheRewrite {
+                        session: c.session_id,
+                        turn: turns,
+                        reason: reason.into(),
+                        cache_write_tokens: response.usage.cache_creation_input_tokens,
+                        cache_read_tokens: response.usage.cache_read_input_tokens,
+                    },
+                );
+            }
             w.event(
                 c.job_id,
                 EventKind::TurnCompleted {
@@ -329,7 +369,7 @@ impl AgentSession {
                 return Ok(Outcome::Answered { text, turns, usage });
             }
             let results = tracing::Instrument::instrument(self.run_calls(&calls), turn_span).await?;
-            self.record_results(&mut w, &mut history, &calls, results);
+            self.record_results(&mut w, &mut history, &calls, results, &mut loaded);
             w.flush().await?;
         }
     }
@@ -341,9 +381,32 @@ impl AgentSession {
         history: &mut Vec<Entry>,
         calls: &[(String, String, serde_json::Value)],
         results: Vec<ToolOutput>,
+        loaded: &mut Vec<String>,
     ) {
         let c = &self.config;
-        for ((id, name, _), out) in calls.iter().zip(results) {
+        for ((id, name, _), mut out) in calls.iter().zip(results) {
+            // A direct call to a deferred tool loads its schema; the call ran in this step.
+            if self.tools.is_deferred(name)
+                && out.markers.denial_kind.is_none()
+                && !loaded.contains(name)
+                && !out.markers.loaded_tools.contains(name)
+            {
+                out.markers.loaded_tools.push(name.clone());
+                out.events.push(EventKind::ToolsLoaded {
+                    session: c.session_id,
+                    trigger: "direct_call".into(),
+                    tools: vec![name.clone()],
+                    query: None,
+                });
+            }
+            for t in &out.markers.loaded_tools {
+                if !loaded.contains(t) {
+                    loaded.push(t.clone());
+                }
+            }
+            for ev in std::mem::take(&mut out.events) {
+                w.event(c.job_id, ev);
+            }
             let chars =
                 out.content.iter().map(|b| if let ResultBlock::Text { text } = b { text.len() } else { 0 }).sum();
             let mut e = self.entry(

@@ -33,6 +33,8 @@ pub struct ToolOutput {
     pub markers: Markers,
     /// Text blocks a post-tool hook moved to the workbench: (path, chars).
     pub spills: Vec<(String, usize)>,
+    /// Events to record with the result (e.g. a search's loads or miss).
+    pub events: Vec<flower_model::EventKind>,
 }
 
 impl ToolOutput {
@@ -75,11 +77,15 @@ pub trait Tool: Send + Sync + 'static {
     async fn call(&self, input: serde_json::Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>;
 }
 
-/// The tools of one session, by name, in the order they are sent.
+/// The tools of one session (its role's admitted set), by name: the
+/// resident ones in the order they are sent, and the deferred ones (SPEC §4),
+/// callable by name but sent only once loaded.
 #[derive(Clone, Default)]
 pub struct ToolSet {
     tools: BTreeMap<String, Arc<dyn Tool>>,
     order: Vec<String>,
+    deferred: Vec<String>,
+    categories: BTreeMap<String, String>,
 }
 
 impl ToolSet {
@@ -87,6 +93,7 @@ impl ToolSet {
         Self::default()
     }
 
+    /// Add a resident tool (its schema in every request).
     pub fn add(&mut self, tool: Arc<dyn Tool>) {
         let name = tool.name().to_string();
         if self.tools.insert(name.clone(), tool).is_none() {
@@ -94,25 +101,63 @@ impl ToolSet {
         }
     }
 
+    /// Add a deferred tool under an index heading.
+    pub fn add_deferred(&mut self, tool: Arc<dyn Tool>, category: &str) {
+        let name = tool.name().to_string();
+        if self.tools.insert(name.clone(), tool).is_none() {
+            self.categories.insert(name.clone(), category.to_string());
+            self.deferred.push(name);
+        }
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.tools.get(name)
     }
 
+    /// The resident tools' names, in order.
     pub fn names(&self) -> &[String] {
         &self.order
     }
 
-    /// Definitions in a stable order (the cached prefix depends on it).
+    /// The deferred tools' names, in order.
+    pub fn deferred(&self) -> &[String] {
+        &self.deferred
+    }
+
+    pub fn is_deferred(&self, name: &str) -> bool {
+        self.categories.contains_key(name)
+    }
+
+    /// A deferred tool's index heading.
+    pub fn category(&self, name: &str) -> Option<&str> {
+        self.categories.get(name).map(String::as_str)
+    }
+
+    /// Every admitted tool: resident first, then deferred.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
+        self.order.iter().chain(&self.deferred).filter_map(|n| self.tools.get(n))
+    }
+
+    /// One tool's definition.
+    pub fn def(&self, name: &str) -> Option<ToolDef> {
+        self.tools.get(name).map(|t| ToolDef {
+            name: t.name().to_string(),
+            description: t.description(),
+            input_schema: t.input_schema(),
+        })
+    }
+
+    /// Resident definitions in a stable order (the cached prefix depends on it).
     pub fn defs(&self) -> Vec<ToolDef> {
-        self.order
-            .iter()
-            .filter_map(|n| self.tools.get(n))
-            .map(|t| ToolDef {
-                name: t.name().to_string(),
-                description: t.description(),
-                input_schema: t.input_schema(),
-            })
-            .collect()
+        self.order.iter().filter_map(|n| self.def(n)).collect()
+    }
+
+    /// The resident definitions, then the `loaded` deferred ones in load
+    /// order: loads are appended after the cached block, never merged in.
+    pub fn defs_with(&self, loaded: &[String]) -> Vec<ToolDef> {
+        let mut defs = self.defs();
+        defs.extend(loaded.iter().filter(|n| self.is_deferred(n)).filter_map(|n| self.def(n)));
+        defs
     }
 }
 

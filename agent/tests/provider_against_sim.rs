@@ -59,6 +59,7 @@ fn request(system: &str, stream: bool) -> Request {
         tools: vec![],
         stream,
         cache: None,
+        ..Default::default()
     }
 }
 

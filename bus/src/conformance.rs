@@ -85,7 +85,12 @@ async fn notices_fan_out<B: Notifier>(bus: &B) {
     let (mut s1, mut s2) = (bus.subscribe(), bus.subscribe());
     let job = JobId::random();
     let sent =
-        [Notice::Events { job, seq: 7 }, Notice::TaskDone { job, task: TaskId::random() }, Notice::Cancel { job }];
+        [
+        Notice::Events { job, seq: 7 },
+        Notice::TaskDone { job, task: TaskId::random() },
+        Notice::Cancel { job },
+        Notice::TaskStreaming { job, task: TaskId::random() },
+    ];
     for n in &sent {
         bus.notify(n.clone()).await.unwrap();
     }

@@ -63,6 +63,9 @@ pub enum Notice {
     TaskDone { job: JobId, task: TaskId },
     /// Stop work on a job (cancel); workers stop its running tasks.
     Cancel { job: JobId },
+    /// A task's first model response began streaming: its prompt prefix is
+    /// now readable from the provider's cache (fan-out staggering).
+    TaskStreaming { job: JobId, task: TaskId },
 }
 
 /// One delivery of a task message.

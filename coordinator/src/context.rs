@@ -59,6 +59,58 @@ pub struct ContextReport {
     /// The largest result of a spill-matched tool that entered any context
     /// (reads of spilled files excepted: they pass the guard by design).
     pub largest_spill_matched_result: usize,
+    /// Every session's tool surface, history and cache figures (the context explorer).
+    pub sessions: Vec<SessionView>,
+    /// Deferred tools loaded, over the job (direct calls + searches).
+    pub tools_loaded: usize,
+    /// `search_tools` calls that matched nothing.
+    pub search_misses: usize,
+    /// Requests that deliberately rewrote the cached prefix, with what they wrote.
+    pub cache_rewrites: Vec<Rewrite>,
+    /// The job's usage priced by the spec's table (else the built-in one), per model.
+    pub cost_usd: Option<f64>,
+    /// The job's cache rate (every session).
+    pub cache_rate: Option<f64>,
+}
+
+/// One session as the context explorer shows it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SessionView {
+    pub session: String,
+    pub role: String,
+    pub label: String,
+    pub turns: usize,
+    /// The context its last request occupied (provider-reported).
+    pub history_tokens: u64,
+    pub usage: flower_model::Usage,
+    pub cache_rate: Option<f64>,
+    /// Tool deferral on for this session.
+    pub deferral: bool,
+    pub resident: Vec<flower_model::event::ToolCost>,
+    pub deferred: Vec<flower_model::event::ToolCost>,
+    /// Estimates (4 characters a token): resident schemas, the deferred index, the whole system prompt.
+    pub tool_tokens: u64,
+    pub index_tokens: u64,
+    pub system_tokens: u64,
+    /// (tool, trigger) in load order.
+    pub loaded: Vec<(String, String)>,
+    pub search_misses: Vec<String>,
+    pub spills: usize,
+}
+
+impl SessionView {
+    /// What the tools cost this session's requests: resident schemas plus the index.
+    pub fn tool_block_tokens(&self) -> u64 {
+        self.tool_tokens + self.index_tokens
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Rewrite {
+    pub session: String,
+    pub turn: u32,
+    pub reason: String,
+    pub cache_write_tokens: u64,
 }
 
 fn step_of(entry: &Entry) -> Option<usize> {
@@ -80,8 +132,34 @@ fn slope(points: &[(f64, f64)]) -> f64 {
 pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, StoreError> {
     let mut r = ContextReport { job: job.to_string(), ..Default::default() };
     let sessions = store.sessions(job).await?;
+    let spec = store.get_job(job).await.ok().and_then(|j| flower_model::JobSpec::from_value(j.spec).ok());
+    let mut cost: Option<f64> = None;
+    let mut all = flower_model::Usage::default();
     for s in &sessions {
         let entries = store.entries(s.id, 0, u32::MAX).await?;
+        let mut view = SessionView {
+            session: s.id.to_string(),
+            role: s.role.as_str().into(),
+            label: s.label.clone(),
+            ..Default::default()
+        };
+        for e in entries.iter().filter(|e| e.kind == EntryKind::Assistant) {
+            let Some(u) = &e.usage else { continue };
+            view.turns += 1;
+            view.usage.add(u);
+            view.history_tokens = u.context_tokens();
+            let model = e.model.clone().unwrap_or_default();
+            let price = match &spec {
+                Some(sp) => sp.runtime.budget.price(&model),
+                None => flower_model::spec::builtin_price(&model),
+            };
+            if let Some(p) = price {
+                *cost.get_or_insert(0.0) += p.cost(u);
+            }
+        }
+        all.add(&view.usage);
+        view.cache_rate = view.usage.cache_rate();
+        r.sessions.push(view);
         let main = s.role == Role::Coordinator;
         let side = if main { &mut r.main } else { &mut r.subagents };
         side.sessions += 1;
@@ -155,6 +233,8 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
             r.harness_tokens_per_turn_estimate = harness_sum / r.main_turns.len() as f64;
         }
     }
+    r.cost_usd = cost;
+    r.cache_rate = all.cache_rate();
     r.main.cache_rate = r.main.usage.cache_rate();
     r.subagents.cache_rate = r.subagents.usage.cache_rate();
     let points: Vec<(f64, f64)> = r.main_turns.iter().map(|t| (t.turn as f64, t.context_tokens as f64)).collect();
@@ -167,9 +247,50 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
         let Some(last) = events.last() else { break };
         after = last.seq;
         for e in &events {
-            if let EventKind::Spill { chars, .. } = &e.kind {
-                r.spills += 1;
-                r.spilled_chars += chars;
+            let view = |r: &ContextReport, session: &flower_model::SessionId| {
+                let id = session.to_string();
+                r.sessions.iter().position(|v| v.session == id)
+            };
+            match &e.kind {
+                EventKind::Spill { chars, session, .. } => {
+                    r.spills += 1;
+                    r.spilled_chars += chars;
+                    if let Some(i) = view(&r, session) {
+                        r.sessions[i].spills += 1;
+                    }
+                }
+                EventKind::ToolSurface {
+                    session, deferral, resident, deferred, tool_tokens, index_tokens, system_tokens, ..
+                } => {
+                    if let Some(i) = view(&r, session) {
+                        let v = &mut r.sessions[i];
+                        v.deferral = *deferral;
+                        v.resident = resident.clone();
+                        v.deferred = deferred.clone();
+                        (v.tool_tokens, v.index_tokens, v.system_tokens) = (*tool_tokens, *index_tokens, *system_tokens);
+                    }
+                }
+                EventKind::ToolsLoaded { session, trigger, tools, .. } => {
+                    r.tools_loaded += tools.len();
+                    if let Some(i) = view(&r, session) {
+                        r.sessions[i].loaded.extend(tools.iter().map(|t| (t.clone(), trigger.clone())));
+                    }
+                }
+                EventKind::ToolSearchMiss { session, query, .. } => {
+                    r.search_misses += 1;
+                    if let Some(i) = view(&r, session) {
+                        r.sessions[i].search_misses.push(query.clone());
+                    }
+                }
+                EventKind::CacheRewrite { session, turn, reason, cache_write_tokens, .. } => {
+                    r.cache_rewrites.push(Rewrite {
+                        session: session.to_string(),
+                        turn: *turn,
+                        reason: reason.clone(),
+                        cache_write_tokens: *cache_write_tokens,
+                    });
+                }
+                _ => {}
             }
         }
     }
@@ -223,4 +344,51 @@ mod tests {
         assert_eq!(slope(&[(1.0, 10.0), (2.0, 12.0), (3.0, 14.0)]), 2.0);
         assert_eq!(slope(&[(1.0, 5.0)]), 0.0);
     }
+}
+
+/// The simulator's cache audit checked against the job's recorded rewrites.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CacheAudit {
+    /// Requests audited (a resend of the same body counts once).
+    pub requests: usize,
+    /// Requests that began with the previous request's blocks.
+    pub append_only: usize,
+    /// Requests that did not extend the previous one or read less than it left cached.
+    pub misses: usize,
+    /// Misses at a recorded deliberate rewrite.
+    pub explained: usize,
+    /// Misses nothing explains: "session S turn N: ...".
+    pub unexplained: Vec<String>,
+}
+
+/// Join the simulator's per-session audit with the rewrites the job recorded.
+pub fn audit(
+    records: &std::collections::HashMap<String, Vec<flower_sim::engine::AuditRecord>>,
+    rewrites: &[Rewrite],
+) -> CacheAudit {
+    let mut a = CacheAudit::default();
+    let mut sessions: Vec<_> = records.iter().collect();
+    sessions.sort_by(|x, y| x.0.cmp(y.0));
+    for (session, list) in sessions {
+        for rec in list {
+            a.requests += 1;
+            a.append_only += usize::from(rec.append_only);
+            if !rec.miss {
+                continue;
+            }
+            a.misses += 1;
+            if rewrites.iter().any(|w| &w.session == session && w.turn == rec.turn) {
+                a.explained += 1;
+            } else {
+                a.unexplained.push(format!(
+                    "session {session} turn {}: {}read {} of the {} blocks the previous request left cached",
+                    rec.turn,
+                    if rec.append_only { "" } else { "not append-only; " },
+                    rec.read_blocks,
+                    rec.previous_cached_blocks
+                ));
+            }
+        }
+    }
+    a
 }

@@ -17,6 +17,9 @@ use tokio_util::sync::CancellationToken;
 /// (notices are hints; this bounds the delay if one is lost).
 const RECHECK: Duration = Duration::from_secs(5);
 
+/// Longest a staggered sibling waits for its shape's first child (SPEC §4).
+pub const STAGGER_WAIT: Duration = Duration::from_secs(8);
+
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
     #[error(transparent)]
@@ -34,6 +37,9 @@ pub struct Dispatcher {
     /// Changesets are applied one at a time.
     apply_lock: tokio::sync::Mutex<()>,
     epoch: i64,
+    /// Fan-out staggering: per shape, released once its first child's first
+    /// model response began streaming (or it ended, or 8 s passed).
+    gates: std::sync::Mutex<std::collections::HashMap<String, tokio::sync::watch::Receiver<bool>>>,
 }
 
 /// What a delegation asks for.
@@ -44,17 +50,69 @@ pub struct Delegation<'a> {
     pub worker: &'a str,
     pub description: &'a str,
     pub mandate: &'a str,
+    /// (role, provider, model) of the child, when siblings of one shape are staggered.
+    pub shape: Option<String>,
 }
 
 impl Dispatcher {
     pub fn new(journal: Journal, queue: Arc<dyn TaskQueue>, workspace: Workspace, epoch: i64) -> Self {
-        Self { journal, queue, workspace, apply_lock: tokio::sync::Mutex::new(()), epoch }
+        Self { journal, queue, workspace, apply_lock: tokio::sync::Mutex::new(()), epoch, gates: Default::default() }
+    }
+
+    /// Fan-out staggering: the first child of a shape starts alone; its
+    /// siblings wait until its first model response begins streaming — a
+    /// notice from whichever worker runs it — so they read the prefix it
+    /// wrote instead of each writing their own. At most [`STAGGER_WAIT`].
+    async fn stagger(&self, d: &Delegation<'_>) -> Result<Task, DispatchError> {
+        let Some(shape) = &d.shape else { return self.dispatch(d).await };
+        // Ok(receiver): a sibling waits; Err(sender): this one leads.
+        let role = {
+            let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+            match gates.get(shape) {
+                Some(rx) => Ok(rx.clone()),
+                None => {
+                    let (tx, rx) = tokio::sync::watch::channel(false);
+                    gates.insert(shape.clone(), rx);
+                    Err(tx)
+                }
+            }
+        };
+        match role {
+            Ok(mut rx) => {
+                let _ = tokio::time::timeout(STAGGER_WAIT, rx.wait_for(|released| *released)).await;
+            }
+            Err(tx) => {
+                // Listen before publishing: the notice cannot be missed.
+                let mut notices = self.journal.notifier().subscribe();
+                let task = self.dispatch(d).await;
+                let id = task.as_ref().map(|t| t.id).ok();
+                tokio::spawn(async move {
+                    let wait = async {
+                        loop {
+                            match notices.recv().await {
+                                Heard::Notice(Notice::TaskStreaming { task, .. } | Notice::TaskDone { task, .. })
+                                    if Some(task) == id =>
+                                {
+                                    break;
+                                }
+                                Heard::Closed => break,
+                                _ => {}
+                            }
+                        }
+                    };
+                    let _ = tokio::time::timeout(STAGGER_WAIT, wait).await;
+                    let _ = tx.send(true);
+                });
+                return task;
+            }
+        }
+        self.dispatch(d).await
     }
 
     /// Create the task (or find it again: the id is derived from the call) and
     /// publish it unless it already ended.
     #[tracing::instrument(name = "task.publish", skip_all, fields(job = %d.job, worker = d.worker))]
-    pub async fn dispatch(&self, d: Delegation<'_>) -> Result<Task, DispatchError> {
+    pub async fn dispatch(&self, d: &Delegation<'_>) -> Result<Task, DispatchError> {
         let task = Task::queued(d.job, d.session, d.tool_use_id, d.worker, d.description, d.mandate);
         let id = task.id;
         let (task, _created, written) = self.journal.store().create_task(task, self.journal.fence()).await?;
@@ -102,7 +160,10 @@ impl Dispatcher {
     /// Dispatch, wait for the end, and apply the task's workspace changes when
     /// it succeeded. `None` when cancelled while waiting.
     pub async fn delegate(&self, d: Delegation<'_>, cancel: &CancellationToken) -> Result<Option<Task>, DispatchError> {
-        let task = self.dispatch(d).await?;
+        let task = tokio::select! {
+            t = self.stagger(&d) => t?,
+            _ = cancel.cancelled() => return Ok(None),
+        };
         let task = match self.wait(task.id, cancel).await {
             Ok(t) => t,
             Err(DispatchError::Cancelled) => return Ok(None),

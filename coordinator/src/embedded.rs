@@ -61,6 +61,8 @@ pub struct RunSummary {
     pub artifacts: Vec<(String, u64)>,
     /// What entered the main thread versus the subagents (`flower context`).
     pub context: crate::context::ContextReport,
+    /// With the in-process simulator: its cache audit against the recorded rewrites.
+    pub cache_audit: Option<crate::context::CacheAudit>,
 }
 
 pub struct EmbeddedRuntime {
@@ -170,11 +172,14 @@ impl EmbeddedRuntime {
         if let Err(e) = workers.await {
             tracing::error!(error = %e, "worker pool ended abnormally");
         }
+        let records = sim.as_ref().map(|s| s.audit());
         if let Some(sim) = sim {
             sim.shutdown().await;
         }
         let finished = finished?;
-        self.summary(job_id, finished.session, finished.turns).await
+        let mut summary = self.summary(job_id, finished.session, finished.turns).await?;
+        summary.cache_audit = records.map(|r| crate::context::audit(&r, &summary.context.cache_rewrites));
+        Ok(summary)
     }
 
     /// The provider a spec names; for `sim`, a simulator started here on an
@@ -243,6 +248,7 @@ impl EmbeddedRuntime {
             workbench: self.workbench_dir(job_id),
             artifacts,
             context: crate::context::report(self.store.as_ref(), job_id).await?,
+            cache_audit: None,
         })
     }
 }

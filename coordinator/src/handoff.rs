@@ -53,6 +53,7 @@ pub async fn hand_off(
         tools: Vec::new(),
         stream: true,
         cache: None,
+        ..Default::default()
     };
     let written = match ctx.provider.send(&request, None).await {
         Ok(r) => Some(

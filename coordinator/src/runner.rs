@@ -195,7 +195,9 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
         system: crate::prompts::system_prompt(spec).into_iter().map(SystemBlock::text).collect(),
         max_turns: spec.runtime.max_turns,
         max_tokens: spec.runtime.max_output_tokens,
+        cache: spec.runtime.prompt_cache,
     };
+    let tools = flower_agent::surface::finish(tools, rt.tool_deferral);
     AgentSession::new(config, ctx.provider.clone(), Arc::new(tools), hooks, ctx.journal.clone(), ctx.cancel.clone())
         .with_inbox(ctx.inbox.clone())
 }

@@ -44,6 +44,11 @@ pub struct Markers {
     /// the call was made (a later policy never re-judges old entries).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral: Option<bool>,
+    /// Deferred tools whose schemas this result loaded (the matches of a
+    /// `search_tools` call, or the tool itself on a direct call): a resumed
+    /// session rebuilds its tool block from these, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loaded_tools: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -70,6 +70,49 @@ pub enum EventKind {
         path: String,
         chars: usize,
     },
+    /// A session's tool surface as its first request showed it (SPEC §4):
+    /// resident tools with their schema tokens, the deferred ones with what
+    /// each withheld schema would cost, the index and system prompt sizes.
+    /// Token figures are local estimates (4 characters a token).
+    ToolSurface {
+        session: SessionId,
+        role: String,
+        deferral: bool,
+        resident: Vec<ToolCost>,
+        deferred: Vec<ToolCost>,
+        /// Tokens of the resident schemas.
+        tool_tokens: u64,
+        /// Tokens of the deferred tools' index (part of the system prompt).
+        index_tokens: u64,
+        /// Tokens of the whole system prompt (index included).
+        system_tokens: u64,
+    },
+    /// Deferred tools whose schemas were loaded, and why (`direct_call` or
+    /// `search_tools`); appended after the cached tool block.
+    ToolsLoaded {
+        session: SessionId,
+        trigger: String,
+        tools: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        query: Option<String>,
+    },
+    /// A `search_tools` call that matched nothing (a recorded miss).
+    ToolSearchMiss {
+        session: SessionId,
+        query: String,
+        limit: u32,
+    },
+    /// A request that deliberately did not extend the previous one (tool
+    /// schemas loaded, uneventful output pruned): what it wrote to the cache
+    /// again, as the provider reported it. `turn` counts the session's
+    /// requests in this run, from 1.
+    CacheRewrite {
+        session: SessionId,
+        turn: u32,
+        reason: String,
+        cache_write_tokens: u64,
+        cache_read_tokens: u64,
+    },
     /// A guard refused a call (the result entry carries the structural marker).
     ToolDenied {
         session: SessionId,
@@ -121,6 +164,10 @@ impl EventKind {
             Self::HandoffWarning { .. } => "handoff_warning",
             Self::Handoff { .. } => "handoff",
             Self::ToolDenied { .. } => "tool_denied",
+            Self::ToolSurface { .. } => "tool_surface",
+            Self::ToolsLoaded { .. } => "tools_loaded",
+            Self::ToolSearchMiss { .. } => "tool_search_miss",
+            Self::CacheRewrite { .. } => "cache_rewrite",
         }
     }
 }
@@ -147,4 +194,13 @@ mod tests {
         let k = EventKind::JobState { state: JobState::Running, reason: None };
         assert_eq!(serde_json::to_value(&k).unwrap()["kind"], k.name());
     }
+}
+
+/// A tool and the tokens its schema costs (an estimate).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCost {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub category: String,
+    pub tokens: u64,
 }

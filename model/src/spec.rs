@@ -43,8 +43,54 @@ pub struct JobSpec {
     pub workspace: Option<PathBuf>,
     pub coordinator: CoordinatorSpec,
     pub workers: BTreeMap<String, WorkerSpec>,
+    /// MCP servers whose tools join the workers' surface as
+    /// `mcp__<server>__<tool>` (workers are the MCP clients).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mcp_servers: BTreeMap<String, McpServerSpec>,
     #[serde(default)]
     pub runtime: RuntimeOptions,
+}
+
+/// An MCP server a job's workers connect to: stdio (`command`) or
+/// streamable HTTP (`url`). Credentials never appear in a spec: they are
+/// named here and read from the worker's environment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerSpec {
+    /// A stdio server: the program and its arguments (`flower` means the
+    /// worker's own binary, e.g. `[flower, mcp-fixture]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// A streamable HTTP server's endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Environment of a stdio server, each value taken from the worker's
+    /// environment: `{SERVER_VAR: WORKER_VAR}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env_from: BTreeMap<String, String>,
+    /// An HTTP server's bearer token, read from this worker environment variable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_env: Option<String>,
+    /// Tools of this server kept resident (full schema in every request);
+    /// the others are deferred: listed by name, loaded on use or by search.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resident: Vec<String>,
+}
+
+/// Most tools a role may keep resident (SPEC §4).
+pub const MAX_RESIDENT_TOOLS: usize = 40;
+
+/// Where the prompt-cache breakpoints go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheMode {
+    /// SPEC §4: last tool (1 h), last system block (1 h), previous tail and current tail (5 min).
+    #[default]
+    Full,
+    /// One marker on the current tail only (a naive request builder, for comparison).
+    TailOnly,
+    /// No markers.
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +176,16 @@ pub struct RuntimeOptions {
     /// When the coordinator's main thread nears its window, a new session
     /// continues from a handoff document.
     pub handoff: HandoffOptions,
+    /// Two-tier tool surface: a resident set with schemas, every other tool
+    /// by name in an index, loaded on use or by `search_tools` (default
+    /// true). Off: every admitted tool resident, no `search_tools`.
+    pub tool_deferral: bool,
+    /// Siblings of one shape (role, provider, model) wait for the first
+    /// one's first streamed event before starting, so they read its cache
+    /// entry instead of writing their own (default true; at most 8 s).
+    pub fanout_stagger: bool,
+    /// Prompt-cache breakpoints (default `full`).
+    pub prompt_cache: CacheMode,
 }
 
 /// Handoff of the coordinator's main thread (flower's formula).
@@ -312,6 +368,9 @@ impl Default for RuntimeOptions {
             pruning: PruningOptions::default(),
             budget: Budget::default(),
             handoff: HandoffOptions::default(),
+            tool_deferral: true,
+            fanout_stagger: true,
+            prompt_cache: CacheMode::Full,
         }
     }
 }
@@ -457,6 +516,45 @@ impl JobSpec {
         {
             return Err(SpecError::new("base_url", format!("`{url}` is not an http(s) URL")));
         }
+        for (name, m) in &self.mcp_servers {
+            let at = format!("mcp_servers.{name}");
+            if name.is_empty() || name.len() > 16 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                return Err(SpecError::new(
+                    at,
+                    "a server name is 1-16 letters, digits or '-' (tools are named mcp__<server>__<tool>, at most 64 characters)",
+                ));
+            }
+            match (m.command.is_empty(), &m.url) {
+                (true, None) => return Err(SpecError::new(at, "needs `command` (stdio) or `url` (streamable HTTP)")),
+                (false, Some(_)) => return Err(SpecError::new(at, "has both `command` and `url`: choose one transport")),
+                (true, Some(url)) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                    return Err(SpecError::new(format!("{at}.url"), format!("`{url}` is not an http(s) URL")));
+                }
+                _ => {}
+            }
+            if m.url.is_some() && !m.env_from.is_empty() {
+                return Err(SpecError::new(format!("{at}.env_from"), "only for stdio servers (use `token_env` over HTTP)"));
+            }
+            if !m.command.is_empty() && m.token_env.is_some() {
+                return Err(SpecError::new(format!("{at}.token_env"), "only for HTTP servers (use `env_from` for stdio)"));
+            }
+            for (var, from) in m.env_from.iter().chain(m.token_env.as_ref().map(|t| (t, t))) {
+                let ok = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+                if !ok(var) || !ok(from) {
+                    return Err(SpecError::new(
+                        format!("{at}.env_from"),
+                        format!("`{var}: {from}` must name environment variables (secrets never go in a spec)"),
+                    ));
+                }
+            }
+        }
+        let resident: usize = self.mcp_servers.values().map(|m| m.resident.len()).sum::<usize>() + WORKER_TOOLS.len() + 1;
+        if self.runtime.tool_deferral && resident > MAX_RESIDENT_TOOLS {
+            return Err(SpecError::new(
+                "mcp_servers",
+                format!("{resident} resident tools: a role keeps at most {MAX_RESIDENT_TOOLS} (list fewer under `resident`)"),
+            ));
+        }
         let r = &self.runtime;
         for (field, v) in [
             ("runtime.max_turns", r.max_turns),
@@ -587,6 +685,26 @@ workers:
 
         assert_eq!(err("- a\n- b\n").field, "(document)");
         assert_eq!(err("name: [").field, "(document)");
+    }
+
+    #[test]
+    fn mcp_servers_are_checked_and_secrets_stay_out() {
+        let with = |m: &str| format!("{GOOD}mcp_servers:\n{m}");
+        let ok = JobSpec::parse(&with("  fx:\n    command: [flower, mcp-fixture]\n    env_from: {TOKEN: MY_TOKEN}\n")).unwrap();
+        assert_eq!(ok.mcp_servers["fx"].env_from["TOKEN"], "MY_TOKEN");
+        let e = err(&with("  fx:\n    command: [srv]\n    env: {TOKEN: hunter2}\n"));
+        assert_eq!(e.field, "mcp_servers.fx.env", "a clear-text environment is refused: {e}");
+        let e = err(&with("  fx: {}\n"));
+        assert!(e.field == "mcp_servers.fx" && e.message.contains("`command` (stdio) or `url`"), "{e}");
+        let e = err(&with("  fx:\n    url: ftp://x\n"));
+        assert_eq!(e.field, "mcp_servers.fx.url");
+        let e = err(&with("  fx:\n    command: [srv]\n    env_from: {TOKEN: \"hunter2 value\"}\n"));
+        assert_eq!(e.field, "mcp_servers.fx.env_from");
+        let e = err(&with("  a_very_long_server_name:\n    command: [srv]\n"));
+        assert!(e.message.contains("64 characters"), "{e}");
+        let resident: Vec<String> = (0..40).map(|i| format!("t{i}")).collect();
+        let e = err(&with(&format!("  fx:\n    command: [srv]\n    resident: [{}]\n", resident.join(", "))));
+        assert!(e.message.contains("at most 40"), "{e}");
     }
 
     #[test]

@@ -82,3 +82,10 @@ mod tests {
         assert_eq!(Usage::default().cache_rate(), None);
     }
 }
+
+/// A local estimate of the tokens of `chars` characters of JSON or prose
+/// (4 characters a token). Only for what has not been sent yet; every
+/// threshold uses the provider's reported counts.
+pub fn estimate_tokens(chars: usize) -> u64 {
+    chars.div_ceil(4) as u64
+}

@@ -51,6 +51,19 @@ struct Cached {
     readable_at: Instant,
 }
 
+/// What one request looked like to the cache, for the audit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// Prefix hashes of its blocks (`cache_control` stripped): request B
+    /// extends request A exactly when A's chain is a prefix of B's.
+    pub chain: Vec<[u8; 32]>,
+    /// Blocks read from the cache (the prefix up to the hit).
+    pub read_blocks: usize,
+    /// Blocks the cache holds for this prefix after the request (its last
+    /// breakpoint long enough to cache, or what it read).
+    pub cached_blocks: usize,
+}
+
 #[derive(Default)]
 pub struct PromptCache {
     entries: Mutex<HashMap<[u8; 32], Cached>>,
@@ -64,7 +77,8 @@ struct Block {
     ttl: Option<Duration>,
 }
 
-fn blocks_of(body: &Value) -> Vec<Value> {
+/// The prefix's blocks in order: tools, system, then each message's content blocks.
+pub(crate) fn blocks_of(body: &Value) -> Vec<Value> {
     let mut out = Vec::new();
     for t in body["tools"].as_array().into_iter().flatten() {
         out.push(t.clone());
@@ -98,7 +112,7 @@ impl PromptCache {
         total: u64,
         now: Instant,
         responds_at: Instant,
-    ) -> Result<CacheUsage, String> {
+    ) -> Result<(CacheUsage, Shape), String> {
         let mut chain = Sha256::digest(b"flower-sim-cache").into();
         let mut tokens = 0u64;
         let mut blocks = Vec::new();
@@ -155,6 +169,8 @@ impl PromptCache {
             }
         }
         let read = hit.map_or(0, |a| blocks[a].tokens);
+        let read_blocks = hit.map_or(0, |a| a + 1);
+        let mut cached_blocks = read_blocks;
         // Writes at every breakpoint after A, when long enough to cache.
         let mut last_1h = read;
         let mut last = read;
@@ -164,18 +180,20 @@ impl PromptCache {
                 continue;
             }
             entries.entry(b.prefix).or_insert(Cached { ttl, expires: now + ttl, readable_at: responds_at });
+            cached_blocks = cached_blocks.max(p + 1);
             if ttl == ONE_HOUR {
                 last_1h = last_1h.max(b.tokens);
             }
             last = last.max(b.tokens);
         }
         let (read, w1h, w5m) = (scale(read), scale(last_1h) - scale(read), scale(last) - scale(last_1h.max(read)));
-        Ok(CacheUsage {
+        let usage = CacheUsage {
             input_tokens: total.saturating_sub(read + w1h + w5m),
             cache_read: read,
             cache_write_5m: w5m,
             cache_write_1h: w1h,
-        })
+        };
+        Ok((usage, Shape { chain: blocks.iter().map(|b| b.prefix).collect(), read_blocks, cached_blocks }))
     }
 }
 
@@ -199,7 +217,7 @@ mod tests {
 
     fn account(c: &PromptCache, body: &Value, now: Instant) -> CacheUsage {
         let total = estimate_tokens(body.to_string().len());
-        c.account(body, "claude-sonnet-4-5", total, now, now).unwrap()
+        c.account(body, "claude-sonnet-4-5", total, now, now).unwrap().0
     }
 
     /// Provider example: a first request writes the cached system prompt, the

@@ -48,6 +48,32 @@ pub struct Engine {
     /// Faults already served, per (request fingerprint, kind).
     served: Mutex<HashMap<(String, &'static str), u32>>,
     cache: crate::cache::PromptCache,
+    /// Per session (the `x-flower-session` header): what each request read
+    /// versus what the one before it left in the cache.
+    audit: Mutex<HashMap<String, SessionAudit>>,
+}
+
+/// One audited request of a session.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct AuditRecord {
+    /// The session's request number, from 1 (a resend of the same body is not counted again).
+    pub turn: u32,
+    /// It begins with the previous request's blocks (`cache_control` stripped).
+    pub append_only: bool,
+    pub read_blocks: usize,
+    /// Blocks the previous request left cached.
+    pub previous_cached_blocks: usize,
+    /// Not append-only, or read less than the previous request left: a
+    /// rewrite the client must have recorded, else an unexplained miss.
+    pub miss: bool,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+#[derive(Default)]
+struct SessionAudit {
+    last: Option<crate::cache::Shape>,
+    records: Vec<AuditRecord>,
 }
 
 fn invalid(message: impl Into<String>) -> String {
@@ -66,7 +92,7 @@ fn nonce() -> String {
 
 impl Engine {
     pub fn new(scenario: Scenario) -> Self {
-        Self { scenario, served: Mutex::new(HashMap::new()), cache: Default::default() }
+        Self { scenario, served: Mutex::new(HashMap::new()), cache: Default::default(), audit: Default::default() }
     }
 
     pub fn scenario(&self) -> &Scenario {
@@ -74,6 +100,39 @@ impl Engine {
     }
 
     pub fn reply(&self, body: &Value) -> Reply {
+        self.reply_for(body, None)
+    }
+
+    /// Every session's audit so far, by session id.
+    pub fn audit(&self) -> HashMap<String, Vec<AuditRecord>> {
+        let audit = self.audit.lock().unwrap_or_else(|p| p.into_inner());
+        audit.iter().map(|(k, v)| (k.clone(), v.records.clone())).collect()
+    }
+
+    fn record(&self, session: &str, usage: &crate::cache::CacheUsage, shape: crate::cache::Shape) {
+        let mut audit = self.audit.lock().unwrap_or_else(|p| p.into_inner());
+        let a = audit.entry(session.to_string()).or_default();
+        if a.last.as_ref().is_some_and(|l| l.chain == shape.chain) {
+            return;
+        }
+        let (append_only, previous_cached_blocks) = match &a.last {
+            Some(l) => (shape.chain.starts_with(&l.chain), l.cached_blocks),
+            None => (true, 0),
+        };
+        a.records.push(AuditRecord {
+            turn: a.records.len() as u32 + 1,
+            append_only,
+            read_blocks: shape.read_blocks,
+            previous_cached_blocks,
+            miss: !append_only || shape.read_blocks < previous_cached_blocks,
+            cache_read: usage.cache_read,
+            cache_write: usage.cache_write_5m + usage.cache_write_1h,
+        });
+        a.last = Some(shape);
+    }
+
+    /// [`Engine::reply`] for a request of `session` (audited).
+    pub fn reply_for(&self, body: &Value, session: Option<&str>) -> Reply {
         if let Err(message) = validate(body) {
             return Reply::Error { status: 400, kind: "invalid_request_error".into(), message };
         }
@@ -84,7 +143,12 @@ impl Engine {
         let now = std::time::Instant::now();
         let begins = now + std::time::Duration::from_millis(self.scenario.latency.ttft_ms);
         let cache = match self.cache.account(body, model, total, now, begins) {
-            Ok(c) => c,
+            Ok((c, shape)) => {
+                if let Some(session) = session {
+                    self.record(session, &c, shape);
+                }
+                c
+            }
             Err(message) => return Reply::Error { status: 400, kind: "invalid_request_error".into(), message },
         };
         match self.reply_uncached(body) {
@@ -384,7 +448,9 @@ fn validate(body: &Value) -> Result<(), String> {
             }
         }
     }
-    let cache_marks = body.to_string().matches("\"cache_control\"").count();
+    // Breakpoints are blocks carrying the key (a tool may well have a
+    // parameter named `cache_control`: that is not one).
+    let cache_marks = crate::cache::blocks_of(body).iter().filter(|b| b.get("cache_control").is_some()).count();
     if cache_marks > 4 {
         return Err(invalid(format!("A maximum of 4 blocks with cache_control may be provided. Found {cache_marks}.")));
     }

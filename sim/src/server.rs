@@ -47,12 +47,18 @@ pub struct SimHandle {
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
+    engine: Arc<Engine>,
 }
 
 impl SimHandle {
     /// `http://ADDR`, what a client's base URL should be.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Every session's cache audit so far (see [`crate::engine::AuditRecord`]).
+    pub fn audit(&self) -> std::collections::HashMap<String, Vec<crate::engine::AuditRecord>> {
+        self.engine.audit()
     }
 
     /// Stop accepting and wait for the server task.
@@ -77,7 +83,8 @@ pub async fn start(scenario: Scenario, addr: SocketAddr) -> std::io::Result<SimH
     let listener = TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let (tx, rx) = oneshot::channel::<()>();
-    let app = router(Arc::new(Engine::new(scenario)));
+    let engine = Arc::new(Engine::new(scenario));
+    let app = router(engine.clone());
     let task = tokio::spawn(async move {
         let served = axum::serve(listener, app).with_graceful_shutdown(async {
             let _ = rx.await;
@@ -86,12 +93,13 @@ pub async fn start(scenario: Scenario, addr: SocketAddr) -> std::io::Result<SimH
             tracing::error!(error = %e, "simulator stopped");
         }
     });
-    Ok(SimHandle { addr, stop: Some(tx), task })
+    Ok(SimHandle { addr, stop: Some(tx), task, engine })
 }
 
 pub fn router(engine: Arc<Engine>) -> Router {
     Router::new()
         .route("/v1/messages", post(messages))
+        .route("/v1/flower/audit", get(audit))
         .route("/", get(|| async { "flower sim: POST /v1/messages\n" }))
         .with_state(engine)
 }
@@ -132,7 +140,8 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
     };
     let stream = body["stream"].as_bool().unwrap_or(false);
     let latency = engine.scenario().latency;
-    let planned = match engine.reply(&body) {
+    let session = headers.get("x-flower-session").and_then(|v| v.to_str().ok());
+    let planned = match engine.reply_for(&body, session) {
         Reply::Error { status, kind, message } => {
             sleep_ms(latency.ttft_ms).await;
             return error_response(status, &kind, &message);
@@ -263,4 +272,10 @@ async fn stream_message(
         send(frame("message_stop", &json!({"type": "message_stop"}))).await;
     }
     Ok(())
+}
+
+/// `GET /v1/flower/audit`: per session, what each request read versus what
+/// the previous one left cached (see [`crate::engine::AuditRecord`]).
+async fn audit(State(engine): State<Arc<Engine>>) -> Response {
+    axum::Json(json!({"sessions": engine.audit()})).into_response()
 }

@@ -67,7 +67,11 @@ fn the_demo_delegates_in_parallel_and_answers_with_real_figures() {
     assert!(tool_uses(sizer).iter().any(|(n, i)| n == "Write" && i["file_path"] == ".flower/artifacts/sizes.md"));
 
     // Events were written as rows; usage was counted.
-    assert!(summary["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    // (Every input token is a cache read or write once the tail marker covers the whole request.)
+    let u = &summary["usage"];
+    let input = ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"];
+    assert!(input.iter().map(|k| u[k].as_u64().unwrap()).sum::<u64>() > 1000, "{u}");
+    assert!(u["output_tokens"].as_u64().unwrap() > 0);
     let status = home.run(&["status", job, "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(status["state"], "succeeded");

@@ -35,6 +35,26 @@ fn the_economy_run_keeps_the_main_thread_small_and_nothing_large_enters_a_contex
     // The cache breakpoints keep the main thread's prefix cached (the seed measured 96.1 %).
     let rate = r["main"]["cache_rate"].as_f64().unwrap();
     assert!(rate >= 0.961, "main-thread cache rate {rate}");
+    // Next to a naive request builder (one tail marker) on the same scenario.
+    let out = home
+        .cmd()
+        .args(["run", repo().join("examples/long-horizon/job.yaml").to_str().unwrap(), "--json", "--prompt-cache", "tail-only"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let naive: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let naive_rate = naive["context"]["main"]["cache_rate"].as_f64().unwrap();
+    let (job_rate, naive_job) =
+        (run["context"]["cache_rate"].as_f64().unwrap(), naive["context"]["cache_rate"].as_f64().unwrap());
+    println!("cache rate, main thread: {rate:.4} (4 breakpoints) vs {naive_rate:.4} (tail marker only); job: {job_rate:.4} vs {naive_job:.4}");
+    // No main-thread turn here adds more than 20 blocks, so a lone tail marker
+    // finds its previous entry too (the two main-thread rates are within a few
+    // hundredths of a percent); the job as a whole gains from the tool and
+    // system markers the subagents share. The wide fan-out of tests/e2e/tools.rs
+    // shows the main-thread case where the naive builder misses.
+    assert!((rate - naive_rate).abs() < 0.005, "{rate} vs {naive_rate}");
+    assert!(job_rate > naive_job, "job {job_rate} vs {naive_job}");
+    assert_eq!(run["cache_audit"]["unexplained"], serde_json::json!([]), "{}", run["cache_audit"]);
 
     // Step by step: from the first hands-on attempt's result on, the economy run's main thread is smaller.
     let by_step = |side: &serde_json::Value| -> std::collections::BTreeMap<u64, u64> {

@@ -14,3 +14,4 @@ mod long_horizon;
 mod sandbox;
 mod sim_server;
 mod soak;
+mod tools;

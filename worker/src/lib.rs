@@ -6,10 +6,12 @@
 //! - [`tools`]: the hands-on tools (`Read`, `Write`, `Edit`, `Bash`, `Glob`, `Grep`)
 //! - [`sandbox`]: the working directory as a capability (paths opened beneath it)
 //! - [`prompts`]: the worker role's base system prompt
+//! - [`mcp`]: MCP client connections; each server's tools as `mcp__<server>__<tool>`
 //!
 //! A worker never writes another session's transcript and never reports for an
 //! attempt it does not hold: the store's claim decides.
 
+pub mod mcp;
 pub mod prompts;
 pub mod runner;
 pub mod sandbox;

@@ -26,7 +26,7 @@ use object_store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
 use crate::sandbox::Sandbox;
-use crate::tools::{ToolLimits, may_write, toolset};
+use crate::tools::{ToolLimits, may_write, worker_surface};
 
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
@@ -259,12 +259,18 @@ impl Worker {
             return Err((format!("this job has no worker named `{}`", task.worker), none));
         };
         let provider = self.providers.for_job(job.id, &spec).map_err(|e| (e.to_string(), none))?;
-        let tools = Arc::new(toolset(&wspec.tools, &sandbox, &limits));
+        let (mcp_tools, mcp_clients) = if spec.mcp_servers.is_empty() {
+            (Vec::new(), crate::mcp::McpClients::default())
+        } else {
+            crate::mcp::connect(&spec.mcp_servers, &workdir).await.map_err(|e| (e, none))?
+        };
+        let tools = Arc::new(worker_surface(&spec, &sandbox, &limits, mcp_tools));
         let spill =
             Arc::new(SpillGuard { threshold: spec.spill_threshold(), workbench, mirror: Some(workdir.join(MOUNT)) });
         // The same guards as the coordinator's: a subagent is never denied.
         let guard = Arc::new(DelegateGuard { glance: spec.runtime.glance });
-        let hooks = Hooks { pre: vec![guard], post: vec![spill, sync.clone()], turn: vec![] };
+        let own = Arc::new(crate::tools::WorkerToolsGuard::new(&task.worker, &wspec.tools));
+        let hooks = Hooks { pre: vec![guard, own], post: vec![spill, sync.clone()], turn: vec![] };
 
         let session = task.id.session();
         let written = store
@@ -299,10 +305,12 @@ impl Worker {
             model: spec.worker_model(wspec),
             system: crate::prompts::system_prompt(&task.worker, wspec, spec.runtime.workbench)
                 .into_iter()
+                .chain(flower_agent::surface::index_text(&tools))
                 .map(SystemBlock::text)
                 .collect(),
             max_turns: spec.runtime.worker_max_turns,
             max_tokens: spec.runtime.max_output_tokens,
+            cache: spec.runtime.prompt_cache,
         };
         let limits = flower_agent::limits::JobLimits::new(
             store.clone(),
@@ -311,8 +319,25 @@ impl Worker {
             &spec.model,
             job.created_at,
         );
-        let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel).with_limits(limits);
+        // The first streamed event of this task's first model call releases
+        // staggered siblings of its shape (a notice: they may be anywhere).
+        let first = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (notifier, job_id, task_id) = (self.journal.notifier().clone(), job.id, task.id);
+        let observer: flower_agent::provider::Observer = Arc::new(move |ev| {
+            if matches!(ev, flower_agent::provider::StreamEvent::Started)
+                && !first.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                let notifier = notifier.clone();
+                tokio::spawn(async move {
+                    let _ = notifier.notify(Notice::TaskStreaming { job: job_id, task: task_id }).await;
+                });
+            }
+        });
+        let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel)
+            .with_limits(limits)
+            .with_observer(observer);
         let outcome = agent.run(history, input).await;
+        mcp_clients.close().await;
 
         // Whatever happened, what the task wrote is kept.
         let kept = self.collect(task, attempt, &workspace, &base, &workdir, &sync).await;

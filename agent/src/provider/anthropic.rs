@@ -113,6 +113,10 @@ impl AnthropicClient {
         if let Some(key) = &self.config.api_key {
             req = req.header("x-api-key", key);
         }
+        // Lets a simulator audit each session's requests; providers ignore it.
+        if let Some(session) = &request.session {
+            req = req.header("x-flower-session", session);
+        }
         let resp = req.send().await.map_err(|e| ProviderError::Connection(e.to_string()))?;
         let status = resp.status().as_u16();
         if !resp.status().is_success() {

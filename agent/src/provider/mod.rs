@@ -32,7 +32,7 @@ pub struct Message {
 }
 
 /// A Messages API request (the fields flower uses).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Request {
     pub model: String,
     pub max_tokens: u32,
@@ -47,6 +47,12 @@ pub struct Request {
     /// client writes `cache_control` markers from it).
     #[serde(skip)]
     pub cache: Option<CachePlan>,
+    /// How many of `tools` are resident (the rest were loaded); all when unset.
+    #[serde(skip)]
+    pub resident_tools: Option<usize>,
+    /// The session the request belongs to (sent as a header, not in the body).
+    #[serde(skip)]
+    pub session: Option<String>,
 }
 
 /// The breakpoints of SPEC §4: the last tool (1 h), the last system block
@@ -57,6 +63,8 @@ pub struct CachePlan {
     /// (message index, block index) of the previous request's last block,
     /// when the history since then was only appended to.
     pub previous_tail: Option<(usize, usize)>,
+    /// A naive builder's plan, for comparison: one marker on the current tail.
+    pub tail_only: bool,
 }
 
 impl Request {
@@ -66,14 +74,22 @@ impl Request {
         let Some(plan) = self.cache else { return v };
         let one_hour = serde_json::json!({"type": "ephemeral", "ttl": "1h"});
         let five_min = serde_json::json!({"type": "ephemeral"});
-        if let Some(last) = v["tools"].as_array_mut().and_then(|t| t.last_mut()) {
+        // The tool block's marker goes on the last *resident* tool: loaded
+        // schemas come after it and the block before them still hits.
+        let resident = self.resident_tools.unwrap_or(self.tools.len());
+        if !plan.tail_only
+            && let Some(last) = resident.checked_sub(1).and_then(|i| v["tools"].as_array_mut()?.get_mut(i))
+        {
             last["cache_control"] = one_hour.clone();
         }
-        if let Some(last) = v["system"].as_array_mut().and_then(|s| s.last_mut()) {
+        if !plan.tail_only
+            && let Some(last) = v["system"].as_array_mut().and_then(|s| s.last_mut())
+        {
             last["cache_control"] = one_hour;
         }
         let current = self.messages.len().checked_sub(1).map(|m| (m, self.messages[m].content.len().saturating_sub(1)));
-        for (m, b) in [plan.previous_tail, current].into_iter().flatten() {
+        let previous = if plan.tail_only { None } else { plan.previous_tail };
+        for (m, b) in [previous, current].into_iter().flatten() {
             if let Some(block) = v["messages"][m]["content"].get_mut(b)
                 && block.is_object()
             {

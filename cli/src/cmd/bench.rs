@@ -127,6 +127,7 @@ async fn resume(a: ResumeArgs) -> anyhow::Result<ExitCode> {
                 tools: vec![],
                 stream: true,
                 cache: None,
+                ..Default::default()
             };
             let body = serde_json::to_vec(&request)?;
             times.push(started.elapsed().as_secs_f64() * 1e3);

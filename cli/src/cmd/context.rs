@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use flower_coordinator::context::{ContextReport, report, svg};
+use flower_coordinator::context::{ContextReport, SessionView, report, svg};
 
 use super::{open_store, resolve_job};
 
@@ -22,6 +22,11 @@ pub struct ContextArgs {
     /// Another job (e.g. the same script with layers off) to compare with, side by side
     #[arg(long)]
     pub baseline: Option<String>,
+    /// One session in detail (id or prefix, or `main`): resident tools with
+    /// their token cost, the deferred index with what each withheld schema
+    /// would cost, system prompt, history, loads, spills
+    #[arg(long, conflicts_with = "baseline")]
+    pub session: Option<String>,
     #[command(flatten)]
     pub server: super::client::ServerArgs,
 }
@@ -49,6 +54,24 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
     };
     if let Some(path) = &args.svg {
         std::fs::write(path, svg(&main, base.as_ref()))?;
+    }
+    if let Some(wanted) = &args.session {
+        let found: Vec<&SessionView> = main
+            .sessions
+            .iter()
+            .filter(|s| if wanted == "main" { s.role == "coordinator" } else { s.session.starts_with(wanted.as_str()) })
+            .collect();
+        let view = match found.as_slice() {
+            [one] => *one,
+            [] => anyhow::bail!("no session `{wanted}` in job {}", main.job),
+            _ => anyhow::bail!("`{wanted}` names {} sessions: give more of the id", found.len()),
+        };
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(view)?);
+        } else {
+            print_session(view);
+        }
+        return Ok(ExitCode::SUCCESS);
     }
     if args.json {
         let v = match &base {
@@ -83,5 +106,77 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
     });
     row("scripts: writes / runs", &|r| format!("{} / {}", r.script_writes, r.script_runs));
     row("largest spill-matched result in a context", &|r| r.largest_spill_matched_result.to_string());
+    row("cache rate: job / estimated cost", &|r| {
+        format!("{} / {}", rate(r.cache_rate), r.cost_usd.map_or("-".into(), |c| format!("${c:.4}")))
+    });
+    row("tools loaded / search misses / rewrites", &|r| {
+        format!("{} / {} / {}", r.tools_loaded, r.search_misses, r.cache_rewrites.len())
+    });
+    if base.is_none() {
+        println!("\nsessions (flower context {} --session ID for one in detail):", &main.job[..8.min(main.job.len())]);
+        println!(
+            "  {:<10} {:<12} {:<14} {:>6} {:>9} {:>7} {:>14} {:>14} {:>7}",
+            "session", "role", "label", "turns", "history", "cache", "resident/tok", "deferred/index", "loaded"
+        );
+        for s in &main.sessions {
+            println!(
+                "  {:<10} {:<12} {:<14} {:>6} {:>9} {:>7} {:>14} {:>14} {:>7}",
+                &s.session[..8],
+                s.role,
+                truncate(&s.label, 14),
+                s.turns,
+                s.history_tokens,
+                rate(s.cache_rate),
+                format!("{}/{}", s.resident.len(), s.tool_tokens),
+                format!("{}/{}", s.deferred.len(), s.index_tokens),
+                s.loaded.len()
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n { s.to_string() } else { s.chars().take(n - 1).chain(['…']).collect() }
+}
+
+fn print_session(v: &SessionView) {
+    let rate = v.cache_rate.map_or("-".to_string(), |x| format!("{:.1}%", x * 100.0));
+    println!("session {} — {} `{}`", v.session, v.role, v.label);
+    println!("  turns {} · history {} tokens (last request, reported) · cache rate {rate}", v.turns, v.history_tokens);
+    println!(
+        "  tool deferral {} · tool block {} tokens (resident schemas {} + index {}) · system prompt {} tokens (estimates)",
+        if v.deferral { "on" } else { "off" },
+        v.tool_block_tokens(),
+        v.tool_tokens,
+        v.index_tokens,
+        v.system_tokens
+    );
+    println!("\n  resident tools ({}):", v.resident.len());
+    for t in &v.resident {
+        println!("    {:<48} {:>6} tokens", t.name, t.tokens);
+    }
+    if !v.deferred.is_empty() {
+        let withheld: u64 = v.deferred.iter().map(|t| t.tokens).sum();
+        println!("\n  deferred tools ({}; their schemas would cost {withheld} tokens):", v.deferred.len());
+        let mut heading = "";
+        for t in &v.deferred {
+            if t.category != heading {
+                heading = &t.category;
+                println!("    ## {heading}");
+            }
+            let mark = if v.loaded.iter().any(|(n, _)| n == &t.name) { " (loaded)" } else { "" };
+            println!("    {:<48} {:>6} tokens{mark}", t.name, t.tokens);
+        }
+    }
+    if !v.loaded.is_empty() {
+        println!("\n  loaded during the run:");
+        for (name, trigger) in &v.loaded {
+            println!("    {name} ({trigger})");
+        }
+    }
+    for q in &v.search_misses {
+        println!("  search miss: \"{q}\"");
+    }
+    println!("  spills: {}", v.spills);
 }

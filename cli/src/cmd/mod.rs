@@ -37,3 +37,54 @@ pub fn human_count(n: u64) -> String {
         _ => format!("{:.1}M", n as f64 / 1e6),
     }
 }
+
+/// Settings that override a spec's `runtime` for this run (flags or environment).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SpecOverrides {
+    /// Tool deferral (SPEC §4): `off` makes every admitted tool resident and
+    /// the requests those of a build without deferral
+    #[arg(long, env = "FLOWER_TOOL_DEFERRAL", value_parser = on_off)]
+    pub tool_deferral: Option<bool>,
+    /// Fan-out staggering: siblings of one shape wait for the first one's first streamed event
+    #[arg(long, env = "FLOWER_FANOUT_STAGGER", value_parser = on_off)]
+    pub fanout_stagger: Option<bool>,
+    /// Prompt-cache breakpoints: full (SPEC §4), tail-only (a naive builder, to compare), off
+    #[arg(long, env = "FLOWER_PROMPT_CACHE", value_parser = cache_mode)]
+    pub prompt_cache: Option<flower_model::spec::CacheMode>,
+}
+
+impl SpecOverrides {
+    pub fn any(&self) -> bool {
+        self.tool_deferral.is_some() || self.fanout_stagger.is_some() || self.prompt_cache.is_some()
+    }
+
+    pub fn apply(&self, spec: &mut flower_model::JobSpec) {
+        if let Some(v) = self.tool_deferral {
+            spec.runtime.tool_deferral = v;
+        }
+        if let Some(v) = self.fanout_stagger {
+            spec.runtime.fanout_stagger = v;
+        }
+        if let Some(v) = self.prompt_cache {
+            spec.runtime.prompt_cache = v;
+        }
+    }
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(format!("`{s}`: expected on or off")),
+    }
+}
+
+fn cache_mode(s: &str) -> Result<flower_model::spec::CacheMode, String> {
+    use flower_model::spec::CacheMode;
+    match s {
+        "full" => Ok(CacheMode::Full),
+        "tail-only" | "tail_only" => Ok(CacheMode::TailOnly),
+        "off" => Ok(CacheMode::Off),
+        _ => Err(format!("`{s}`: expected full, tail-only or off")),
+    }
+}

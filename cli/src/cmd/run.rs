@@ -31,6 +31,8 @@ pub struct RunArgs {
     /// Print the summary as JSON on stdout, and no progress
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub overrides: super::SpecOverrides,
 }
 
 #[derive(Args)]
@@ -38,6 +40,8 @@ pub struct DemoArgs {
     /// Print the summary as JSON on stdout, and no progress
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub overrides: super::SpecOverrides,
 }
 
 /// The bundled demo, in the source tree.
@@ -50,14 +54,15 @@ pub async fn demo(home: PathBuf, args: DemoArgs) -> anyhow::Result<ExitCode> {
         "the demo lives in the source tree ({}); run `flower run examples/demo/job.yaml` from a checkout",
         spec.display()
     );
-    run(home, RunArgs { spec: Some(spec), resume: None, workspace: None, json: args.json }).await
+    run(home, RunArgs { spec: Some(spec), resume: None, workspace: None, json: args.json, overrides: args.overrides })
+        .await
 }
 
 pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
     // An invalid spec fails here, before anything runs or is created.
     let spec = match &args.spec {
         Some(path) => {
-            let spec = match JobSpec::load(path) {
+            let mut spec = match JobSpec::load(path) {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("error: {}: {e}", path.display());
@@ -72,6 +77,11 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
             }
             if let Some(w) = &args.workspace {
                 anyhow::ensure!(w.is_dir(), "--workspace {}: not a directory", w.display());
+            }
+            args.overrides.apply(&mut spec);
+            if let Err(e) = spec.validate() {
+                eprintln!("error: {}: {e}", path.display());
+                return Ok(ExitCode::from(2));
             }
             Some(spec)
         }
@@ -152,6 +162,27 @@ fn print_summary(s: &RunSummary, took: Duration) {
         c.spilled_chars,
         c.denials
     );
+    let pct = |r: Option<f64>| r.map_or("-".to_string(), |x| format!("{:.1}%", x * 100.0));
+    println!(
+        "  prompt cache: {} (main {}, subagents {}) · cost {} · tools loaded: {}, search misses: {}, deliberate rewrites: {}",
+        pct(c.cache_rate),
+        pct(c.main.cache_rate),
+        pct(c.subagents.cache_rate),
+        c.cost_usd.map_or("-".to_string(), |x| format!("${x:.4}")),
+        c.tools_loaded,
+        c.search_misses,
+        c.cache_rewrites.len()
+    );
+    if let Some(a) = &s.cache_audit {
+        println!(
+            "  cache audit (simulator): {} requests, {} append-only, {} misses, {} at recorded rewrites, {} unexplained",
+            a.requests,
+            a.append_only,
+            a.misses,
+            a.explained,
+            a.unexplained.len()
+        );
+    }
     println!(
         "  transcripts: flower transcript show {short}   (database {}; flower context {short} for the context report)",
         s.database.display()

@@ -30,16 +30,25 @@ pub struct SubmitArgs {
     pub json: bool,
     #[command(flatten)]
     pub server: ServerArgs,
+    #[command(flatten)]
+    pub overrides: super::SpecOverrides,
 }
 
 pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.spec).with_context(|| format!("reading {}", args.spec.display()))?;
-    let spec = match JobSpec::load(&args.spec) {
+    let mut spec = match JobSpec::load(&args.spec) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {}: {e}", args.spec.display());
             return Ok(ExitCode::from(2));
         }
+    };
+    // Overrides travel in the spec itself (sent as JSON).
+    let text = if args.overrides.any() {
+        args.overrides.apply(&mut spec);
+        serde_json::to_string(&spec)?
+    } else {
+        text
     };
     let workspace = match args.workspace.as_ref().or(spec.workspace.as_ref()) {
         Some(dir) => read_workspace(dir, spec.runtime.workspace_limit.as_u64())?,

@@ -16,13 +16,23 @@ pub struct AgentTool {
     dispatcher: Arc<Dispatcher>,
     /// (name, description) of the workers this coordinator may use.
     workers: Vec<(String, String)>,
+    /// Each worker's shape (role, provider, model), when siblings are staggered.
+    shapes: std::collections::HashMap<String, String>,
 }
 
 impl AgentTool {
     pub fn new(dispatcher: Arc<Dispatcher>, spec: &JobSpec) -> Self {
         let workers =
             spec.delegable_workers().iter().map(|(n, w)| (n.to_string(), w.description.trim().to_string())).collect();
-        Self { dispatcher, workers }
+        let shapes = if spec.runtime.fanout_stagger {
+            spec.delegable_workers()
+                .iter()
+                .map(|(n, w)| (n.to_string(), format!("worker/{}/{}", spec.provider.name(), spec.worker_model(w))))
+                .collect()
+        } else {
+            Default::default()
+        };
+        Self { dispatcher, workers, shapes }
     }
 }
 
@@ -80,6 +90,7 @@ impl Tool for AgentTool {
             worker,
             description,
             mandate: prompt,
+            shape: self.shapes.get(worker).cloned(),
         };
         let fatal = |e: DispatchError| ToolError::Fatal(e.to_string());
         let Some(task) = self.dispatcher.delegate(d, &ctx.cancel).await.map_err(fatal)? else {

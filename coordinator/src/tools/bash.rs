@@ -62,6 +62,7 @@ impl Tool for CommandTool {
             worker: COMMAND_TASK,
             description: "command",
             mandate: command,
+            shape: None,
         };
         let fatal = |e: DispatchError| ToolError::Fatal(e.to_string());
         let Some(task) = self.dispatcher.delegate(d, &ctx.cancel).await.map_err(fatal)? else {

@@ -41,6 +41,69 @@ pub fn toolset(names: &[String], sandbox: &Sandbox, limits: &ToolLimits) -> Tool
     set
 }
 
+/// The worker role's surface, shared by every subagent of a job whatever
+/// its worker spec (one cache prefix): the built-in tools any of the job's
+/// workers was given, the MCP tools (deferred unless listed as resident),
+/// then deferral (SPEC §4). Each worker's own list is enforced at call time
+/// by [`WorkerToolsGuard`].
+pub fn worker_surface(
+    spec: &flower_model::JobSpec,
+    sandbox: &Sandbox,
+    limits: &ToolLimits,
+    mcp: Vec<crate::mcp::McpTool>,
+) -> ToolSet {
+    let given: Vec<String> = flower_model::spec::WORKER_TOOLS
+        .iter()
+        .filter(|t| spec.workers.values().any(|w| w.tools.iter().any(|n| n == *t)))
+        .map(|t| t.to_string())
+        .collect();
+    let mut set = toolset(&given, sandbox, limits);
+    for t in mcp {
+        if t.resident {
+            set.add(Arc::new(t));
+        } else {
+            let category = t.category.clone();
+            set.add_deferred(Arc::new(t), &category);
+        }
+    }
+    flower_agent::surface::finish(set, spec.runtime.tool_deferral)
+}
+
+/// Denies a built-in tool the running worker was not given (the shared
+/// surface shows the job's union).
+pub struct WorkerToolsGuard {
+    worker: String,
+    given: Vec<String>,
+}
+
+impl WorkerToolsGuard {
+    pub fn new(worker: &str, given: &[String]) -> Self {
+        Self { worker: worker.to_string(), given: given.to_vec() }
+    }
+}
+
+#[async_trait::async_trait]
+impl flower_agent::hooks::PreToolHook for WorkerToolsGuard {
+    async fn before(
+        &self,
+        tool: &str,
+        _input: &serde_json::Value,
+        _ctx: &flower_agent::hooks::HookContext,
+    ) -> flower_agent::hooks::PreDecision {
+        if flower_model::spec::WORKER_TOOLS.contains(&tool) && !self.given.iter().any(|g| g == tool) {
+            return flower_agent::hooks::PreDecision::Deny {
+                kind: "worker_tools".into(),
+                reason: format!(
+                    "worker `{}` was not given `{tool}` (its tools: {}); report what you could not do instead",
+                    self.worker,
+                    if self.given.is_empty() { "none".to_string() } else { self.given.join(", ") }
+                ),
+            };
+        }
+        flower_agent::hooks::PreDecision::Allow
+    }
+}
+
 /// Tools whose calls may change files (the workbench is synced after them).
 pub fn may_write(tool: &str) -> bool {
     matches!(tool, "Write" | "Edit" | "Bash" | "NotebookEdit")
