@@ -75,12 +75,7 @@ fn def_tokens(d: &ToolDef) -> u64 {
 }
 
 /// The session's composition, as an event (token figures are estimates).
-pub fn composition(
-    session: flower_model::SessionId,
-    role: Role,
-    tools: &ToolSet,
-    system: &[SystemBlock],
-) -> EventKind {
+pub fn composition(session: flower_model::SessionId, role: Role, tools: &ToolSet, system: &[SystemBlock]) -> EventKind {
     let cost = |n: &String| {
         let d = tools.def(n)?;
         Some(ToolCost {
@@ -114,9 +109,7 @@ pub fn terms(text: &str) -> Vec<String> {
         .filter(|w| !w.is_empty())
         .map(|w| w.to_ascii_lowercase())
         .filter(|w| !STOP.contains(&w.as_str()))
-        .map(|w| {
-            if w.len() > 3 && w.ends_with('s') && !w.ends_with("ss") { w[..w.len() - 1].to_string() } else { w }
-        })
+        .map(|w| if w.len() > 3 && w.ends_with('s') && !w.ends_with("ss") { w[..w.len() - 1].to_string() } else { w })
         .collect()
 }
 
@@ -154,7 +147,8 @@ impl SearchIndex {
                 *df.entry(term.clone()).or_default() += 1;
             }
             let first = description.split_inclusive(". ").next().unwrap_or_default().trim().to_string();
-            let summary = format!("{first} Parameters: {}.", if params.is_empty() { "none".into() } else { params.join(", ") });
+            let summary =
+                format!("{first} Parameters: {}.", if params.is_empty() { "none".into() } else { params.join(", ") });
             docs.push(Doc { name: t.name().to_string(), len: tf.values().sum(), tf, summary });
         }
         let avg_len = if docs.is_empty() { 1.0 } else { docs.iter().map(|d| d.len).sum::<f64>() / docs.len() as f64 };
@@ -285,20 +279,30 @@ mod tests {
 
     fn set() -> ToolSet {
         let mut s = ToolSet::new();
-        let props = |p: &[&str]| {
-            serde_json::json!({"type": "object", "properties": p.iter().map(|k| (k.to_string(), serde_json::json!({"type": "string"}))).collect::<serde_json::Map<_, _>>()})
-        };
+        let props = |p: &[&str]| serde_json::json!({"type": "object", "properties": p.iter().map(|k| (k.to_string(), serde_json::json!({"type": "string"}))).collect::<serde_json::Map<_, _>>()});
         s.add(Arc::new(Named("Read", "Read a file of the working directory.", props(&["path"]))));
         s.add_deferred(
-            Arc::new(Named("mcp__f__ticket_create", "Open a new ticket in the tracker. Returns its id.", props(&["title", "priority"]))),
+            Arc::new(Named(
+                "mcp__f__ticket_create",
+                "Open a new ticket in the tracker. Returns its id.",
+                props(&["title", "priority"]),
+            )),
             "Tickets",
         );
         s.add_deferred(
-            Arc::new(Named("mcp__f__calendar_create_event", "Create a calendar event. Invites attendees.", props(&["title", "start"]))),
+            Arc::new(Named(
+                "mcp__f__calendar_create_event",
+                "Create a calendar event. Invites attendees.",
+                props(&["title", "start"]),
+            )),
             "Calendar",
         );
         s.add_deferred(
-            Arc::new(Named("mcp__f__memory_recall", "Recall a remembered value; tickets are not stored here.", props(&["key"]))),
+            Arc::new(Named(
+                "mcp__f__memory_recall",
+                "Recall a remembered value; tickets are not stored here.",
+                props(&["key"]),
+            )),
             "Memory",
         );
         s
@@ -317,7 +321,10 @@ mod tests {
     #[test]
     fn off_makes_everything_resident_in_order_and_on_adds_the_search_tool_last() {
         let off = finish(set(), false);
-        assert_eq!(off.names(), ["Read", "mcp__f__ticket_create", "mcp__f__calendar_create_event", "mcp__f__memory_recall"]);
+        assert_eq!(
+            off.names(),
+            ["Read", "mcp__f__ticket_create", "mcp__f__calendar_create_event", "mcp__f__memory_recall"]
+        );
         assert!(off.deferred().is_empty() && off.get(SEARCH_TOOLS).is_none() && index_text(&off).is_none());
         let on = finish(set(), true);
         assert_eq!(on.names(), ["Read", SEARCH_TOOLS]);
@@ -325,7 +332,11 @@ mod tests {
         assert!(index.contains("## Tickets\nmcp__f__ticket_create") && index.contains("## Memory\n"), "{index}");
         let defs = on.defs_with(&["mcp__f__memory_recall".to_string(), "Read".to_string()]);
         let names: Vec<&str> = defs.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names, ["Read", SEARCH_TOOLS, "mcp__f__memory_recall"], "loads are appended, residents not repeated");
+        assert_eq!(
+            names,
+            ["Read", SEARCH_TOOLS, "mcp__f__memory_recall"],
+            "loads are appended, residents not repeated"
+        );
     }
 
     #[tokio::test]
@@ -347,6 +358,8 @@ mod tests {
         let miss = search.call(serde_json::json!({"query": "quantum zebra"}), &ctx).await.unwrap();
         assert!(!miss.is_error && miss.markers.loaded_tools.is_empty());
         assert!(flower_model::content::result_text(&miss.content).contains("try other words"));
-        assert!(matches!(&miss.events[0], EventKind::ToolSearchMiss { query, limit: 5, .. } if query == "quantum zebra"));
+        assert!(
+            matches!(&miss.events[0], EventKind::ToolSearchMiss { query, limit: 5, .. } if query == "quantum zebra")
+        );
     }
 }

@@ -84,8 +84,7 @@ async fn competing_consumers<B: TaskQueue>(bus: &B) {
 async fn notices_fan_out<B: Notifier>(bus: &B) {
     let (mut s1, mut s2) = (bus.subscribe(), bus.subscribe());
     let job = JobId::random();
-    let sent =
-        [
+    let sent = [
         Notice::Events { job, seq: 7 },
         Notice::TaskDone { job, task: TaskId::random() },
         Notice::Cancel { job },

@@ -260,14 +260,22 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
                     }
                 }
                 EventKind::ToolSurface {
-                    session, deferral, resident, deferred, tool_tokens, index_tokens, system_tokens, ..
+                    session,
+                    deferral,
+                    resident,
+                    deferred,
+                    tool_tokens,
+                    index_tokens,
+                    system_tokens,
+                    ..
                 } => {
                     if let Some(i) = view(&r, session) {
                         let v = &mut r.sessions[i];
                         v.deferral = *deferral;
                         v.resident = resident.clone();
                         v.deferred = deferred.clone();
-                        (v.tool_tokens, v.index_tokens, v.system_tokens) = (*tool_tokens, *index_tokens, *system_tokens);
+                        (v.tool_tokens, v.index_tokens, v.system_tokens) =
+                            (*tool_tokens, *index_tokens, *system_tokens);
                     }
                 }
                 EventKind::ToolsLoaded { session, trigger, tools, .. } => {

@@ -526,17 +526,25 @@ impl JobSpec {
             }
             match (m.command.is_empty(), &m.url) {
                 (true, None) => return Err(SpecError::new(at, "needs `command` (stdio) or `url` (streamable HTTP)")),
-                (false, Some(_)) => return Err(SpecError::new(at, "has both `command` and `url`: choose one transport")),
+                (false, Some(_)) => {
+                    return Err(SpecError::new(at, "has both `command` and `url`: choose one transport"));
+                }
                 (true, Some(url)) if !(url.starts_with("http://") || url.starts_with("https://")) => {
                     return Err(SpecError::new(format!("{at}.url"), format!("`{url}` is not an http(s) URL")));
                 }
                 _ => {}
             }
             if m.url.is_some() && !m.env_from.is_empty() {
-                return Err(SpecError::new(format!("{at}.env_from"), "only for stdio servers (use `token_env` over HTTP)"));
+                return Err(SpecError::new(
+                    format!("{at}.env_from"),
+                    "only for stdio servers (use `token_env` over HTTP)",
+                ));
             }
             if !m.command.is_empty() && m.token_env.is_some() {
-                return Err(SpecError::new(format!("{at}.token_env"), "only for HTTP servers (use `env_from` for stdio)"));
+                return Err(SpecError::new(
+                    format!("{at}.token_env"),
+                    "only for HTTP servers (use `env_from` for stdio)",
+                ));
             }
             for (var, from) in m.env_from.iter().chain(m.token_env.as_ref().map(|t| (t, t))) {
                 let ok = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
@@ -548,11 +556,14 @@ impl JobSpec {
                 }
             }
         }
-        let resident: usize = self.mcp_servers.values().map(|m| m.resident.len()).sum::<usize>() + WORKER_TOOLS.len() + 1;
+        let resident: usize =
+            self.mcp_servers.values().map(|m| m.resident.len()).sum::<usize>() + WORKER_TOOLS.len() + 1;
         if self.runtime.tool_deferral && resident > MAX_RESIDENT_TOOLS {
             return Err(SpecError::new(
                 "mcp_servers",
-                format!("{resident} resident tools: a role keeps at most {MAX_RESIDENT_TOOLS} (list fewer under `resident`)"),
+                format!(
+                    "{resident} resident tools: a role keeps at most {MAX_RESIDENT_TOOLS} (list fewer under `resident`)"
+                ),
             ));
         }
         let r = &self.runtime;
@@ -690,7 +701,8 @@ workers:
     #[test]
     fn mcp_servers_are_checked_and_secrets_stay_out() {
         let with = |m: &str| format!("{GOOD}mcp_servers:\n{m}");
-        let ok = JobSpec::parse(&with("  fx:\n    command: [flower, mcp-fixture]\n    env_from: {TOKEN: MY_TOKEN}\n")).unwrap();
+        let ok = JobSpec::parse(&with("  fx:\n    command: [flower, mcp-fixture]\n    env_from: {TOKEN: MY_TOKEN}\n"))
+            .unwrap();
         assert_eq!(ok.mcp_servers["fx"].env_from["TOKEN"], "MY_TOKEN");
         let e = err(&with("  fx:\n    command: [srv]\n    env: {TOKEN: hunter2}\n"));
         assert_eq!(e.field, "mcp_servers.fx.env", "a clear-text environment is refused: {e}");

@@ -66,6 +66,13 @@ impl Usage {
     }
 }
 
+/// A local estimate of the tokens of `chars` characters of JSON or prose
+/// (4 characters a token). Only for what has not been sent yet; every
+/// threshold uses the provider's reported counts.
+pub fn estimate_tokens(chars: usize) -> u64 {
+    chars.div_ceil(4) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,11 +88,4 @@ mod tests {
         assert_eq!(u.cache_rate(), Some(50.0 / 150.0));
         assert_eq!(Usage::default().cache_rate(), None);
     }
-}
-
-/// A local estimate of the tokens of `chars` characters of JSON or prose
-/// (4 characters a token). Only for what has not been sent yet; every
-/// threshold uses the provider's reported counts.
-pub fn estimate_tokens(chars: usize) -> u64 {
-    chars.div_ceil(4) as u64
 }

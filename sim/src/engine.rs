@@ -82,7 +82,7 @@ fn invalid(message: impl Into<String>) -> String {
 
 /// Rough token count: the simulator has no tokenizer; 4 characters a token.
 pub fn estimate_tokens(chars: usize) -> u64 {
-    chars.div_ceil(4) as u64
+    flower_model::usage::estimate_tokens(chars)
 }
 
 fn nonce() -> String {

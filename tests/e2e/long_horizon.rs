@@ -38,7 +38,13 @@ fn the_economy_run_keeps_the_main_thread_small_and_nothing_large_enters_a_contex
     // Next to a naive request builder (one tail marker) on the same scenario.
     let out = home
         .cmd()
-        .args(["run", repo().join("examples/long-horizon/job.yaml").to_str().unwrap(), "--json", "--prompt-cache", "tail-only"])
+        .args([
+            "run",
+            repo().join("examples/long-horizon/job.yaml").to_str().unwrap(),
+            "--json",
+            "--prompt-cache",
+            "tail-only",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -46,7 +52,9 @@ fn the_economy_run_keeps_the_main_thread_small_and_nothing_large_enters_a_contex
     let naive_rate = naive["context"]["main"]["cache_rate"].as_f64().unwrap();
     let (job_rate, naive_job) =
         (run["context"]["cache_rate"].as_f64().unwrap(), naive["context"]["cache_rate"].as_f64().unwrap());
-    println!("cache rate, main thread: {rate:.4} (4 breakpoints) vs {naive_rate:.4} (tail marker only); job: {job_rate:.4} vs {naive_job:.4}");
+    println!(
+        "cache rate, main thread: {rate:.4} (4 breakpoints) vs {naive_rate:.4} (tail marker only); job: {job_rate:.4} vs {naive_job:.4}"
+    );
     // No main-thread turn here adds more than 20 blocks, so a lone tail marker
     // finds its previous entry too (the two main-thread rates are within a few
     // hundredths of a percent); the job as a whole gains from the tool and

@@ -41,16 +41,21 @@ fn deferral_shrinks_the_tool_block_and_deferred_tools_work_in_one_step() {
     }
 
     // Acceptance 1, measured by the context explorer.
-    let (c_on, c_off) = (context(&home, on["job_id"].as_str().unwrap()), context(&home, off["job_id"].as_str().unwrap()));
+    let (c_on, c_off) =
+        (context(&home, on["job_id"].as_str().unwrap()), context(&home, off["job_id"].as_str().unwrap()));
     let (w_on, w_off) = (session(&c_on, "worker"), session(&c_off, "worker"));
     let block = |w: &Value| w["tool_tokens"].as_u64().unwrap() + w["index_tokens"].as_u64().unwrap();
     let (b_on, b_off) = (block(w_on), block(w_off));
     println!("worker tool block: deferral on {b_on} tokens, off {b_off} tokens (estimates)");
     assert!(b_on * 100 <= b_off * 22, "≥ 78% smaller: {b_on} vs {b_off}");
     assert!(w_off["resident"].as_array().unwrap().len() >= 120 && w_off["index_tokens"] == 0);
-    assert!(w_off["resident"].as_array().unwrap().iter().all(|t| t["name"] != "search_tools"), "off: no discovery tool");
+    assert!(
+        w_off["resident"].as_array().unwrap().iter().all(|t| t["name"] != "search_tools"),
+        "off: no discovery tool"
+    );
     assert!(w_on["deferred"].as_array().unwrap().len() >= 120);
-    let resident: Vec<&str> = w_on["resident"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    let resident: Vec<&str> =
+        w_on["resident"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(resident, ["Read", "Bash", "search_tools"]);
     // What each withheld schema would cost is shown.
     assert!(w_on["deferred"].as_array().unwrap().iter().all(|t| t["tokens"].as_u64().unwrap() > 50));
@@ -96,7 +101,11 @@ fn deferral_shrinks_the_tool_block_and_deferred_tools_work_in_one_step() {
 fn mcp_credentials_come_from_the_worker_environment() {
     let home = Home::new();
     // Over stdio: without the variable the worker refuses before starting the server.
-    let out = home.cmd().args(["run", repo().join("tests/fixtures/tools/job.yaml").to_str().unwrap(), "--json"]).output().unwrap();
+    let out = home
+        .cmd()
+        .args(["run", repo().join("tests/fixtures/tools/job.yaml").to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
     let answer = summary["final_answer"].as_str().unwrap_or_default();
     assert!(answer.contains("FLOWER_TEST_MCP_TOKEN") && answer.contains("not set"), "{summary}");
@@ -166,7 +175,9 @@ fn staggering_a_fan_out_writes_the_shared_prefix_once_and_the_moving_pair_surviv
     };
     let (off, on) = (run(&[("FLOWER_FANOUT_STAGGER", "off")]), run(&[]));
     let ((w_off, r_off), (w_on, r_on)) = (writes(&off), writes(&on));
-    println!("12 same-shape subagents: cache writes {w_off} tokens staggering off, {w_on} on; rate {r_off:.3} vs {r_on:.3}");
+    println!(
+        "12 same-shape subagents: cache writes {w_off} tokens staggering off, {w_on} on; rate {r_off:.3} vs {r_on:.3}"
+    );
     assert!(w_on < w_off, "staggering writes less: {w_on} vs {w_off}");
     assert!(r_on > r_off);
     assert_eq!(on["cache_audit"]["unexplained"], serde_json::json!([]), "{}", on["cache_audit"]);
@@ -175,7 +186,15 @@ fn staggering_a_fan_out_writes_the_shared_prefix_once_and_the_moving_pair_surviv
     // previous request's entry within 20 blocks; the previous-tail marker can.
     let naive = run(&[("FLOWER_PROMPT_CACHE", "tail-only")]);
     let main_rate = |r: &Value| r["context"]["main"]["cache_rate"].as_f64().unwrap();
-    println!("main thread across a 24-block turn: {:.3} with 4 breakpoints, {:.3} with the tail marker only", main_rate(&on), main_rate(&naive));
+    println!(
+        "main thread across a 24-block turn: {:.3} with 4 breakpoints, {:.3} with the tail marker only",
+        main_rate(&on),
+        main_rate(&naive)
+    );
     assert!(main_rate(&on) > main_rate(&naive));
-    assert!(naive["cache_audit"]["misses"].as_u64().unwrap() >= 1, "the naive builder's silent miss is visible: {}", naive["cache_audit"]);
+    assert!(
+        naive["cache_audit"]["misses"].as_u64().unwrap() >= 1,
+        "the naive builder's silent miss is visible: {}",
+        naive["cache_audit"]
+    );
 }

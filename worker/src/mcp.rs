@@ -147,7 +147,8 @@ async fn connect_one(spec: &McpServerSpec, cwd: &Path) -> Result<RunningService<
         let mut config =
             rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url.as_str());
         if let Some(var) = &spec.token_env {
-            let token = std::env::var(var).map_err(|_| format!("the token variable {var} is not set on this worker"))?;
+            let token =
+                std::env::var(var).map_err(|_| format!("the token variable {var} is not set on this worker"))?;
             config = config.auth_header(token);
         }
         let transport = StreamableHttpClientTransport::from_config(config);

@@ -62,7 +62,12 @@ pub async fn mcp_fixture(args: McpFixtureArgs) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&v)?);
         } else {
             for t in tools {
-                println!("{:<40} {:<28} {} chars", t.name, t.category, t.description.len() + t.input_schema.to_string().len());
+                println!(
+                    "{:<40} {:<28} {} chars",
+                    t.name,
+                    t.category,
+                    t.description.len() + t.input_schema.to_string().len()
+                );
             }
             println!("{} tools", tools.len());
         }
