@@ -29,6 +29,8 @@ pub struct SessionConfig {
     pub max_tokens: u32,
     /// Where the prompt-cache breakpoints go.
     pub cache: flower_model::spec::CacheMode,
+    /// Prune uneventful old tool output from the request view (see [`crate::surface::uneventful`]).
+    pub prune_uneventful: bool,
 }
 
 /// How a run ended.
@@ -206,6 +208,8 @@ impl AgentSession {
         let mut previous_tail: Option<(usize, usize)> = None;
         // Loaded schemas the previous request carried: more now is a rewrite.
         let mut sent_loaded = loaded.len();
+        // Entries whose uneventful output the request view already replaced.
+        let mut pruned_view = std::collections::HashSet::new();
         loop {
             if let Some((warn, at)) = self.handoff {
                 if context >= at {
@@ -259,7 +263,15 @@ impl AgentSession {
             // Newly loaded schemas go after the cached tool block: everything
             // after it is written again once — a deliberate rewrite, recorded
             // with its measured cost; the previous-tail marker resets.
-            let rewrite = (loaded.len() > sent_loaded).then_some("tools_loaded");
+            let reclaimed =
+                if c.prune_uneventful { crate::surface::uneventful::prune(&mut history, &mut pruned_view) } else { 0 };
+            let rewrite = if loaded.len() > sent_loaded {
+                Some("tools_loaded")
+            } else if reclaimed > 0 {
+                Some("pruned_uneventful")
+            } else {
+                None
+            };
             if rewrite.is_some() {
                 previous_tail = None;
             }

@@ -363,3 +363,142 @@ mod tests {
         );
     }
 }
+
+/// In-session pruning of *uneventful* old tool output (SPEC §4): empty
+/// output, "no matches", short timeouts, expired glance results — replaced
+/// in the request view (never in the store) only once at least
+/// [`PRUNE_MIN_TOKENS`] can be reclaimed, so a rewrite is rare and deep.
+pub mod uneventful {
+    use std::collections::HashSet;
+
+    use flower_model::content::result_text;
+    use flower_model::usage::estimate_tokens;
+    use flower_model::{ContentBlock, Entry, EntryKind, ResultBlock};
+
+    /// Least reclaimable tokens (estimate) that justify a rewrite.
+    pub const PRUNE_MIN_TOKENS: u64 = 2000;
+    /// The latest model turns whose results are never pruned.
+    pub const KEEP_RECENT_TURNS: usize = 6;
+
+    /// Is this stored result uneventful (judged from its markers and text)?
+    pub fn is_uneventful(e: &Entry) -> bool {
+        if e.kind != EntryKind::ToolResult || e.markers.denial_kind.is_some() || e.markers.interrupted {
+            return false;
+        }
+        if e.markers.ephemeral == Some(true) {
+            return true; // a glance, old by the time it is considered: expired
+        }
+        let text: String = e
+            .content
+            .iter()
+            .filter_map(|b| {
+                if let ContentBlock::ToolResult { content, .. } = b { Some(result_text(content)) } else { None }
+            })
+            .collect();
+        let t = text.trim().to_ascii_lowercase();
+        t.is_empty()
+            || t.starts_with("no matches")
+            || t.starts_with("no match")
+            || t.starts_with("no files found")
+            || t.starts_with("0 matches")
+            || (t.contains("timed out") && t.len() < 1000)
+    }
+
+    fn chars(e: &Entry) -> usize {
+        e.content
+            .iter()
+            .map(|b| if let ContentBlock::ToolResult { content, .. } = b { result_text(content).len() } else { 0 })
+            .sum()
+    }
+
+    fn placeholder(chars: usize) -> String {
+        format!("[uneventful output pruned ({chars} chars)]")
+    }
+
+    /// Prune the view `history` if enough can be reclaimed; `done` holds the
+    /// entries already pruned. Returns the tokens reclaimed (0: no rewrite).
+    pub fn prune(history: &mut [Entry], done: &mut HashSet<uuid::Uuid>) -> u64 {
+        let assistants: Vec<usize> =
+            history.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::Assistant).map(|(i, _)| i).collect();
+        let Some(&horizon) = assistants.len().checked_sub(KEEP_RECENT_TURNS).and_then(|k| assistants.get(k)) else {
+            return 0;
+        };
+        let mut picked = Vec::new();
+        let mut reclaim = 0u64;
+        for (i, e) in history[..horizon].iter().enumerate() {
+            if done.contains(&e.uuid) || !is_uneventful(e) {
+                continue;
+            }
+            let c = chars(e);
+            let saved = estimate_tokens(c).saturating_sub(estimate_tokens(placeholder(c).len()));
+            if saved > 0 {
+                picked.push(i);
+                reclaim += saved;
+            }
+        }
+        if reclaim < PRUNE_MIN_TOKENS {
+            return 0;
+        }
+        for i in picked {
+            let e = &mut history[i];
+            let c = chars(e);
+            for b in &mut e.content {
+                if let ContentBlock::ToolResult { content, .. } = b {
+                    *content = vec![ResultBlock::Text { text: placeholder(c) }];
+                }
+            }
+            done.insert(e.uuid);
+        }
+        reclaim
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use flower_model::{JobId, SessionId};
+
+        fn entry(kind: EntryKind, text: &str, ephemeral: bool) -> Entry {
+            let (job, session) = (JobId::random(), SessionId::random());
+            let content = match kind {
+                EntryKind::ToolResult => vec![ContentBlock::tool_result("t", text, false)],
+                _ => vec![ContentBlock::text(text)],
+            };
+            let mut e = Entry::new(job, session, None, kind, content);
+            e.markers.ephemeral = ephemeral.then_some(true);
+            e
+        }
+
+        #[test]
+        fn waits_for_enough_then_prunes_old_uneventful_results_once() {
+            let mut h = Vec::new();
+            for _ in 0..3 {
+                h.push(entry(EntryKind::Assistant, "glance", false));
+                h.push(entry(EntryKind::ToolResult, &"x".repeat(4000), true));
+                h.push(entry(EntryKind::Assistant, "grep", false));
+                h.push(entry(EntryKind::ToolResult, "No matches found", false));
+                h.push(entry(EntryKind::Assistant, "read", false));
+                h.push(entry(EntryKind::ToolResult, &"an eventful result ".repeat(300), false));
+            }
+            let mut done = HashSet::new();
+            // 9 turns: the first 3 are old enough; one old glance is ~1000 tokens: not enough.
+            assert_eq!(prune(&mut h.clone()[..9].to_vec(), &mut done), 0);
+            for _ in 0..6 {
+                h.push(entry(EntryKind::Assistant, "more", false));
+            }
+            let reclaimed = prune(&mut h, &mut done);
+            assert!(reclaimed >= PRUNE_MIN_TOKENS, "{reclaimed}");
+            let text = |e: &Entry| -> String {
+                e.content
+                    .iter()
+                    .filter_map(|b| {
+                        if let ContentBlock::ToolResult { content, .. } = b { Some(result_text(content)) } else { None }
+                    })
+                    .collect()
+            };
+            let texts: Vec<String> = h.iter().filter(|e| e.kind == EntryKind::ToolResult).map(text).collect();
+            assert!(texts[0].starts_with("[uneventful output pruned (4000 chars)"), "{}", texts[0]);
+            assert!(texts[2].starts_with("an eventful"), "eventful output stays");
+            assert_eq!(prune(&mut h, &mut done), 0, "nothing new to reclaim: no second rewrite");
+        }
+    }
+}

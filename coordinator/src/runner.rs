@@ -196,6 +196,7 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
         max_turns: spec.runtime.max_turns,
         max_tokens: spec.runtime.max_output_tokens,
         cache: spec.runtime.prompt_cache,
+        prune_uneventful: spec.runtime.pruning.uneventful,
     };
     let tools = flower_agent::surface::finish(tools, rt.tool_deferral);
     AgentSession::new(config, ctx.provider.clone(), Arc::new(tools), hooks, ctx.journal.clone(), ctx.cancel.clone())

@@ -308,6 +308,10 @@ pub struct PruningOptions {
     pub trim: TrimOptions,
     /// Denied calls kept (the most recent ones); older ones are removed with their results (default 1).
     pub keep_denials: usize,
+    /// In a running session, replace uneventful old tool output (empty, "no
+    /// matches", short timeouts, expired glances) once ≥ 2000 tokens can be
+    /// reclaimed — one recorded rewrite (default true).
+    pub uneventful: bool,
 }
 
 /// Results of calls recorded as ephemeral expire.
@@ -335,7 +339,7 @@ pub struct TrimOptions {
 
 impl Default for PruningOptions {
     fn default() -> Self {
-        Self { ephemeral: EphemeralOptions::default(), trim: TrimOptions::default(), keep_denials: 1 }
+        Self { ephemeral: EphemeralOptions::default(), trim: TrimOptions::default(), keep_denials: 1, uneventful: true }
     }
 }
 

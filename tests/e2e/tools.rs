@@ -198,3 +198,20 @@ fn staggering_a_fan_out_writes_the_shared_prefix_once_and_the_moving_pair_surviv
         naive["cache_audit"]
     );
 }
+
+#[test]
+fn uneventful_old_output_is_pruned_from_the_view_in_one_recorded_rewrite() {
+    let home = Home::new();
+    let run = home.run_job(&repo().join("tests/fixtures/uneventful/job.yaml"), &[]);
+    assert_eq!(run["state"], "succeeded", "{run}");
+    let rewrites: Vec<&Value> = run["context"]["cache_rewrites"].as_array().unwrap().iter().collect();
+    assert_eq!(rewrites.len(), 1, "batched: one deep rewrite, not one per turn: {rewrites:?}");
+    assert_eq!(rewrites[0]["reason"], "pruned_uneventful");
+    let audit = &run["cache_audit"];
+    assert_eq!(audit["unexplained"], serde_json::json!([]), "{audit}");
+    assert_eq!(audit["explained"], 1, "{audit}");
+    // Only the request view changed: the stored transcript keeps every byte.
+    let t = home.transcripts(run["job_id"].as_str().unwrap());
+    let results = tool_results(sessions(&t, "coordinator")[0]);
+    assert!(results[..3].iter().all(|(text, _)| text.len() > 3000 && text.contains("heartbeat ok")));
+}

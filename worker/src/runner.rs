@@ -311,6 +311,7 @@ impl Worker {
             max_turns: spec.runtime.worker_max_turns,
             max_tokens: spec.runtime.max_output_tokens,
             cache: spec.runtime.prompt_cache,
+            prune_uneventful: spec.runtime.pruning.uneventful,
         };
         let limits = flower_agent::limits::JobLimits::new(
             store.clone(),
