@@ -208,8 +208,8 @@ impl AgentSession {
         let mut previous_tail: Option<(usize, usize)> = None;
         // Loaded schemas the previous request carried: more now is a rewrite.
         let mut sent_loaded = loaded.len();
-        // Entries whose uneventful output the request view already replaced.
-        let mut pruned_view = std::collections::HashSet::new();
+        // Uneventful old output, replaced in the request view when worth a rewrite.
+        let mut pruner = crate::surface::uneventful::Pruner::default();
         loop {
             if let Some((warn, at)) = self.handoff {
                 if context >= at {
@@ -260,11 +260,11 @@ impl AgentSession {
                 w.flush().await?;
             }
             turns += 1;
-            // Newly loaded schemas go after the cached tool block: everything
-            // after it is written again once — a deliberate rewrite, recorded
-            // with its measured cost; the previous-tail marker resets.
-            let reclaimed =
-                if c.prune_uneventful { crate::surface::uneventful::prune(&mut history, &mut pruned_view) } else { 0 };
+            let reclaimed = if c.prune_uneventful { pruner.prune(&mut history) } else { 0 };
+            // Newly loaded schemas go after the cached tool block, and pruning
+            // changes old messages: everything after the change is written
+            // again once — a deliberate rewrite, recorded with its measured
+            // cost; the previous-tail marker resets.
             let rewrite = if loaded.len() > sent_loaded {
                 Some("tools_loaded")
             } else if reclaimed > 0 {

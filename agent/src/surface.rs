@@ -369,8 +369,6 @@ mod tests {
 /// in the request view (never in the store) only once at least
 /// [`PRUNE_MIN_TOKENS`] can be reclaimed, so a rewrite is rare and deep.
 pub mod uneventful {
-    use std::collections::HashSet;
-
     use flower_model::content::result_text;
     use flower_model::usage::estimate_tokens;
     use flower_model::{ContentBlock, Entry, EntryKind, ResultBlock};
@@ -380,13 +378,11 @@ pub mod uneventful {
     /// The latest model turns whose results are never pruned.
     pub const KEEP_RECENT_TURNS: usize = 6;
 
-    /// Is this stored result uneventful (judged from its markers and text)?
-    pub fn is_uneventful(e: &Entry) -> bool {
+    /// The characters of an uneventful stored result (judged from its
+    /// markers and text); `None` for anything else.
+    pub fn uneventful_chars(e: &Entry) -> Option<usize> {
         if e.kind != EntryKind::ToolResult || e.markers.denial_kind.is_some() || e.markers.interrupted {
-            return false;
-        }
-        if e.markers.ephemeral == Some(true) {
-            return true; // a glance, old by the time it is considered: expired
+            return None;
         }
         let text: String = e
             .content
@@ -395,61 +391,69 @@ pub mod uneventful {
                 if let ContentBlock::ToolResult { content, .. } = b { Some(result_text(content)) } else { None }
             })
             .collect();
+        // A glance is old by the time it is judged: expired.
+        if e.markers.ephemeral == Some(true) {
+            return Some(text.len());
+        }
         let t = text.trim().to_ascii_lowercase();
-        t.is_empty()
-            || t.starts_with("no matches")
+        let uneventful = t.is_empty()
             || t.starts_with("no match")
             || t.starts_with("no files found")
             || t.starts_with("0 matches")
-            || (t.contains("timed out") && t.len() < 1000)
-    }
-
-    fn chars(e: &Entry) -> usize {
-        e.content
-            .iter()
-            .map(|b| if let ContentBlock::ToolResult { content, .. } = b { result_text(content).len() } else { 0 })
-            .sum()
+            || (t.contains("timed out") && t.len() < 1000);
+        uneventful.then_some(text.len())
     }
 
     fn placeholder(chars: usize) -> String {
         format!("[uneventful output pruned ({chars} chars)]")
     }
 
-    /// Prune the view `history` if enough can be reclaimed; `done` holds the
-    /// entries already pruned. Returns the tokens reclaimed (0: no rewrite).
-    pub fn prune(history: &mut [Entry], done: &mut HashSet<uuid::Uuid>) -> u64 {
-        let assistants: Vec<usize> =
-            history.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::Assistant).map(|(i, _)| i).collect();
-        let Some(&horizon) = assistants.len().checked_sub(KEEP_RECENT_TURNS).and_then(|k| assistants.get(k)) else {
-            return 0;
-        };
-        let mut picked = Vec::new();
-        let mut reclaim = 0u64;
-        for (i, e) in history[..horizon].iter().enumerate() {
-            if done.contains(&e.uuid) || !is_uneventful(e) {
-                continue;
-            }
-            let c = chars(e);
-            let saved = estimate_tokens(c).saturating_sub(estimate_tokens(placeholder(c).len()));
-            if saved > 0 {
-                picked.push(i);
-                reclaim += saved;
-            }
-        }
-        if reclaim < PRUNE_MIN_TOKENS {
-            return 0;
-        }
-        for i in picked {
-            let e = &mut history[i];
-            let c = chars(e);
-            for b in &mut e.content {
-                if let ContentBlock::ToolResult { content, .. } = b {
-                    *content = vec![ResultBlock::Text { text: placeholder(c) }];
+    /// One session's pruning state: each result is judged once, when it ages
+    /// past the recent turns; the uneventful ones wait until together they
+    /// are worth a rewrite, then are replaced at once.
+    #[derive(Default)]
+    pub struct Pruner {
+        /// Entries before this index were judged.
+        judged: usize,
+        /// Uneventful results not replaced yet: (index, chars).
+        pending: Vec<(usize, usize)>,
+        reclaim: u64,
+    }
+
+    impl Pruner {
+        /// Prune the view `history` (only ever appended to) if enough can be
+        /// reclaimed. Returns the tokens reclaimed (0: no rewrite).
+        pub fn prune(&mut self, history: &mut [Entry]) -> u64 {
+            let horizon = history
+                .iter()
+                .enumerate()
+                .rev()
+                .filter(|(_, e)| e.kind == EntryKind::Assistant)
+                .nth(KEEP_RECENT_TURNS - 1)
+                .map(|(i, _)| i);
+            let Some(horizon) = horizon else { return 0 };
+            for (i, e) in history.iter().enumerate().take(horizon).skip(self.judged) {
+                if let Some(c) = uneventful_chars(e) {
+                    let saved = estimate_tokens(c).saturating_sub(estimate_tokens(placeholder(c).len()));
+                    if saved > 0 {
+                        self.pending.push((i, c));
+                        self.reclaim += saved;
+                    }
                 }
             }
-            done.insert(e.uuid);
+            self.judged = self.judged.max(horizon);
+            if self.reclaim < PRUNE_MIN_TOKENS {
+                return 0;
+            }
+            for (i, c) in self.pending.drain(..) {
+                for b in &mut history[i].content {
+                    if let ContentBlock::ToolResult { content, .. } = b {
+                        *content = vec![ResultBlock::Text { text: placeholder(c) }];
+                    }
+                }
+            }
+            std::mem::take(&mut self.reclaim)
         }
-        reclaim
     }
 
     #[cfg(test)]
@@ -479,13 +483,13 @@ pub mod uneventful {
                 h.push(entry(EntryKind::Assistant, "read", false));
                 h.push(entry(EntryKind::ToolResult, &"an eventful result ".repeat(300), false));
             }
-            let mut done = HashSet::new();
-            // 9 turns: the first 3 are old enough; one old glance is ~1000 tokens: not enough.
-            assert_eq!(prune(&mut h.clone()[..9].to_vec(), &mut done), 0);
+            // 9 entries, 5 turns: none is old enough yet.
+            assert_eq!(Pruner::default().prune(&mut h.clone()[..9].to_vec()), 0);
+            let mut pruner = Pruner::default();
             for _ in 0..6 {
                 h.push(entry(EntryKind::Assistant, "more", false));
             }
-            let reclaimed = prune(&mut h, &mut done);
+            let reclaimed = pruner.prune(&mut h);
             assert!(reclaimed >= PRUNE_MIN_TOKENS, "{reclaimed}");
             let text = |e: &Entry| -> String {
                 e.content
@@ -498,7 +502,7 @@ pub mod uneventful {
             let texts: Vec<String> = h.iter().filter(|e| e.kind == EntryKind::ToolResult).map(text).collect();
             assert!(texts[0].starts_with("[uneventful output pruned (4000 chars)"), "{}", texts[0]);
             assert!(texts[2].starts_with("an eventful"), "eventful output stays");
-            assert_eq!(prune(&mut h, &mut done), 0, "nothing new to reclaim: no second rewrite");
+            assert_eq!(pruner.prune(&mut h), 0, "nothing new to reclaim: no second rewrite");
         }
     }
 }

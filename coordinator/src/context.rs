@@ -241,21 +241,20 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
     r.main_slope_tokens_per_turn = slope(&points);
     r.main_first_tokens = r.main_turns.first().map_or(0, |t| t.context_tokens);
     r.main_last_tokens = r.main_turns.last().map_or(0, |t| t.context_tokens);
+    // Each session's place in `r.sessions`, for the events that name one.
+    let index: std::collections::HashMap<flower_model::SessionId, usize> =
+        sessions.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
     let mut after = 0;
     loop {
         let events = store.events(job, after, 1000).await?;
         let Some(last) = events.last() else { break };
         after = last.seq;
         for e in &events {
-            let view = |r: &ContextReport, session: &flower_model::SessionId| {
-                let id = session.to_string();
-                r.sessions.iter().position(|v| v.session == id)
-            };
             match &e.kind {
                 EventKind::Spill { chars, session, .. } => {
                     r.spills += 1;
                     r.spilled_chars += chars;
-                    if let Some(i) = view(&r, session) {
+                    if let Some(i) = index.get(session).copied() {
                         r.sessions[i].spills += 1;
                     }
                 }
@@ -269,7 +268,7 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
                     system_tokens,
                     ..
                 } => {
-                    if let Some(i) = view(&r, session) {
+                    if let Some(i) = index.get(session).copied() {
                         let v = &mut r.sessions[i];
                         v.deferral = *deferral;
                         v.resident = resident.clone();
@@ -280,13 +279,13 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
                 }
                 EventKind::ToolsLoaded { session, trigger, tools, .. } => {
                     r.tools_loaded += tools.len();
-                    if let Some(i) = view(&r, session) {
+                    if let Some(i) = index.get(session).copied() {
                         r.sessions[i].loaded.extend(tools.iter().map(|t| (t.clone(), trigger.clone())));
                     }
                 }
                 EventKind::ToolSearchMiss { session, query, .. } => {
                     r.search_misses += 1;
-                    if let Some(i) = view(&r, session) {
+                    if let Some(i) = index.get(session).copied() {
                         r.sessions[i].search_misses.push(query.clone());
                     }
                 }

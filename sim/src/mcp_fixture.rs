@@ -77,7 +77,6 @@ impl FixtureServer {
                 return Err(format!("missing required argument `{field}`"));
             }
         }
-        let lock = |m: &Arc<Mutex<BTreeMap<String, Value>>>| m.lock().unwrap_or_else(|p| p.into_inner()).clone();
         Ok(match name {
             "memory_store" => {
                 let key = args.get("key").and_then(Value::as_str).unwrap_or_default().to_string();
@@ -87,7 +86,7 @@ impl FixtureServer {
             }
             "memory_recall" => {
                 let key = args.get("key").and_then(Value::as_str).unwrap_or_default();
-                match lock(&self.memory).get(key) {
+                match self.memory.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
                     Some(v) => json!({"key": key, "value": v}),
                     None => json!({"key": key, "found": false}),
                 }
