@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The descriptor set serves gRPC reflection.
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("flower_descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // Undecodable requests are INVALID_ARGUMENT, not prost's INTERNAL.
+    tonic_prost_build::configure().codec_path("crate::codec::StrictCodec").compile_fds(fds)?;
     Ok(())
 }

@@ -115,7 +115,16 @@ const READ_ONLY: &[&str] = &[
     "lsblk",
     "getconf",
     "xxd",
+    "arch",
+    "sw_vers",
+    "lsb_release",
 ];
+
+/// The verdict as a yes/no, for code that is handed the judge as a function
+/// (the pruning loader judges calls recorded without a verdict with it).
+pub fn allows(command: &str) -> bool {
+    is_ephemeral(command).allowed
+}
 
 /// Judge `command`.
 pub fn is_ephemeral(command: &str) -> Verdict {
@@ -272,13 +281,45 @@ fn flag_problem(cmd: &str, args: &[String]) -> Option<String> {
         "command" => {
             (!args.iter().any(|a| a == "-v" || a == "-V")).then(|| "`command` without -v/-V runs the command".into())
         }
-        "hostname" => (!args.is_empty()).then(|| "hostname with arguments sets it".into()),
+        "hostname" => hostname_problem(args),
+        // macOS `arch ARCH CMD` runs CMD; only the bare command prints.
+        "arch" => (!args.is_empty()).then(|| "arch with arguments runs a command".into()),
         "xxd" => (has_flag(args, &["-r"]).is_some() || positional(args).len() > 1)
             .then(|| "xxd -r / xxd IN OUT writes".into()),
         "sed" => sed_problem(args),
         "awk" | "gawk" | "mawk" => awk_problem(args),
         "git" => git_problem(args),
         _ => None,
+    }
+}
+
+/// `hostname` prints with these flags; a name, `-F FILE` or `-b` sets it.
+fn hostname_problem(args: &[String]) -> Option<String> {
+    const PRINTING: &[&str] = &[
+        "-a",
+        "--alias",
+        "-A",
+        "--all-fqdns",
+        "-d",
+        "--domain",
+        "-f",
+        "--fqdn",
+        "--long",
+        "-i",
+        "--ip-address",
+        "-I",
+        "--all-ip-addresses",
+        "-s",
+        "--short",
+        "-V",
+        "--version",
+        "-h",
+        "--help",
+    ];
+    match args.iter().find(|a| !PRINTING.contains(&a.as_str())) {
+        Some(a) if a.starts_with('-') => Some(format!("hostname `{a}` is not a printing flag")),
+        Some(_) => Some("hostname with a name sets it".into()),
+        None => None,
     }
 }
 
@@ -342,8 +383,21 @@ fn git_problem(args: &[String]) -> Option<String> {
     let only_flags = |allowed: &[&str]| rest.iter().all(|a| allowed.contains(&a.as_str()));
     match sub.as_str() {
         "status" | "diff" | "log" | "show" | "ls-files" | "rev-parse" | "blame" | "describe" | "shortlog" | "grep"
-        | "cat-file" | "ls-tree" | "rev-list" | "show-ref" | "ls-remote" | "name-rev" | "merge-base"
-        | "whatchanged" => None,
+        | "ls-tree" | "rev-list" | "show-ref" | "ls-remote" | "name-rev" | "merge-base" | "whatchanged"
+        | "for-each-ref" | "count-objects" | "var" => None,
+        // Only `-w` writes the object into the object database (also inside a
+        // cluster of short flags such as `-tw`).
+        "hash-object" => rest
+            .iter()
+            .find(|a| a.starts_with('-') && !a.starts_with("--") && a.contains('w'))
+            .map(|f| format!("git hash-object `{f}` writes an object")),
+        // `--textconv`/`--filters` run the configured conversion programs.
+        "cat-file" => rest
+            .iter()
+            .find(|a| {
+                a.starts_with('-') && !["-p", "-t", "-s", "-e"].contains(&a.as_str()) && !a.starts_with("--batch")
+            })
+            .map(|f| format!("git cat-file `{f}` may run conversion programs; only -p/-t/-s/-e/--batch* read")),
         "branch" => (!only_flags(&[
             "-a",
             "-r",
@@ -403,6 +457,42 @@ pub const CASES: &[(&str, bool)] = &[
     ("git tag v1", false),
     ("git config user.name x", false),
     ("git config --get user.name", true),
+    ("git hash-object src/main.rs", true),
+    ("git hash-object -t blob --stdin-paths", true),
+    ("git hash-object -w f", false),
+    ("git hash-object -tw blob f", false),
+    ("git cat-file -p HEAD", true),
+    ("git cat-file -t HEAD", true),
+    ("git cat-file -s HEAD:README.md", true),
+    ("git cat-file -e HEAD", true),
+    ("git cat-file --batch-check", true),
+    ("git cat-file --textconv HEAD:README.md", false),
+    ("git rev-parse --show-toplevel", true),
+    ("git ls-tree -r HEAD", true),
+    ("git merge-base HEAD main", true),
+    ("git describe --tags", true),
+    ("git show-ref --heads", true),
+    ("git for-each-ref --format='%(refname)' refs/heads", true),
+    ("git rev-list --count HEAD", true),
+    ("git name-rev HEAD", true),
+    ("git count-objects -v", true),
+    ("git var GIT_EDITOR", true),
+    ("git var -l", true),
+    ("arch", true),
+    ("arch -x86_64 ls", false),
+    ("uname -a", true),
+    ("sw_vers", true),
+    ("sw_vers -productVersion", true),
+    ("hostname", true),
+    ("hostname -f", true),
+    ("hostname newname", false),
+    ("hostname -F /etc/hostname", false),
+    ("hostname -b", false),
+    ("whoami", true),
+    ("id", true),
+    ("id -u", true),
+    ("uptime", true),
+    ("lsb_release -a", true),
     ("git status && rm -rf x", false),
     ("rm -rf x", false),
     ("cat a.txt; rm b", false),
@@ -503,5 +593,43 @@ mod tests {
         assert!(v.reason.contains("`rm` is not a read-only command"), "{v:?}");
         let v = is_ephemeral("uniq a b");
         assert_eq!(v.reason, "uniq IN OUT writes OUT");
+        let v = is_ephemeral("git hash-object -w f");
+        assert_eq!(v.reason, "git hash-object `-w` writes an object");
+        let v = is_ephemeral("hostname newname");
+        assert_eq!(v.reason, "hostname with a name sets it");
+    }
+
+    #[test]
+    fn system_information_and_git_plumbing_that_only_read_are_glances() {
+        for cmd in [
+            "arch",
+            "uname -a",
+            "sw_vers",
+            "hostname",
+            "whoami",
+            "id",
+            "uptime",
+            "lsb_release -a",
+            "git hash-object README.md",
+            "git cat-file -p HEAD",
+            "git cat-file -t HEAD",
+            "git cat-file -s HEAD",
+            "git cat-file -e HEAD",
+            "git rev-parse HEAD",
+            "git ls-tree HEAD",
+            "git merge-base HEAD main",
+            "git describe",
+            "git show-ref",
+            "git for-each-ref --format='%(refname:short)'",
+            "git rev-list HEAD",
+            "git name-rev HEAD",
+            "git count-objects -v",
+            "git var -l",
+        ] {
+            assert!(allows(cmd), "{cmd}: {:?}", is_ephemeral(cmd));
+        }
+        for cmd in ["git hash-object -w f", "hostname newname", "arch -arm64 make"] {
+            assert!(!allows(cmd), "{cmd} writes or runs something");
+        }
     }
 }

@@ -14,6 +14,8 @@ fn msg() -> TaskMessage {
         task_id: TaskId::random(),
         worker: "w".into(),
         epoch: 1,
+        // A requeued task's count travels with it.
+        base_attempt: 2,
         trace: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
     }
 }

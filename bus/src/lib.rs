@@ -42,6 +42,11 @@ pub struct TaskMessage {
     pub worker: String,
     /// Epoch of the coordinator lease that dispatched it (fencing).
     pub epoch: i64,
+    /// Attempts the task had when this message was published: a delivery is
+    /// attempt `base_attempt + delivered`. 0 for a first dispatch; a task
+    /// requeued by the sweeper (its message was lost) continues its count.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub base_attempt: u32,
     /// W3C `traceparent` of the dispatching span, when tracing is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
@@ -50,8 +55,12 @@ pub struct TaskMessage {
 impl TaskMessage {
     /// The publish dedupe id: a task is published once per dispatch epoch.
     pub fn dedupe_id(&self) -> String {
-        format!("{}.{}", self.task_id, self.epoch)
+        format!("{}.{}.{}", self.task_id, self.epoch, self.base_attempt)
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A hint that rows exist; receivers read the store.

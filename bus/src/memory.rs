@@ -210,7 +210,14 @@ mod tests {
     use flower_model::{JobId, TaskId};
 
     fn msg() -> TaskMessage {
-        TaskMessage { job_id: JobId::random(), task_id: TaskId::random(), worker: "w".into(), epoch: 1, trace: None }
+        TaskMessage {
+            job_id: JobId::random(),
+            task_id: TaskId::random(),
+            worker: "w".into(),
+            epoch: 1,
+            base_attempt: 0,
+            trace: None,
+        }
     }
 
     #[tokio::test]

@@ -54,7 +54,7 @@ impl NatsConfig {
         }
     }
 
-    fn stream_name(&self) -> String {
+    pub fn stream_name(&self) -> String {
         format!("{}_TASKS", self.prefix.replace(['.', '-'], "_").to_uppercase())
     }
     fn tasks_subject(&self) -> String {
@@ -161,6 +161,7 @@ impl NatsBus {
             task_id: TaskId::random(),
             worker: "ping".into(),
             epoch: 0,
+            base_attempt: 0,
             trace: None,
         };
         self.publish(id).await?;
@@ -206,6 +207,7 @@ fn task_to_pb(t: &TaskMessage) -> pb::TaskMessage {
         task_id: t.task_id.to_string(),
         worker: t.worker.clone(),
         epoch: t.epoch,
+        base_attempt: t.base_attempt,
     }
 }
 
@@ -215,6 +217,7 @@ fn task_from_pb(t: pb::TaskMessage) -> std::result::Result<TaskMessage, String> 
         task_id: t.task_id.parse().map_err(|e| format!("task_id: {e}"))?,
         worker: t.worker,
         epoch: t.epoch,
+        base_attempt: t.base_attempt,
         trace: None,
     })
 }

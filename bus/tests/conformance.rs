@@ -40,7 +40,14 @@ async fn nats_jetstream_passes_the_suite() {
 }
 
 fn msg() -> TaskMessage {
-    TaskMessage { job_id: JobId::random(), task_id: TaskId::random(), worker: "w".into(), epoch: 1, trace: None }
+    TaskMessage {
+        job_id: JobId::random(),
+        task_id: TaskId::random(),
+        worker: "w".into(),
+        epoch: 1,
+        base_attempt: 0,
+        trace: None,
+    }
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@
 //! - `cmd/sim.rs`: `flower sim`
 //! - `cmd/transcript.rs`: `flower transcript show`
 //! - `cmd/status.rs`: `flower status`
+//! - `cmd/isolation.rs`: tool isolation and spec policy flags; `flower tool-exec`, the tool launcher
 //! - `home.rs`: where the embedded mode keeps its state
 
 use std::path::PathBuf;
@@ -93,6 +94,12 @@ fn main() -> ExitCode {
         }
         default_hook(info);
     }));
+    // The tool launcher reads nothing but its own arguments: no other
+    // option, no environment, no runtime (it forks and execs).
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == "tool-exec") {
+        return cmd::isolation::tool_exec(args.collect());
+    }
     let cli = Cli::parse();
     let _telemetry = telemetry::init(cli.command.name());
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -20,6 +20,24 @@ const RECHECK: Duration = Duration::from_secs(5);
 /// Longest a staggered sibling waits for its shape's first child (SPEC §4).
 pub const STAGGER_WAIT: Duration = Duration::from_secs(8);
 
+/// When a running task's message is presumed gone: no worker heartbeat for
+/// longer than the queue's ack wait × its delivery limit (a live worker beats
+/// every few seconds; a dead one's message comes back within that time unless
+/// the queue gave up on it).
+#[derive(Clone, Copy, Debug)]
+pub struct Sweep {
+    pub stale_after: Duration,
+    /// Attempts after which a stale task fails instead of being requeued.
+    pub max_attempts: u32,
+}
+
+impl Default for Sweep {
+    /// The defaults of the worker and queue flags: ack wait 30 s, 3 attempts (+1 delivery).
+    fn default() -> Self {
+        Self { stale_after: Duration::from_secs(30 * 4), max_attempts: 3 }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
     #[error(transparent)]
@@ -37,6 +55,7 @@ pub struct Dispatcher {
     /// Changesets are applied one at a time.
     apply_lock: tokio::sync::Mutex<()>,
     epoch: i64,
+    sweep: Sweep,
     /// Fan-out staggering: per shape, released once its first child's first
     /// model response began streaming (or it ended, or 8 s passed).
     gates: std::sync::Mutex<std::collections::HashMap<String, tokio::sync::watch::Receiver<bool>>>,
@@ -55,8 +74,16 @@ pub struct Delegation<'a> {
 }
 
 impl Dispatcher {
-    pub fn new(journal: Journal, queue: Arc<dyn TaskQueue>, workspace: Workspace, epoch: i64) -> Self {
-        Self { journal, queue, workspace, apply_lock: tokio::sync::Mutex::new(()), epoch, gates: Default::default() }
+    pub fn new(journal: Journal, queue: Arc<dyn TaskQueue>, workspace: Workspace, epoch: i64, sweep: Sweep) -> Self {
+        Self {
+            journal,
+            queue,
+            workspace,
+            apply_lock: tokio::sync::Mutex::new(()),
+            epoch,
+            sweep,
+            gates: Default::default(),
+        }
     }
 
     /// Fan-out staggering: the first child of a shape starts alone; its
@@ -125,6 +152,7 @@ impl Dispatcher {
                     task_id: id,
                     worker: task.worker.clone(),
                     epoch: self.epoch,
+                    base_attempt: 0,
                     trace: flower_bus::trace::current_traceparent(),
                 })
                 .await?;
@@ -135,11 +163,13 @@ impl Dispatcher {
     /// Wait until the task ends; its row holds the report.
     pub async fn wait(&self, id: TaskId, cancel: &CancellationToken) -> Result<Task, DispatchError> {
         let mut notices = self.journal.notifier().subscribe();
+        let mut requeued: Option<tokio::time::Instant> = None;
         loop {
             let task = self.journal.store().get_task(id).await?;
             if task.state.is_terminal() {
                 return Ok(task);
             }
+            self.sweep(&task, &mut requeued).await?;
             let deadline = tokio::time::sleep(RECHECK);
             tokio::pin!(deadline);
             loop {
@@ -155,6 +185,45 @@ impl Dispatcher {
                 }
             }
         }
+    }
+
+    /// The sweeper: a running task with no heartbeat for
+    /// [`Sweep::stale_after`] lost its message (its worker died and the queue
+    /// stopped redelivering). Requeue it as its next attempts, or fail it once
+    /// its attempts are spent — through the same claim a worker makes, so a
+    /// late report of an older attempt is still refused.
+    async fn sweep(&self, task: &Task, requeued: &mut Option<tokio::time::Instant>) -> Result<(), DispatchError> {
+        let stale = flower_model::now_ms() - task.updated_at > self.sweep.stale_after.as_millis() as i64;
+        let recently = requeued.is_some_and(|at| at.elapsed() < self.sweep.stale_after);
+        if task.state != flower_model::TaskState::Running || !stale || recently {
+            return Ok(());
+        }
+        let store = self.journal.store();
+        if task.attempt >= self.sweep.max_attempts {
+            let attempt = task.attempt + 1;
+            if let flower_store::Claim::Claimed { events, .. } = store.claim_task(task.id, attempt, "sweeper").await? {
+                self.journal.announce(&flower_store::Written { events, entry_seqs: vec![] }).await;
+                let error = format!("no worker reported after {} attempts (the last one went silent)", task.attempt);
+                let outcome = flower_model::TaskOutcome::Failed { error };
+                let (_, written) = store.finish_task(task.id, attempt, outcome, Default::default()).await?;
+                self.journal.announce(&written).await;
+                tracing::warn!(task = %task.id, attempts = task.attempt, "task failed by the sweeper");
+            }
+            return Ok(());
+        }
+        tracing::warn!(task = %task.id, attempt = task.attempt, "no heartbeat from the task's worker; requeued");
+        self.queue
+            .publish(TaskMessage {
+                job_id: task.job_id,
+                task_id: task.id,
+                worker: task.worker.clone(),
+                epoch: self.epoch,
+                base_attempt: task.attempt,
+                trace: flower_bus::trace::current_traceparent(),
+            })
+            .await?;
+        *requeued = Some(tokio::time::Instant::now());
+        Ok(())
     }
 
     /// Dispatch, wait for the end, and apply the task's workspace changes when

@@ -125,8 +125,14 @@ impl EmbeddedRuntime {
         }
         for t in self.store.tasks(job_id).await? {
             if !t.state.is_terminal() {
-                let msg =
-                    flower_bus::TaskMessage { job_id, task_id: t.id, worker: t.worker.clone(), epoch: 1, trace: None };
+                let msg = flower_bus::TaskMessage {
+                    job_id,
+                    task_id: t.id,
+                    worker: t.worker.clone(),
+                    epoch: 1,
+                    base_attempt: 0,
+                    trace: None,
+                };
                 self.bus.publish_resumed(msg, t.attempt);
             }
         }
@@ -159,6 +165,7 @@ impl EmbeddedRuntime {
         let workers = tokio::spawn(worker.run(spec.runtime.concurrency as usize, shutdown.clone()));
 
         let ctx = JobContext {
+            sweep: Default::default(),
             journal: journal.clone(),
             queue: Arc::new(self.bus.clone()),
             objects: self.objects.clone(),

@@ -33,6 +33,8 @@ pub struct JobContext {
     pub epoch: i64,
     pub inbox: Inbox,
     pub cancel: CancellationToken,
+    /// When a running task's message is presumed gone.
+    pub sweep: crate::dispatch::Sweep,
 }
 
 /// How a run ended.
@@ -133,6 +135,13 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
         Err(AgentError::Store(e @ StoreError::Fenced { .. })) => return Err(e),
         Err(e) => (JobState::Failed, Some(e.to_string()), None, 0),
     };
+    let (state, reason) = match state {
+        JobState::Succeeded => match all_tasks_failed(store.as_ref(), job_id).await? {
+            Some(why) => (JobState::Failed, Some(why)),
+            None => (state, reason),
+        },
+        _ => (state, reason),
+    };
     if state != JobState::Succeeded {
         let written = store.cancel_tasks(job_id, reason.as_deref().unwrap_or("job ended")).await?;
         ctx.journal.announce(&written).await;
@@ -147,6 +156,25 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
     Ok(Finished { state, reason, answer, session, turns: earlier_turns + turns })
 }
 
+/// A job whose delegated tasks all failed has not achieved its goal, whatever
+/// its coordinator answered: it ends `failed`, the answer kept beside the
+/// reason. (Tool-only tasks — the coordinator's own glances — do not count:
+/// a glance that fails is information, not a failed delegation.)
+async fn all_tasks_failed(store: &dyn flower_store::Store, job: JobId) -> Result<Option<String>, StoreError> {
+    let tasks = store.tasks(job).await?;
+    let delegated: Vec<_> = tasks.iter().filter(|t| t.worker != flower_model::job::COMMAND_TASK).collect();
+    let failed: Vec<_> = delegated.iter().filter(|t| t.state == flower_model::TaskState::Failed).collect();
+    if delegated.is_empty() || failed.len() < delegated.len() {
+        return Ok(None);
+    }
+    let first = failed.first().and_then(|t| t.error.as_deref()).unwrap_or("no reason recorded");
+    Ok(Some(format!(
+        "every delegated task failed ({} of {}; the first: {first}); the coordinator's answer is kept",
+        failed.len(),
+        delegated.len()
+    )))
+}
+
 /// A stored history through the pruning loader (layer 4): the copy the
 /// resumed session is fed; trimmed bodies are written where `Read` finds them.
 pub async fn load_pruned(
@@ -154,7 +182,7 @@ pub async fn load_pruned(
     spec: &JobSpec,
     workbench: &Workbench,
 ) -> Result<Vec<flower_model::Entry>, StoreError> {
-    let pruned = flower_store::prune::prune(stored, &spec.runtime.pruning);
+    let pruned = flower_store::prune::prune(stored, &spec.runtime.pruning, &flower_agent::glance::allows);
     for t in &pruned.trims {
         if matches!(workbench.get(&t.path).await, Err(StoreError::NotFound(_))) {
             workbench.put(&t.path, t.text.clone().into_bytes()).await?;
@@ -168,7 +196,8 @@ pub async fn load_pruned(
 
 fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session: SessionId) -> AgentSession {
     let workspace = Workspace::new(ctx.objects.clone(), job_id);
-    let dispatcher = Arc::new(Dispatcher::new(ctx.journal.clone(), ctx.queue.clone(), workspace.clone(), ctx.epoch));
+    let dispatcher =
+        Arc::new(Dispatcher::new(ctx.journal.clone(), ctx.queue.clone(), workspace.clone(), ctx.epoch, ctx.sweep));
     let workbench = Workbench::new(ctx.objects.clone(), job_id);
     let rt = &spec.runtime;
     let mut tools = ToolSet::new();

@@ -8,6 +8,7 @@
 //! - [`entry`]: transcript entries with their structural markers
 //! - [`event`]: job events (rows with a per-job sequence number)
 //! - [`job`]: job, task and session records and their states
+//! - [`policy`]: the operator's allowlists of MCP servers and credential variables a spec may name
 //! - [`session_file`]: export/import in the Claude Code session-file (JSONL) shape
 //! - [`usage`]: token usage, including the prompt-cache fields
 //!
@@ -19,6 +20,7 @@ pub mod entry;
 pub mod event;
 pub mod ids;
 pub mod job;
+pub mod policy;
 pub mod session_file;
 pub mod spec;
 pub mod usage;

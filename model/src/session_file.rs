@@ -164,6 +164,35 @@ pub fn import(text: &str, job: JobId, main: SessionId, side: SessionId) -> Impor
     out
 }
 
+/// Record the glance verdict on each `Bash` result that has none, as a live
+/// run records it when the call is made (a session file from elsewhere
+/// carries no verdict). `judge` is the one that allows glances; results the
+/// tool never produced (denied calls) stay without one, as they do live.
+/// Returns how many verdicts were recorded.
+pub fn record_bash_verdicts(entries: &mut [Entry], judge: &dyn Fn(&str) -> bool) -> usize {
+    let commands: std::collections::HashMap<String, Option<String>> = entries
+        .iter()
+        .flat_map(|e| e.tool_uses())
+        .filter(|(_, name, _)| *name == "Bash")
+        .map(|(id, _, input)| (id.to_string(), input["command"].as_str().map(str::to_string)))
+        .collect();
+    let mut recorded = 0;
+    for e in entries.iter_mut().filter(|e| e.kind == EntryKind::ToolResult) {
+        if e.markers.ephemeral.is_some() || e.markers.denial_kind.is_some() {
+            continue;
+        }
+        let id = e.content.iter().find_map(|b| match b {
+            ContentBlock::ToolResult { tool_use_id, .. } => Some(tool_use_id.as_str()),
+            _ => None,
+        });
+        if let Some(command) = id.and_then(|id| commands.get(id)) {
+            e.markers.ephemeral = Some(command.as_deref().is_some_and(judge));
+            recorded += 1;
+        }
+    }
+    recorded
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +216,45 @@ mod tests {
         assert!(got.main[3].markers.interrupted);
         assert!(got.main[4].markers.synthetic_error);
         assert_eq!(got.main[1].parent_uuid, Some(got.main[0].uuid));
+    }
+
+    #[test]
+    fn bash_results_without_a_verdict_get_the_judges_and_recorded_ones_stay() {
+        let (job, s) = (JobId::random(), SessionId::random());
+        let call = |id: &str, name: &str, command: &str| {
+            Entry::new(
+                job,
+                s,
+                None,
+                EntryKind::Assistant,
+                vec![ContentBlock::ToolUse { id: id.into(), name: name.into(), input: json!({"command": command}) }],
+            )
+        };
+        let result = |id: &str| {
+            Entry::new(job, s, None, EntryKind::ToolResult, vec![ContentBlock::tool_result(id, "out", false)])
+        };
+        let mut entries = vec![
+            call("a", "Bash", "git status"),
+            result("a"),
+            call("b", "Bash", "rm x"),
+            result("b"),
+            call("c", "Bash", "git status"),
+            result("c"),
+            call("d", "Read", "git status"),
+            result("d"),
+            call("e", "Bash", "git status"),
+            result("e"),
+        ];
+        entries[5].markers.ephemeral = Some(false);
+        entries[9].markers.denial_kind = Some("permission-rule".into());
+        let judge = |c: &str| c == "git status";
+        assert_eq!(record_bash_verdicts(&mut entries, &judge), 2);
+        let got: Vec<Option<bool>> = entries.iter().skip(1).step_by(2).map(|e| e.markers.ephemeral).collect();
+        assert_eq!(
+            got,
+            vec![Some(true), Some(false), Some(false), None, None],
+            "judged, judged, kept, not Bash, denied"
+        );
     }
 
     #[test]

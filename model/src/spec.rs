@@ -80,6 +80,42 @@ pub struct McpServerSpec {
 /// Most tools a role may keep resident (SPEC §4).
 pub const MAX_RESIDENT_TOOLS: usize = 40;
 
+/// Longest `goal`, in bytes. The goal is sent whole in the coordinator's
+/// first request and again after each handoff: 256 KiB stays well under the
+/// provider's request limit and leaves the context window to the work.
+pub const MAX_GOAL_BYTES: usize = 256 * 1024;
+
+/// Longest user message an interrupt carries into a running session, in
+/// bytes: the goal's bound, for the same reason — it joins the next request
+/// whole, which must stay well under the provider's request limit.
+pub const MAX_MESSAGE_BYTES: usize = MAX_GOAL_BYTES;
+
+/// Longest `instructions` or `description`, in bytes: each is repeated in
+/// every request of its role.
+pub const MAX_INSTRUCTIONS_BYTES: usize = 64 * 1024;
+
+/// Longest job `name`, in characters (one line in listings and progress).
+pub const MAX_NAME_CHARS: usize = 200;
+
+/// Longest worker or coordinator name, in characters.
+pub const MAX_ROLE_NAME_CHARS: usize = 64;
+
+// Upper bounds of the runtime options (see `RuntimeOptions::validate_limits`).
+const MAX_TURNS: u64 = 10_000;
+const MAX_CONCURRENCY: u64 = 1_024;
+/// The most output tokens a model offers in one call.
+const MAX_OUTPUT_TOKENS: u64 = 128_000;
+/// The documented maximum of `bash_timeout`.
+const MAX_BASH_TIMEOUT: Duration = Duration::from_secs(600);
+const MAX_BASH_OUTPUT_LIMIT: ByteSize = ByteSize::mib(64);
+const MAX_WORKSPACE_LIMIT: ByteSize = ByteSize::gib(4);
+const MAX_SPILL_THRESHOLD: u64 = 1_000_000;
+const MAX_KEEP_RECENT: u64 = 100_000;
+const MAX_PRUNING_CHARS: u64 = 10_000_000;
+const MAX_GENERATIONS: u64 = 64;
+const MIN_WINDOW: u64 = 1_000;
+const MAX_WINDOW: u64 = 10_000_000;
+
 /// Where the prompt-cache breakpoints go.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -398,8 +434,23 @@ pub struct SpecError {
 
 impl SpecError {
     fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { field: field.into(), message: message.into() }
+        Self { field: shorten(field.into()), message: message.into() }
     }
+}
+
+/// A field path is echoed in errors: a path made of a huge key (a 1 MB
+/// worker name) is cut, so an error never carries the input back.
+fn shorten(mut field: String) -> String {
+    const MAX: usize = 200;
+    if field.len() > MAX {
+        let mut end = MAX;
+        while !field.is_char_boundary(end) {
+            end -= 1;
+        }
+        field.truncate(end);
+        field.push('…');
+    }
+    field
 }
 
 impl JobSpec {
@@ -408,6 +459,10 @@ impl JobSpec {
         let value: serde_json::Value = if text.trim_start().starts_with('{') {
             serde_json::from_str(text).map_err(|e| SpecError::new("(document)", format!("not valid JSON: {e}")))?
         } else {
+            let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(text)
+                .map_err(|e| SpecError::new("(document)", format!("not valid YAML: {e}")))?;
+            // JSON has no NaN or infinity: converted, `.nan` would silently read as "not set".
+            refuse_non_finite(&yaml, "")?;
             serde_yaml_ng::from_str(text).map_err(|e| SpecError::new("(document)", format!("not valid YAML: {e}")))?
         };
         Self::from_value(value)
@@ -415,12 +470,14 @@ impl JobSpec {
 
     /// Deserialize a JSON value (as stored with a job) and validate it.
     pub fn from_value(value: serde_json::Value) -> Result<Self, SpecError> {
-        if !value.is_object() {
+        let Some(doc) = value.as_object() else {
             return Err(SpecError::new(
                 "(document)",
                 "a job spec is a mapping with `name`, `goal`, `coordinator` and `workers`",
             ));
-        }
+        };
+        refuse_nul(&value, "")?;
+        check_mappings(doc)?;
         let spec: JobSpec = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner().to_string();
@@ -461,21 +518,57 @@ impl JobSpec {
         Ok(spec)
     }
 
-    /// Rules serde cannot express.
+    /// Rules serde cannot express: required text, sizes, cross-references
+    /// and the limits of each runtime option. Each error names its field.
     pub fn validate(&self) -> Result<(), SpecError> {
+        self.validate_text()?;
+        self.validate_workers()?;
+        self.validate_coordinator_workers()?;
+        self.validate_provider()?;
+        for (name, m) in &self.mcp_servers {
+            validate_mcp_server(name, m)?;
+        }
+        let resident: usize =
+            self.mcp_servers.values().map(|m| m.resident.len()).sum::<usize>() + WORKER_TOOLS.len() + 1;
+        if self.runtime.tool_deferral && resident > MAX_RESIDENT_TOOLS {
+            return Err(SpecError::new(
+                "mcp_servers",
+                format!(
+                    "{resident} resident tools: a role keeps at most {MAX_RESIDENT_TOOLS} (list fewer under `resident`)"
+                ),
+            ));
+        }
+        self.runtime.validate_limits()?;
+        self.validate_budget()
+    }
+
+    /// Names, goal and prompts: present, printable where shown, and bounded.
+    fn validate_text(&self) -> Result<(), SpecError> {
         non_empty("name", &self.name)?;
+        at_most_chars("name", &self.name, MAX_NAME_CHARS)?;
+        printable("name", &self.name)?;
         non_empty("goal", &self.goal)?;
+        at_most_bytes("goal", &self.goal, MAX_GOAL_BYTES)?;
         non_empty("model", &self.model)?;
         non_empty("coordinator.name", &self.coordinator.name)?;
+        at_most_chars("coordinator.name", &self.coordinator.name, MAX_ROLE_NAME_CHARS)?;
+        printable("coordinator.name", &self.coordinator.name)?;
+        at_most_bytes("coordinator.instructions", &self.coordinator.instructions, MAX_INSTRUCTIONS_BYTES)
+    }
+
+    fn validate_workers(&self) -> Result<(), SpecError> {
         if self.workers.is_empty() {
             return Err(SpecError::new("workers", "at least one worker is required: the coordinator only delegates"));
         }
         for (name, w) in &self.workers {
             let at = format!("workers.{name}");
-            if name.trim().is_empty() || name.chars().any(char::is_whitespace) {
+            if name.trim().is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
                 return Err(SpecError::new(at, "a worker name is one word without spaces"));
             }
+            at_most_chars(&at, name, MAX_ROLE_NAME_CHARS)?;
             non_empty(&format!("{at}.description"), &w.description)?;
+            at_most_bytes(&format!("{at}.description"), &w.description, MAX_INSTRUCTIONS_BYTES)?;
+            at_most_bytes(&format!("{at}.instructions"), &w.instructions, MAX_INSTRUCTIONS_BYTES)?;
             non_empty(&format!("{at}.model"), &w.model)?;
             for (i, tool) in w.tools.iter().enumerate() {
                 if !WORKER_TOOLS.contains(&tool.as_str()) {
@@ -484,25 +577,32 @@ impl JobSpec {
                         format!("unknown tool `{tool}` (workers may use: {})", WORKER_TOOLS.join(", ")),
                     ));
                 }
-            }
-        }
-        if let Some(list) = &self.coordinator.workers {
-            if list.is_empty() {
-                return Err(SpecError::new(
-                    "coordinator.workers",
-                    "empty: the coordinator needs a worker to delegate to",
-                ));
-            }
-            for (i, name) in list.iter().enumerate() {
-                if !self.workers.contains_key(name) {
-                    let known: Vec<&str> = self.workers.keys().map(String::as_str).collect();
-                    return Err(SpecError::new(
-                        format!("coordinator.workers[{i}]"),
-                        format!("no worker named `{name}` (defined under `workers`: {})", known.join(", ")),
-                    ));
+                if w.tools[..i].contains(tool) {
+                    return Err(SpecError::new(format!("{at}.tools[{i}]"), format!("`{tool}` listed twice")));
                 }
             }
         }
+        Ok(())
+    }
+
+    fn validate_coordinator_workers(&self) -> Result<(), SpecError> {
+        let Some(list) = &self.coordinator.workers else { return Ok(()) };
+        if list.is_empty() {
+            return Err(SpecError::new("coordinator.workers", "empty: the coordinator needs a worker to delegate to"));
+        }
+        for (i, name) in list.iter().enumerate() {
+            if !self.workers.contains_key(name) {
+                let known: Vec<&str> = self.workers.keys().map(String::as_str).collect();
+                return Err(SpecError::new(
+                    format!("coordinator.workers[{i}]"),
+                    format!("no worker named `{name}` (defined under `workers`: {})", known.join(", ")),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_provider(&self) -> Result<(), SpecError> {
         match self.provider {
             ProviderKind::Sim if self.scenario.is_none() => {
                 return Err(SpecError::new("scenario", "required with provider `sim` (the file the simulator plays)"));
@@ -520,80 +620,54 @@ impl JobSpec {
         {
             return Err(SpecError::new("base_url", format!("`{url}` is not an http(s) URL")));
         }
-        for (name, m) in &self.mcp_servers {
-            let at = format!("mcp_servers.{name}");
-            if name.is_empty() || name.len() > 16 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-                return Err(SpecError::new(
-                    at,
-                    "a server name is 1-16 letters, digits or '-' (tools are named mcp__<server>__<tool>, at most 64 characters)",
-                ));
-            }
-            match (m.command.is_empty(), &m.url) {
-                (true, None) => return Err(SpecError::new(at, "needs `command` (stdio) or `url` (streamable HTTP)")),
-                (false, Some(_)) => {
-                    return Err(SpecError::new(at, "has both `command` and `url`: choose one transport"));
-                }
-                (true, Some(url)) if !(url.starts_with("http://") || url.starts_with("https://")) => {
-                    return Err(SpecError::new(format!("{at}.url"), format!("`{url}` is not an http(s) URL")));
-                }
-                _ => {}
-            }
-            if m.url.is_some() && !m.env_from.is_empty() {
-                return Err(SpecError::new(
-                    format!("{at}.env_from"),
-                    "only for stdio servers (use `token_env` over HTTP)",
-                ));
-            }
-            if !m.command.is_empty() && m.token_env.is_some() {
-                return Err(SpecError::new(
-                    format!("{at}.token_env"),
-                    "only for HTTP servers (use `env_from` for stdio)",
-                ));
-            }
-            for (var, from) in m.env_from.iter().chain(m.token_env.as_ref().map(|t| (t, t))) {
-                let ok = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-                if !ok(var) || !ok(from) {
-                    return Err(SpecError::new(
-                        format!("{at}.env_from"),
-                        format!("`{var}: {from}` must name environment variables (secrets never go in a spec)"),
-                    ));
-                }
-            }
+        Ok(())
+    }
+
+    /// A budget or deadline that could never be met is a mistake, not a limit.
+    fn validate_budget(&self) -> Result<(), SpecError> {
+        let b = &self.runtime.budget;
+        if b.max_tokens == Some(0) {
+            return Err(SpecError::new("runtime.budget.max_tokens", "must be more than 0 (leave it out for no limit)"));
         }
-        let resident: usize =
-            self.mcp_servers.values().map(|m| m.resident.len()).sum::<usize>() + WORKER_TOOLS.len() + 1;
-        if self.runtime.tool_deferral && resident > MAX_RESIDENT_TOOLS {
+        if let Some(usd) = b.max_cost_usd
+            && !(usd.is_finite() && usd > 0.0)
+        {
             return Err(SpecError::new(
-                "mcp_servers",
-                format!(
-                    "{resident} resident tools: a role keeps at most {MAX_RESIDENT_TOOLS} (list fewer under `resident`)"
-                ),
+                "runtime.budget.max_cost_usd",
+                format!("{usd} is not a budget: a finite amount more than 0 (leave it out for no limit)"),
             ));
         }
-        let r = &self.runtime;
-        for (field, v) in [
-            ("runtime.max_turns", r.max_turns),
-            ("runtime.worker_max_turns", r.worker_max_turns),
-            ("runtime.concurrency", r.concurrency),
-            ("runtime.max_output_tokens", r.max_output_tokens),
-        ] {
-            if v == 0 {
-                return Err(SpecError::new(field, "must be at least 1"));
+        if b.deadline.is_some_and(|d| d.is_zero()) {
+            return Err(SpecError::new(
+                "runtime.budget.deadline",
+                "must be longer than 0s (leave it out for no limit)",
+            ));
+        }
+        for (model, p) in &b.prices {
+            let fields = [
+                ("input", p.input),
+                ("output", p.output),
+                ("cache_write_5m", p.cache_write_5m),
+                ("cache_write_1h", p.cache_write_1h),
+                ("cache_read", p.cache_read),
+            ];
+            if let Some((field, v)) = fields.into_iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+                return Err(SpecError::new(
+                    format!("runtime.budget.prices.{model}.{field}"),
+                    format!("{v} is not a price: a finite amount of 0 or more"),
+                ));
             }
         }
-        if r.budget.max_cost_usd.is_some() {
+        if b.max_cost_usd.is_some() {
             let models = std::iter::once(self.model.clone()).chain(self.workers.values().map(|w| self.worker_model(w)));
             for m in models {
-                if r.budget.price(&m).is_none() {
+                if b.price(&m).is_none() {
                     return Err(SpecError::new(
                         "runtime.budget.prices",
                         format!("no price for model `{m}`: add it to runtime.budget.prices to use max_cost_usd"),
                     ));
                 }
             }
-        }
-        if r.bash_timeout.is_zero() {
-            return Err(SpecError::new("runtime.bash_timeout", "must be longer than 0s"));
         }
         Ok(())
     }
@@ -617,6 +691,214 @@ impl JobSpec {
     pub fn worker_model(&self, worker: &WorkerSpec) -> String {
         if worker.model == "inherit" { self.model.clone() } else { worker.model.clone() }
     }
+}
+
+/// One MCP server: a usable name, one transport, credentials by reference only.
+fn validate_mcp_server(name: &str, m: &McpServerSpec) -> Result<(), SpecError> {
+    let at = format!("mcp_servers.{name}");
+    if name.is_empty() || name.len() > 16 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(SpecError::new(
+            at,
+            "a server name is 1-16 letters, digits or '-' (tools are named mcp__<server>__<tool>, at most 64 characters)",
+        ));
+    }
+    match (m.command.is_empty(), &m.url) {
+        (true, None) => return Err(SpecError::new(at, "needs `command` (stdio) or `url` (streamable HTTP)")),
+        (false, Some(_)) => {
+            return Err(SpecError::new(at, "has both `command` and `url`: choose one transport"));
+        }
+        (true, Some(url)) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+            return Err(SpecError::new(format!("{at}.url"), format!("`{url}` is not an http(s) URL")));
+        }
+        _ => {}
+    }
+    if m.url.is_some() && !m.env_from.is_empty() {
+        return Err(SpecError::new(format!("{at}.env_from"), "only for stdio servers (use `token_env` over HTTP)"));
+    }
+    if !m.command.is_empty() && m.token_env.is_some() {
+        return Err(SpecError::new(format!("{at}.token_env"), "only for HTTP servers (use `env_from` for stdio)"));
+    }
+    for (var, from) in m.env_from.iter().chain(m.token_env.as_ref().map(|t| (t, t))) {
+        let ok = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !ok(var) || !ok(from) {
+            return Err(SpecError::new(
+                format!("{at}.env_from"),
+                format!("`{var}: {from}` must name environment variables (secrets never go in a spec)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl RuntimeOptions {
+    /// Upper bounds on every number: past them a value is a typo or would
+    /// fail later (an hour-long `Bash` call, a model asked for more output
+    /// tokens than any offers, an output buffer the size of the machine).
+    fn validate_limits(&self) -> Result<(), SpecError> {
+        in_range("runtime.max_turns", self.max_turns.into(), 1, MAX_TURNS)?;
+        in_range("runtime.worker_max_turns", self.worker_max_turns.into(), 1, MAX_TURNS)?;
+        in_range("runtime.concurrency", self.concurrency.into(), 1, MAX_CONCURRENCY)?;
+        in_range("runtime.max_output_tokens", self.max_output_tokens.into(), 1, MAX_OUTPUT_TOKENS)?;
+        if self.bash_timeout.is_zero() || self.bash_timeout > MAX_BASH_TIMEOUT {
+            return Err(SpecError::new(
+                "runtime.bash_timeout",
+                format!(
+                    "{} is out of range: must be longer than 0s and at most 10m",
+                    humantime_serde::re::humantime::format_duration(self.bash_timeout)
+                ),
+            ));
+        }
+        in_bytes("runtime.bash_output_limit", self.bash_output_limit, MAX_BASH_OUTPUT_LIMIT)?;
+        in_bytes("runtime.workspace_limit", self.workspace_limit, MAX_WORKSPACE_LIMIT)?;
+        in_range("runtime.spill_threshold", self.spill_threshold as u64, 0, MAX_SPILL_THRESHOLD)?;
+        let p = &self.pruning;
+        in_range("runtime.pruning.keep_denials", p.keep_denials as u64, 0, MAX_KEEP_RECENT)?;
+        in_range("runtime.pruning.ephemeral.keep_recent", p.ephemeral.keep_recent as u64, 0, MAX_KEEP_RECENT)?;
+        in_range("runtime.pruning.ephemeral.max_chars", p.ephemeral.max_chars as u64, 0, MAX_PRUNING_CHARS)?;
+        in_range("runtime.pruning.trim.keep_recent", p.trim.keep_recent as u64, 0, MAX_KEEP_RECENT)?;
+        in_range("runtime.pruning.trim.min_chars", p.trim.min_chars as u64, 0, MAX_PRUNING_CHARS)?;
+        let h = &self.handoff;
+        in_range("runtime.handoff.max_generations", h.max_generations.into(), 1, MAX_GENERATIONS)?;
+        if let Some(window) = h.window {
+            in_range("runtime.handoff.window", window, MIN_WINDOW, MAX_WINDOW)?;
+        }
+        Ok(())
+    }
+}
+
+fn in_range(field: &str, value: u64, min: u64, max: u64) -> Result<(), SpecError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(SpecError::new(field, format!("{value} is out of range: must be from {min} to {max}")))
+    }
+}
+
+fn in_bytes(field: &str, value: ByteSize, max: ByteSize) -> Result<(), SpecError> {
+    if value.as_u64() == 0 || value > max {
+        Err(SpecError::new(field, format!("{value} is out of range: must be more than 0 B and at most {max}")))
+    } else {
+        Ok(())
+    }
+}
+
+fn at_most_chars(field: &str, value: &str, max: usize) -> Result<(), SpecError> {
+    let n = value.chars().count();
+    if n > max { Err(SpecError::new(field, format!("{n} characters: at most {max}"))) } else { Ok(()) }
+}
+
+fn at_most_bytes(field: &str, value: &str, max: usize) -> Result<(), SpecError> {
+    if value.len() > max {
+        Err(SpecError::new(field, format!("{} bytes: at most {} KiB", value.len(), max / 1024)))
+    } else {
+        Ok(())
+    }
+}
+
+/// A name is shown on one line (listings, progress): no control characters.
+fn printable(field: &str, value: &str) -> Result<(), SpecError> {
+    match value.chars().find(|c| c.is_control()) {
+        Some(c) => Err(SpecError::new(field, format!("contains the control character {c:?}"))),
+        None => Ok(()),
+    }
+}
+
+/// `at.key`, or `key` at the top.
+fn child(at: &str, key: &str) -> String {
+    if at.is_empty() { key.to_string() } else { format!("{at}.{key}") }
+}
+
+/// Refuse a NUL byte in any string or key, naming its exact path: text with
+/// NUL cannot be stored (Postgres `text` refuses it), and it is never meant.
+fn refuse_nul(v: &serde_json::Value, at: &str) -> Result<(), SpecError> {
+    let nul = |at: &str| {
+        let at = if at.is_empty() { "(document)".to_string() } else { at.replace('\0', "\\0") };
+        Err(SpecError::new(at, "contains a NUL byte (\\0), which stored text cannot hold"))
+    };
+    match v {
+        serde_json::Value::String(s) if s.contains('\0') => nul(at),
+        serde_json::Value::Array(items) => {
+            items.iter().enumerate().try_for_each(|(i, x)| refuse_nul(x, &format!("{at}[{i}]")))
+        }
+        serde_json::Value::Object(map) => map.iter().try_for_each(|(k, x)| {
+            let here = child(at, k);
+            if k.contains('\0') { nul(&here) } else { refuse_nul(x, &here) }
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Refuse `.nan` and `.inf` anywhere in a YAML document, naming the field.
+fn refuse_non_finite(v: &serde_yaml_ng::Value, at: &str) -> Result<(), SpecError> {
+    use serde_yaml_ng::Value;
+    match v {
+        Value::Number(n) if !n.is_finite() => {
+            Err(SpecError::new(if at.is_empty() { "(document)" } else { at }, format!("{n} is not a finite number")))
+        }
+        Value::Sequence(items) => {
+            items.iter().enumerate().try_for_each(|(i, x)| refuse_non_finite(x, &format!("{at}[{i}]")))
+        }
+        Value::Mapping(map) => map.iter().try_for_each(|(k, x)| {
+            let key = match k {
+                Value::String(k) => k.clone(),
+                other => serde_yaml_ng::to_string(other).unwrap_or_default().trim().to_string(),
+            };
+            refuse_non_finite(x, &child(at, &key))
+        }),
+        Value::Tagged(t) => refuse_non_finite(&t.value, at),
+        _ => Ok(()),
+    }
+}
+
+type Mapping = serde_json::Map<String, serde_json::Value>;
+
+/// The value at `field` must be a mapping when present. serde reads a
+/// sequence into a struct field by field (`runtime: []` would parse as all
+/// defaults), so the shape is checked before deserializing.
+fn mapping<'a>(field: &str, v: Option<&'a serde_json::Value>) -> Result<Option<&'a Mapping>, SpecError> {
+    use serde_json::Value;
+    let found = match v {
+        None => return Ok(None),
+        Some(Value::Object(m)) => return Ok(Some(m)),
+        Some(Value::Null) => "nothing",
+        Some(Value::Bool(_)) => "a boolean",
+        Some(Value::Number(_)) => "a number",
+        Some(Value::String(_)) => "a string",
+        Some(Value::Array(_)) => "a sequence",
+    };
+    Err(SpecError::new(field, format!("must be a mapping (`key: value` entries), not {found}")))
+}
+
+/// Every place the spec expects a mapping is one.
+fn check_mappings(doc: &Mapping) -> Result<(), SpecError> {
+    mapping("coordinator", doc.get("coordinator"))?;
+    if let Some(workers) = mapping("workers", doc.get("workers"))? {
+        for (name, w) in workers {
+            mapping(&child("workers", name), Some(w))?;
+        }
+    }
+    if let Some(servers) = mapping("mcp_servers", doc.get("mcp_servers"))? {
+        for (name, m) in servers {
+            let at = child("mcp_servers", name);
+            if let Some(m) = mapping(&at, Some(m))? {
+                mapping(&child(&at, "env_from"), m.get("env_from"))?;
+            }
+        }
+    }
+    let Some(r) = mapping("runtime", doc.get("runtime"))? else { return Ok(()) };
+    if let Some(p) = mapping("runtime.pruning", r.get("pruning"))? {
+        mapping("runtime.pruning.ephemeral", p.get("ephemeral"))?;
+        mapping("runtime.pruning.trim", p.get("trim"))?;
+    }
+    mapping("runtime.handoff", r.get("handoff"))?;
+    if let Some(b) = mapping("runtime.budget", r.get("budget"))?
+        && let Some(prices) = mapping("runtime.budget.prices", b.get("prices"))?
+    {
+        for (model, p) in prices {
+            mapping(&child("runtime.budget.prices", model), Some(p))?;
+        }
+    }
+    Ok(())
 }
 
 fn non_empty(field: &str, value: &str) -> Result<(), SpecError> {
@@ -721,6 +1003,190 @@ workers:
         let resident: Vec<String> = (0..40).map(|i| format!("t{i}")).collect();
         let e = err(&with(&format!("  fx:\n    command: [srv]\n    resident: [{}]\n", resident.join(", "))));
         assert!(e.message.contains("at most 40"), "{e}");
+    }
+
+    /// GOOD as a JSON value, to edit one field.
+    fn good() -> serde_json::Value {
+        serde_yaml_ng::from_str(GOOD).unwrap()
+    }
+
+    fn err_v(v: serde_json::Value) -> SpecError {
+        JobSpec::from_value(v).unwrap_err()
+    }
+
+    #[test]
+    fn runtime_numbers_have_upper_bounds() {
+        for (opts, field, limit) in [
+            ("max_turns: 4294967295", "runtime.max_turns", "10000"),
+            ("worker_max_turns: 10001", "runtime.worker_max_turns", "10000"),
+            ("concurrency: 4294967295", "runtime.concurrency", "1024"),
+            ("max_output_tokens: 4294967295", "runtime.max_output_tokens", "128000"),
+            ("bash_timeout: 10y", "runtime.bash_timeout", "10m"),
+            ("bash_timeout: 601s", "runtime.bash_timeout", "10m"),
+            ("bash_output_limit: 0 B", "runtime.bash_output_limit", "more than 0 B"),
+            ("bash_output_limit: 1 EiB", "runtime.bash_output_limit", "MiB"),
+            ("workspace_limit: 0 B", "runtime.workspace_limit", "more than 0 B"),
+            ("workspace_limit: 5 GiB", "runtime.workspace_limit", "GiB"),
+            ("spill_threshold: 1000001", "runtime.spill_threshold", "1000000"),
+            ("pruning: {keep_denials: 100001}", "runtime.pruning.keep_denials", "100000"),
+            ("pruning: {ephemeral: {keep_recent: 100001}}", "runtime.pruning.ephemeral.keep_recent", "100000"),
+            ("pruning: {ephemeral: {max_chars: 10000001}}", "runtime.pruning.ephemeral.max_chars", "10000000"),
+            ("pruning: {trim: {keep_recent: 100001}}", "runtime.pruning.trim.keep_recent", "100000"),
+            ("pruning: {trim: {min_chars: 10000001}}", "runtime.pruning.trim.min_chars", "10000000"),
+            ("handoff: {max_generations: 0}", "runtime.handoff.max_generations", "1 to 64"),
+            ("handoff: {max_generations: 65}", "runtime.handoff.max_generations", "1 to 64"),
+            ("handoff: {window: 999}", "runtime.handoff.window", "1000 to 10000000"),
+            ("handoff: {window: 10000001}", "runtime.handoff.window", "1000 to 10000000"),
+        ] {
+            let e = err(&format!("{GOOD}runtime:\n  {opts}\n"));
+            assert_eq!(e.field, field, "{opts}: {e}");
+            assert!(e.message.contains(limit), "{opts}: the message says the limit: {e}");
+        }
+        let at_the_limits = "runtime:\n  max_turns: 10000\n  worker_max_turns: 10000\n  concurrency: 1024\n  \
+            max_output_tokens: 128000\n  bash_timeout: 10m\n  bash_output_limit: 64 MiB\n  workspace_limit: 4 GiB\n  \
+            spill_threshold: 1000000\n  handoff: {max_generations: 64, window: 10000000}\n";
+        JobSpec::parse(&format!("{GOOD}{at_the_limits}")).unwrap();
+    }
+
+    #[test]
+    fn names_goal_and_prompts_are_bounded() {
+        let mut v = good();
+        v["name"] = "n".repeat(1_000_000).into();
+        let e = err_v(v);
+        assert!(e.field == "name" && e.message.contains("at most 200"), "{e}");
+        let mut v = good();
+        v["name"] = "two\nlines".into();
+        assert!(err_v(v).field == "name", "control characters in a name are refused");
+        let mut v = good();
+        v["goal"] = "g".repeat(16 << 20).into();
+        let e = err_v(v);
+        assert!(e.field == "goal" && e.message.contains("at most 256 KiB"), "{e}");
+        let mut v = good();
+        v["goal"] = "g".repeat(MAX_GOAL_BYTES).into();
+        JobSpec::from_value(v).unwrap();
+        assert_eq!(MAX_MESSAGE_BYTES, MAX_GOAL_BYTES);
+
+        let mut v = good();
+        v["coordinator"]["name"] = "c".repeat(65).into();
+        let e = err_v(v);
+        assert!(e.field == "coordinator.name" && e.message.contains("at most 64"), "{e}");
+        let mut v = good();
+        let long = "w".repeat(65);
+        v["workers"] = serde_json::json!({ long.clone(): {"description": "d"} });
+        let e = err_v(v);
+        assert!(e.field == format!("workers.{long}") && e.message.contains("at most 64"), "{e}");
+
+        let big = "i".repeat(64 * 1024 + 1);
+        for field in ["coordinator.instructions", "workers.counter.instructions", "workers.counter.description"] {
+            let mut v = good();
+            let mut at = &mut v;
+            for k in field.split('.') {
+                at = &mut at[k];
+            }
+            *at = big.clone().into();
+            let e = err_v(v);
+            assert!(e.field == field && e.message.contains("at most 64 KiB"), "{field}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_nul_byte_anywhere_is_refused_at_its_exact_path() {
+        let mut v = good();
+        v["workers"]["counter"]["instructions"] = "a\0b".into();
+        assert_eq!(err_v(v).field, "workers.counter.instructions");
+        let mut v = good();
+        v["coordinator"]["workers"] = serde_json::json!(["counter", "gho\0st"]);
+        let e = err_v(v);
+        assert!(e.field == "coordinator.workers[1]" && e.message.contains("NUL"), "{e}");
+        let mut v = good();
+        v["name"] = "demo\0".into();
+        assert_eq!(err_v(v).field, "name");
+        assert_eq!(err(&GOOD.replace("name: demo", "name: \"de\\0mo\"")).field, "name", "YAML's `\\0` escape");
+        let mut v = good();
+        v["workers"]["co\0unter"] = serde_json::json!({"description": "d"});
+        assert_eq!(err_v(v).field, "workers.co\\0unter");
+        let mut v = good();
+        v["runtime"] = serde_json::json!({"budget": {"prices": {"m\0": {}}}});
+        assert_eq!(err_v(v).field, "runtime.budget.prices.m\\0");
+    }
+
+    #[test]
+    fn budgets_and_deadlines_must_be_reachable() {
+        for (opts, field) in [
+            ("max_tokens: 0", "runtime.budget.max_tokens"),
+            ("max_cost_usd: 0", "runtime.budget.max_cost_usd"),
+            ("max_cost_usd: -1.5", "runtime.budget.max_cost_usd"),
+            ("max_cost_usd: .nan", "runtime.budget.max_cost_usd"),
+            ("max_cost_usd: .inf", "runtime.budget.max_cost_usd"),
+            ("max_cost_usd: -.inf", "runtime.budget.max_cost_usd"),
+            ("deadline: 0s", "runtime.budget.deadline"),
+        ] {
+            let e = err(&format!("{GOOD}runtime:\n  budget:\n    {opts}\n"));
+            assert_eq!(e.field, field, "{opts}: {e}");
+        }
+        // A spec built in code is held to the same rule.
+        for usd in [f64::NAN, f64::INFINITY] {
+            let mut spec = JobSpec::parse(GOOD).unwrap();
+            spec.runtime.budget.max_cost_usd = Some(usd);
+            assert_eq!(spec.validate().unwrap_err().field, "runtime.budget.max_cost_usd");
+        }
+        let price = "{input: -1, output: 1, cache_write_5m: 1, cache_write_1h: 1, cache_read: 1}";
+        let e = err(&format!("{GOOD}runtime:\n  budget:\n    prices:\n      m: {price}\n"));
+        assert_eq!(e.field, "runtime.budget.prices.m.input");
+        JobSpec::parse(&format!("{GOOD}runtime:\n  budget: {{max_tokens: 1, max_cost_usd: 0.01, deadline: 1ms}}\n"))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_tool_listed_twice_is_named() {
+        let e = err(&GOOD.replace("tools: [Bash, Read]", "tools: [Bash, Read, Bash]"));
+        assert_eq!((e.field.as_str(), e.message.as_str()), ("workers.counter.tools[2]", "`Bash` listed twice"));
+    }
+
+    #[test]
+    fn a_sequence_where_a_mapping_belongs_is_refused() {
+        for (path, field) in [
+            (&["runtime"][..], "runtime"),
+            (&["coordinator"], "coordinator"),
+            (&["workers"], "workers"),
+            (&["workers", "counter"], "workers.counter"),
+            (&["mcp_servers"], "mcp_servers"),
+            (&["mcp_servers", "fx"], "mcp_servers.fx"),
+            (&["mcp_servers", "fx", "env_from"], "mcp_servers.fx.env_from"),
+            (&["runtime", "pruning"], "runtime.pruning"),
+            (&["runtime", "pruning", "ephemeral"], "runtime.pruning.ephemeral"),
+            (&["runtime", "pruning", "trim"], "runtime.pruning.trim"),
+            (&["runtime", "handoff"], "runtime.handoff"),
+            (&["runtime", "budget"], "runtime.budget"),
+            (&["runtime", "budget", "prices"], "runtime.budget.prices"),
+            (&["runtime", "budget", "prices", "m"], "runtime.budget.prices.m"),
+        ] {
+            let mut v = good();
+            v["mcp_servers"] = serde_json::json!({"fx": {"command": ["srv"]}});
+            let mut at = &mut v;
+            for k in path {
+                if at.get(*k).is_none() {
+                    at[*k] = serde_json::json!({});
+                }
+                at = &mut at[*k];
+            }
+            *at = serde_json::json!([]);
+            let e = err_v(v);
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.message.contains("must be a mapping") && e.message.contains("a sequence"), "{e}");
+        }
+        let e = err(&format!("{GOOD}runtime: []\n"));
+        assert_eq!(e.field, "runtime");
+    }
+
+    #[test]
+    fn a_huge_key_is_not_echoed_in_the_field() {
+        // (YAML caps a plain key at 1024 characters; JSON has no such cap.)
+        let mut v: serde_json::Value = serde_yaml_ng::from_str(GOOD).unwrap();
+        let worker = v["workers"]["counter"].take();
+        v["workers"] = serde_json::json!({ "w".repeat(1 << 20) + " x": worker });
+        let e = err(&v.to_string());
+        assert!(e.field.starts_with("workers.www") && e.field.len() < 300, "{}", e.field.len());
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! Leaf crate: generated types only, no I/O and no behaviour. Anything that
 //! interprets these messages lives with its caller.
 
+pub mod codec;
+
 /// `flower.v1`: generated from `proto/flower/v1/flower.proto`.
 #[allow(clippy::all, clippy::unwrap_used, clippy::expect_used)]
 pub mod v1 {

@@ -131,6 +131,11 @@ async fn task_attempts_are_fenced(store: &dyn Store) {
         "an attempt is claimed once"
     );
     assert!(matches!(store.claim_task(t.id, 2, "w2").await.unwrap(), Claim::Claimed { .. }), "a redelivery takes over");
+    let before = store.get_task(t.id).await.unwrap().updated_at;
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    assert!(store.heartbeat_task(t.id, 2).await.unwrap(), "the running attempt beats");
+    assert!(store.get_task(t.id).await.unwrap().updated_at > before, "a heartbeat moves updated_at on");
+    assert!(!store.heartbeat_task(t.id, 1).await.unwrap(), "a superseded attempt's heartbeat is refused");
     let stale = store.finish_task(t.id, 1, TaskOutcome::Succeeded { report: "old".into() }, Usage::default()).await;
     assert!(matches!(stale, Err(StoreError::Conflict(_))), "a superseded attempt cannot finish");
     let usage = Usage { input_tokens: 7, ..Default::default() };
@@ -139,6 +144,7 @@ async fn task_attempts_are_fenced(store: &dyn Store) {
     let twice = store.finish_task(t.id, 2, TaskOutcome::Succeeded { report: "again".into() }, usage).await;
     assert!(matches!(twice, Err(StoreError::Conflict(_))), "a task completes once");
     assert!(matches!(store.claim_task(t.id, 3, "w3").await.unwrap(), Claim::AlreadyFinished(_)));
+    assert!(!store.heartbeat_task(t.id, 2).await.unwrap(), "a finished task does not beat");
     assert_eq!(store.get_task(t.id).await.unwrap().report.as_deref(), Some("ok"));
     assert_eq!(store.get_task(t.id).await.unwrap().usage.input_tokens, 7);
     assert_eq!(

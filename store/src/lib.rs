@@ -49,6 +49,10 @@ pub enum StoreError {
     /// The write conflicts with the current state (e.g. a superseded attempt).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The data can never be stored as given (a NUL byte in text, a value
+    /// over a backend limit). Not retryable: the caller must fail what wrote it.
+    #[error("cannot be stored: {0}")]
+    Invalid(String),
     /// The database or object store failed; may be transient.
     #[error("storage backend: {0}")]
     Backend(String),
@@ -185,6 +189,11 @@ pub trait Store: Send + Sync + 'static {
         outcome: TaskOutcome,
         usage: Usage,
     ) -> Result<(Task, Written)>;
+    /// Record that `attempt` is still running (a worker's heartbeat): the
+    /// task's `updated_at` moves on. `false` when that attempt no longer holds
+    /// a running task. The owning coordinator's sweeper requeues a running or
+    /// queued task whose `updated_at` is too old: its message is gone.
+    async fn heartbeat_task(&self, id: TaskId, attempt: u32) -> Result<bool>;
     /// Cancel every task of a job that has not ended.
     async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written>;
 

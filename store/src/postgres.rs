@@ -44,6 +44,10 @@ impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> Self {
         // The database's own message (e.g. the append-only trigger) is the useful part.
         match e.as_db_error() {
+            // Class 22 (data exception: a NUL byte in text, an untranslatable
+            // character) and 54 (program limit: an index row too large) say the
+            // value itself cannot be stored: retrying cannot help.
+            Some(db) if matches!(&db.code().code()[..2], "22" | "54") => StoreError::Invalid(db.message().to_string()),
             Some(db) => StoreError::Backend(db.message().to_string()),
             None => StoreError::Backend(e.to_string()),
         }
@@ -580,6 +584,17 @@ impl Store for PostgresStore {
             })
         })
         .await
+    }
+
+    async fn heartbeat_task(&self, id: TaskId, attempt: u32) -> Result<bool> {
+        let client = self.pool.get().await?;
+        let n = client
+            .execute(
+                "UPDATE tasks SET updated_at = $3 WHERE id = $1 AND attempt = $2 AND state = 'running'",
+                &[&id.0, &(attempt as i32), &now_ms()],
+            )
+            .await?;
+        Ok(n == 1)
     }
 
     async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written> {

@@ -3,7 +3,10 @@
 //!
 //! 1. **expire** results of calls recorded as ephemeral (≤ `max_chars`), older
 //!    than the `keep_recent` most recent ones: their body becomes a notice to
-//!    run the command again;
+//!    run the command again. A `Bash` result recorded without a verdict (an
+//!    imported session) is judged now, by the same judge that allows glances
+//!    (passed in: the judge lives with the agent); a recorded verdict always
+//!    wins, so a newer allowlist never re-judges what a run recorded;
 //! 2. **trim** (off by default) older large text results: the text goes to the
 //!    workbench, content-addressed (written only if absent), behind a pointer;
 //! 3. **prune** denied calls by their structural marker (keeping the most
@@ -66,14 +69,29 @@ fn set_result_text(e: &mut Entry, text: String) {
     }
 }
 
-/// Prune a session's stored entries (in order) for a resume.
-pub fn prune(stored: &[Entry], opts: &PruningOptions) -> Pruned {
+/// A call's name and input, by its tool_use id.
+type Calls = HashMap<String, (usize, String, serde_json::Value)>;
+
+/// Whether a result's call was a glance: its recorded verdict, else (a `Bash`
+/// result recorded without one) `judge` on the call's command.
+fn ephemeral(e: &Entry, calls: &Calls, judge: &dyn Fn(&str) -> bool) -> bool {
+    if let Some(recorded) = e.markers.ephemeral {
+        return recorded;
+    }
+    let Some((_, name, input)) = result_id(e).and_then(|id| calls.get(id)) else { return false };
+    name == "Bash" && input["command"].as_str().is_some_and(judge)
+}
+
+/// Prune a session's stored entries (in order) for a resume. `judge` says
+/// whether a command is a glance (`flower_agent::glance::allows`); it is
+/// asked only about `Bash` calls whose result records no verdict.
+pub fn prune(stored: &[Entry], opts: &PruningOptions, judge: &dyn Fn(&str) -> bool) -> Pruned {
     let mut out = Pruned { entries: stored.to_vec(), ..Default::default() };
     let entries = &mut out.entries;
     let changes = &mut out.changes;
 
     // Where each call was made: tool_use id → (assistant index, tool, input).
-    let mut calls: HashMap<String, (usize, String, serde_json::Value)> = HashMap::new();
+    let mut calls: Calls = HashMap::new();
     for (i, e) in entries.iter().enumerate() {
         for (id, name, input) in e.tool_uses() {
             calls.insert(id.to_string(), (i, name.to_string(), input.clone()));
@@ -92,8 +110,8 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions) -> Pruned {
             .enumerate()
             .filter(|(_, e)| {
                 e.kind == EntryKind::ToolResult
-                    && e.markers.ephemeral == Some(true)
                     && e.markers.denial_kind.is_none()
+                    && ephemeral(e, &calls, judge)
                     && e.content.iter().any(|b| matches!(b, ContentBlock::ToolResult { content, .. } if result_text(content).chars().count() <= opts.ephemeral.max_chars))
             })
             .map(|(i, _)| i)
@@ -340,6 +358,11 @@ mod tests {
         }
     }
 
+    /// A judge that admits nothing: only recorded verdicts count.
+    fn never(_: &str) -> bool {
+        false
+    }
+
     fn texts(p: &Pruned) -> Vec<String> {
         p.entries
             .iter()
@@ -360,7 +383,7 @@ mod tests {
             b.calls(&[(&format!("g{i}"), "Bash", json!({"command": format!("ls {i}")}))]);
             b.result(&format!("g{i}"), "out").markers.ephemeral = Some(true);
         }
-        let p = prune(&b.entries, &PruningOptions::default());
+        let p = prune(&b.entries, &PruningOptions::default(), &never);
         let t = texts(&p);
         assert!(t[2].starts_with("[`ls 0` result expired (7 turns ago)"), "{}", t[2]);
         assert!(t[4].starts_with("[`ls 1` result expired (6 turns ago)"));
@@ -372,7 +395,48 @@ mod tests {
             b2.calls(&[(&format!("g{i}"), "Bash", json!({"command": "ls"}))]);
             b2.result(&format!("g{i}"), &big).markers.ephemeral = Some(true);
         }
-        assert!(prune(&b2.entries, &PruningOptions::default()).changes.is_empty(), "over max_chars: not expired");
+        assert!(
+            prune(&b2.entries, &PruningOptions::default(), &never).changes.is_empty(),
+            "over max_chars: not expired"
+        );
+    }
+
+    #[test]
+    fn a_bash_result_without_a_verdict_is_judged_and_a_recorded_one_wins() {
+        let judge = |c: &str| c.starts_with("git status");
+        let mut b = Builder::new();
+        b.user("goal");
+        for i in 0..9 {
+            b.calls(&[(&format!("g{i}"), "Bash", json!({"command": "git status"}))]);
+            b.result(&format!("g{i}"), "clean");
+        }
+        let p = prune(&b.entries, &PruningOptions::default(), &judge);
+        let t = texts(&p);
+        for i in 0..3 {
+            assert!(t[2 + 2 * i].starts_with("[`git status` result expired"), "{}", t[2 + 2 * i]);
+        }
+        assert!(t[8..].iter().all(|x| !x.contains("expired")), "the latest six stay: {t:?}");
+        assert_eq!(p.changes.iter().filter(|c| c.rule == "ephemeral").count(), 3);
+        assert!(prune(&b.entries, &PruningOptions::default(), &never).changes.is_empty(), "the judge decided");
+
+        // Recorded verdicts win over the judge, both ways; other tools are never judged.
+        let mut b = Builder::new();
+        b.user("goal");
+        for i in 0..8 {
+            b.calls(&[(&format!("r{i}"), "Bash", json!({"command": "git status"}))]);
+            b.result(&format!("r{i}"), "clean").markers.ephemeral = Some(false);
+        }
+        for i in 0..8 {
+            b.calls(&[(&format!("x{i}"), "Read", json!({"command": "git status"}))]);
+            b.result(&format!("x{i}"), "text");
+        }
+        assert!(prune(&b.entries, &PruningOptions::default(), &judge).changes.is_empty());
+        let mut b = Builder::new();
+        for i in 0..8 {
+            b.calls(&[(&format!("r{i}"), "Bash", json!({"command": "rm -rf x"}))]);
+            b.result(&format!("r{i}"), "").markers.ephemeral = Some(true);
+        }
+        assert_eq!(prune(&b.entries, &PruningOptions::default(), &judge).changes.len(), 2);
     }
 
     #[test]
@@ -385,7 +449,7 @@ mod tests {
         b.calls(&[("d2", "Write", json!({}))]);
         b.result("d2", "Denied by delegate_guard").markers.denial_kind = Some("delegate_guard".into());
         b.push(EntryKind::Assistant, vec![ContentBlock::text("done")]);
-        let p = prune(&b.entries, &PruningOptions::default());
+        let p = prune(&b.entries, &PruningOptions::default(), &never);
         assert_eq!(texts(&p), vec!["goal", "use:a1", "report", "use:d2", "Denied by delegate_guard", "done"]);
         assert_eq!(p.entries[1].content.len(), 1, "the sibling Agent call stays");
         assert_eq!(p.entries[2].parent_uuid, Some(p.entries[1].uuid), "relinked past the removed result");
@@ -401,7 +465,7 @@ mod tests {
         b.result("ghost", "orphan");
         b.user("continue");
         b.calls(&[("last", "Agent", json!({}))]);
-        let p = prune(&b.entries, &PruningOptions::default());
+        let p = prune(&b.entries, &PruningOptions::default(), &never);
         assert_eq!(texts(&p), vec!["goal", "use:i1", NEVER_PRODUCED, NEVER_PRODUCED, "continue", "use:last"]);
         assert_eq!(p.entries.len(), 6, "the last turn's pending call is left for the session to resume");
         assert!(p.entries[3].markers.interrupted);
@@ -418,11 +482,11 @@ mod tests {
         }
         let mut opts = PruningOptions::default();
         opts.trim.enabled = true;
-        let p = prune(&b.entries, &opts);
+        let p = prune(&b.entries, &opts, &never);
         assert_eq!(p.changes.iter().filter(|c| c.rule == "trim").count(), 5);
         assert_eq!(p.trims.len(), 1, "the same body is written once");
         assert!(texts(&p)[1].starts_with("[3000 characters trimmed to .flower/spill/"));
-        assert_eq!(prune(&b.entries, &opts).trims, p.trims, "the loader is idempotent");
+        assert_eq!(prune(&b.entries, &opts, &never).trims, p.trims, "the loader is idempotent");
     }
 
     /// Random transcripts: every call paired in the next message, an unbroken
@@ -471,7 +535,7 @@ mod tests {
             let mut opts = PruningOptions::default();
             opts.trim.enabled = rng.random_bool(0.5);
             opts.keep_denials = rng.random_range(0..3);
-            let p = prune(&b.entries, &opts);
+            let p = prune(&b.entries, &opts, &never);
             assert_eq!(b.entries, before, "seed {seed}: stored rows unchanged");
             // Pairing, checked on the messages a request would carry.
             let mut i = 0;

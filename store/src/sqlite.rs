@@ -592,6 +592,17 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn heartbeat_task(&self, id: TaskId, attempt: u32) -> Result<bool> {
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE tasks SET updated_at = ?3 WHERE id = ?1 AND attempt = ?2 AND state = 'running'",
+                params![id.to_string(), attempt, now_ms()],
+            )?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
     async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written> {
         let reason = reason.to_string();
         self.tx(move |tx| {

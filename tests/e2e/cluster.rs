@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use flower_store::postgres::ScratchDatabase;
 use flower_store::s3test::S3TestServer;
 
+use crate::pggate::PgGate;
 use crate::support::{FLOWER, repo};
 
 /// A child process, killed when dropped. Its first stdout line is kept (the
@@ -90,6 +91,12 @@ pub struct Options {
     pub max_request_bytes: Option<&'static str>,
     /// Serve the API over TLS with the test certificate.
     pub tls: bool,
+    /// The cluster's processes reach Postgres through a [`PgGate`] the test
+    /// can take down (the test's own queries go straight to the server).
+    pub pg_gate: bool,
+    /// A NATS server of the cluster's own (a fresh port and store directory)
+    /// that the test may stop, kill and restart; else the shared one.
+    pub private_nats: bool,
 }
 
 impl Default for Options {
@@ -105,6 +112,8 @@ impl Default for Options {
             token: None,
             max_request_bytes: None,
             tls: false,
+            pg_gate: false,
+            private_nats: false,
         }
     }
 }
@@ -120,6 +129,8 @@ pub struct Cluster {
     _objects_dir: tempfile::TempDir,
     _s3: Option<S3TestServer>,
     pub client_home: tempfile::TempDir,
+    pub gate: Option<PgGate>,
+    pub nats: Option<NatsServer>,
     opts: Options,
     pub db: ScratchDatabase,
 }
@@ -159,9 +170,18 @@ impl Cluster {
         std::fs::write(examples.path(), serde_json::to_string(&merged).unwrap()).unwrap();
         let demo_sim =
             Proc::spawn(&["sim", "--listen", "127.0.0.1:0", "--scenario", examples.path().to_str().unwrap()], &[]);
+        let gate = if opts.pg_gate {
+            let upstream = db.url.split_once('@').unwrap().1.split_once('/').unwrap().0.to_string();
+            Some(PgGate::start(upstream).await)
+        } else {
+            None
+        };
+        let database_url = gate.as_ref().map_or_else(|| db.url.clone(), |g| g.url(&db.url));
+        let nats = opts.private_nats.then(NatsServer::start);
+        let nats_url = nats.as_ref().map_or_else(nats_url, NatsServer::url);
         let mut env: Vec<(String, String)> = vec![
-            ("FLOWER_DATABASE_URL".into(), db.url.clone()),
-            ("FLOWER_NATS_URL".into(), nats_url()),
+            ("FLOWER_DATABASE_URL".into(), database_url),
+            ("FLOWER_NATS_URL".into(), nats_url),
             ("FLOWER_NATS_PREFIX".into(), prefix.clone()),
             ("FLOWER_ACK_WAIT".into(), opts.ack_wait.into()),
             ("FLOWER_MAX_ATTEMPTS".into(), opts.max_attempts.to_string()),
@@ -201,12 +221,19 @@ impl Cluster {
             _objects_dir: objects_dir,
             _s3: s3,
             client_home: tempfile::tempdir().unwrap(),
+            gate,
+            nats,
             opts,
         };
         for _ in 0..cluster.opts.workers {
             cluster.add_worker();
         }
         cluster
+    }
+
+    /// Where the cluster's object storage lives (a directory, when not S3).
+    pub fn objects_dir(&self) -> String {
+        self._objects_dir.path().display().to_string()
     }
 
     /// Start one more coordinator replica (same settings as the others).
@@ -289,11 +316,79 @@ impl Cluster {
     pub async fn stop(mut self) {
         self.workers.clear();
         self.coordinators.clear();
+        self.gate = None;
         self.sims.clear();
-        let config = flower_bus::NatsConfig::new(nats_url(), self.prefix.clone());
-        if let Ok(bus) = flower_bus::NatsBus::connect(config).await {
-            let _ = bus.destroy().await;
+        if self.nats.is_none() {
+            let config = flower_bus::NatsConfig::new(nats_url(), self.prefix.clone());
+            if let Ok(bus) = flower_bus::NatsBus::connect(config).await {
+                let _ = bus.destroy().await;
+            }
         }
+        self.nats = None;
         self.db.drop_now().await.unwrap();
+    }
+}
+
+/// A NATS server with JetStream for one cluster: its own port and store
+/// directory, so a test may stop, kill and restart it (the store survives).
+pub struct NatsServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    pub fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut server = Self { child: None, port, dir: tempfile::tempdir().unwrap() };
+        server.restart();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Start it (again), on the same port and store; returns once it listens.
+    pub fn restart(&mut self) {
+        let bin = ["nats-server", "/usr/sbin/nats-server"]
+            .into_iter()
+            .find(|b| Command::new(b).arg("--version").output().is_ok())
+            .expect("nats-server (see scripts/test)");
+        let child = Command::new(bin)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(20), "nats-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, and wait for it to exit (a clean stop).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGKILL.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill9();
     }
 }

@@ -121,19 +121,36 @@ async fn a_killed_workers_task_is_redelivered_and_heartbeats_hold_long_tasks() {
     c.stop().await;
 }
 
-/// Acceptance: a task that keeps killing its worker reaches the delivery limit
-/// and fails with a clear reason; the job still ends.
+/// Acceptance: a task whose every attempt loses its worker reaches the
+/// delivery limit and fails with a clear reason; the job still ends. The
+/// task's own `kill -9 $PPID` cannot reach the worker (its tools run isolated),
+/// so the test kills each worker while the call is under way.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_that_kills_its_workers_fails_at_the_delivery_limit() {
     let mut c = Cluster::start(Options { workers: 3, ack_wait: "1s", max_attempts: 2, ..Default::default() }).await;
     let job = c.submit(&repo().join("tests/fixtures/distributed/doomed.yaml"));
+    let pg = c.pg().await;
+    for attempt in 1..=2 {
+        c.wait_for(
+            &format!("attempt {attempt}'s fatal call"),
+            Duration::from_secs(60),
+            &format!(
+                "SELECT count(*) >= {attempt} FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%kill -9 $PPID%'"
+            ),
+        )
+        .await;
+        let holder: String =
+            pg.query_one(&format!("SELECT claimed_by FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
+        let victim = c.workers.iter_mut().find(|w| w.id() == holder).expect("the claiming worker is one of ours");
+        assert!(victim.alive(), "attempt {attempt}: the worker is alive when the test kills it");
+        victim.kill9();
+    }
     c.wait_for(
         "the job to end",
         Duration::from_secs(60),
         &format!("SELECT state IN ('succeeded', 'failed') FROM jobs WHERE id = '{job}'"),
     )
     .await;
-    let pg = c.pg().await;
     let row =
         pg.query_one(&format!("SELECT state, attempt, error FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap();
     assert_eq!(row.get::<_, String>(0), "failed");
@@ -149,7 +166,7 @@ async fn a_task_that_kills_its_workers_fails_at_the_delivery_limit() {
         .get(0);
     assert_eq!(healed, 1, "the resumed subagent got a marked, neutral result for the call that killed its worker");
     let dead = c.workers.iter_mut().map(|w| w.alive()).filter(|alive| !alive).count();
-    assert_eq!(dead, 2, "two attempts ran, each killed its worker; the third was not run");
+    assert_eq!(dead, 2, "two attempts ran, each lost its worker; the third was not run");
     let answer: String =
         pg.query_one(&format!("SELECT final_answer FROM jobs WHERE id = '{job}'"), &[]).await.unwrap().get(0);
     assert!(answer.contains("gave up after 2 attempts"), "the coordinator saw the reason: {answer}");

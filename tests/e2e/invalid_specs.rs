@@ -111,6 +111,43 @@ fn a_claude_code_session_imports_and_prunes() {
     assert_eq!(rules2, rules, "markers survive the round trip");
 }
 
+/// An imported session's glances carry no verdict: import records the one
+/// the glance judge gives, so the pruning loader expires all but the latest six.
+#[test]
+fn an_imported_sessions_glances_expire_but_the_latest_six() {
+    let home = Home::new();
+    let file = repo().join("tests/fixtures/claude-code/glances.jsonl");
+    let out = home.run(&["transcript", "import", file.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let imported: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let job = imported["job_id"].as_str().unwrap();
+
+    let stored = home.transcripts(job);
+    let verdicts: Vec<&serde_json::Value> = stored["sessions"][0]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .map(|e| &e["markers"]["ephemeral"])
+        .collect();
+    assert_eq!(verdicts.len(), 9);
+    assert!(verdicts.iter().all(|v| **v == true), "each glance's verdict is recorded: {verdicts:?}");
+
+    let out = home.run(&["transcript", "show", job, "--pruned", "--json"]);
+    let t: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let main = &t["sessions"][0];
+    let rules: Vec<&str> = main["pruning"].as_array().unwrap().iter().map(|c| c["rule"].as_str().unwrap()).collect();
+    assert_eq!(rules, vec!["ephemeral"; 3]);
+    let text = main["entries"].to_string();
+    for i in 1..=3 {
+        assert!(!text.contains(&format!("glance {i}:")), "glance {i} expired: {text}");
+    }
+    for i in 4..=9 {
+        assert!(text.contains(&format!("glance {i}:")), "glance {i} kept: {text}");
+    }
+    assert_eq!(text.matches("`git status --short` result expired").count(), 3);
+}
+
 /// A job that crosses its token budget ends cleanly with the reason; what ran is kept.
 #[test]
 fn a_spent_budget_ends_the_job_with_the_reason() {

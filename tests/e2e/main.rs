@@ -4,14 +4,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod cluster;
+mod pggate;
 mod support;
 
 mod demo;
 mod distributed;
+mod faults;
 mod handoff;
+mod hostile;
 mod invalid_specs;
+mod isolation;
 mod long_horizon;
 mod sandbox;
 mod sim_server;
 mod soak;
 mod tools;
+mod trials;

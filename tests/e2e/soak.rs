@@ -2,10 +2,11 @@
 //! `cargo test -p flower-cli --test e2e -- --ignored soak --nocapture`
 //! (needs Postgres and NATS, like the tests; `FLOWER_SOAK_SEED` replays a run).
 //!
-//! The long-horizon job in distributed mode; at ≥ 10 seeded random points the
-//! coordinator that owns it is killed with SIGKILL and a fresh replica is
-//! started. The job must succeed; no task may complete twice; no stored
-//! transcript entry may be lost (per-session sequences stay gapless).
+//! The long-horizon job in distributed mode; at 20 seeded random points
+//! (`FLOWER_TRIAL_ROUNDS`) the coordinator that owns it is killed with SIGKILL
+//! and a fresh replica is started. The job must succeed; no task may complete
+//! twice; no stored transcript entry may be lost (per-session sequences stay
+//! gapless); every tool call keeps exactly one result.
 
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ async fn soak_killing_coordinators_during_the_long_horizon_job() {
     let seed: u64 = std::env::var("FLOWER_SOAK_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
     println!("soak seed: {seed} (FLOWER_SOAK_SEED={seed} replays it)");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let kills = 10;
+    let kills: usize = std::env::var("FLOWER_TRIAL_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
     let mut c =
         Cluster::start(Options { coordinators: 2, workers: 3, concurrency: 2, lease_ttl: "2s", ..Default::default() })
             .await;
@@ -92,5 +93,6 @@ async fn soak_killing_coordinators_during_the_long_horizon_job() {
     let epoch: i64 =
         pg.query_one(&format!("SELECT epoch FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
     println!("soak seed {seed}: job succeeded through {} ownerships", epoch);
+    println!("coordinator kills: {killed}; {}", crate::trials::check_invariants(&c, &job).await);
     c.stop().await;
 }

@@ -12,7 +12,11 @@ use serde_json::Value;
 
 use crate::support::{FLOWER, Home, repo, sessions, tool_results, tool_uses};
 
-const TOKEN: (&str, &str) = ("FLOWER_TEST_MCP_TOKEN", "s3cret");
+const TOKEN: (&str, &str) = ("MCP_FIXTURE_TOKEN", "s3cret");
+/// The worker's policy: the fixture with its token flag may start, and its
+/// token variable may be named by the spec.
+const ALLOW_MCP: (&str, &str) = ("FLOWER_MCP_ALLOW", "fixture=flower mcp-fixture --token-env FIXTURE_TOKEN");
+const ALLOW_ENV: (&str, &str) = ("FLOWER_ENV_ALLOW", "MCP_FIXTURE_TOKEN");
 
 fn context(home: &Home, job: &str) -> Value {
     let out = home.run(&["context", job, "--json"]);
@@ -32,8 +36,8 @@ fn result_texts(session: &Value) -> Vec<String> {
 fn deferral_shrinks_the_tool_block_and_deferred_tools_work_in_one_step() {
     let spec = repo().join("tests/fixtures/tools/job.yaml");
     let home = Home::new();
-    let on = home.run_job(&spec, &[TOKEN]);
-    let off = home.run_job(&spec, &[TOKEN, ("FLOWER_TOOL_DEFERRAL", "off")]);
+    let on = home.run_job(&spec, &[TOKEN, ALLOW_MCP, ALLOW_ENV]);
+    let off = home.run_job(&spec, &[TOKEN, ALLOW_MCP, ALLOW_ENV, ("FLOWER_TOOL_DEFERRAL", "off")]);
     for run in [&on, &off] {
         assert_eq!(run["state"], "succeeded", "{run}");
         let answer = run["final_answer"].as_str().unwrap();
@@ -103,12 +107,13 @@ fn mcp_credentials_come_from_the_worker_environment() {
     // Over stdio: without the variable the worker refuses before starting the server.
     let out = home
         .cmd()
+        .envs([ALLOW_MCP, ALLOW_ENV])
         .args(["run", repo().join("tests/fixtures/tools/job.yaml").to_str().unwrap(), "--json"])
         .output()
         .unwrap();
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
     let answer = summary["final_answer"].as_str().unwrap_or_default();
-    assert!(answer.contains("FLOWER_TEST_MCP_TOKEN") && answer.contains("not set"), "{summary}");
+    assert!(answer.contains("MCP_FIXTURE_TOKEN") && answer.contains("not set"), "{summary}");
 
     // Over streamable HTTP with a bearer token: the right one works, a wrong one is refused.
     let mut server = std::process::Command::new(FLOWER)
@@ -129,17 +134,17 @@ fn mcp_credentials_come_from_the_worker_environment() {
         .replace("scenario: scenario.yaml", &format!("scenario: {}", dir.join("scenario.yaml").display()))
         .replace("workspace: workspace", &format!("workspace: {}", dir.join("workspace").display()))
         .replace(
-            "    command: [flower, mcp-fixture, --token-env, FIXTURE_TOKEN]\n    env_from: {FIXTURE_TOKEN: FLOWER_TEST_MCP_TOKEN}",
-            &format!("    url: {url}\n    token_env: FLOWER_TEST_MCP_TOKEN"),
+            "    command: [flower, mcp-fixture, --token-env, FIXTURE_TOKEN]\n    env_from: {FIXTURE_TOKEN: MCP_FIXTURE_TOKEN}",
+            &format!("    url: {url}\n    token_env: MCP_FIXTURE_TOKEN"),
         );
     assert!(spec.contains("token_env"));
     let path = home.dir.path().join("http.yaml");
     std::fs::write(&path, spec).unwrap();
-    let good = home.run_job(&path, &[TOKEN]);
+    let good = home.run_job(&path, &[TOKEN, ALLOW_ENV]);
     assert!(good["final_answer"].as_str().unwrap().contains("TCK-1"), "{good}");
     let out = home
         .cmd()
-        .env("FLOWER_TEST_MCP_TOKEN", "wrong")
+        .envs([("MCP_FIXTURE_TOKEN", "wrong"), ALLOW_ENV])
         .args(["run", path.to_str().unwrap(), "--json"])
         .output()
         .unwrap();

@@ -7,10 +7,14 @@
 //! - [`sandbox`]: the working directory as a capability (paths opened beneath it)
 //! - [`prompts`]: the worker role's base system prompt
 //! - [`mcp`]: MCP client connections; each server's tools as `mcp__<server>__<tool>`
+//! - [`isolation`]: how tools start (through the launcher, or directly) and the spec policy
+//! - [`launch`]: the launcher (`flower tool-exec`): namespaces, mounts, another user, Landlock
 //!
 //! A worker never writes another session's transcript and never reports for an
 //! attempt it does not hold: the store's claim decides.
 
+pub mod isolation;
+pub mod launch;
 pub mod mcp;
 pub mod prompts;
 pub mod runner;

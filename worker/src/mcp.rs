@@ -3,7 +3,10 @@
 //! `mcp__<server>__<tool>` (the provider's rule `^[a-zA-Z0-9_-]{1,64}$`).
 //! Credentials come from the worker's environment, named by the spec
 //! (`env_from`, `token_env`), never from the spec itself; a stdio server
-//! starts with a cleared environment plus those variables.
+//! starts with a cleared environment plus those variables. Which servers
+//! may start and which variables may be named is the worker's policy
+//! ([`crate::isolation::policy`]), checked again here before anything
+//! starts; a stdio server starts through the tool launcher like `Bash`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,6 +19,8 @@ use rmcp::model::{CallToolRequestParams, ClientConfig, ContentBlock};
 use rmcp::service::{Peer, RunningService};
 use rmcp::transport::{ConfigureCommandExt, StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
+
+use crate::isolation::ToolIsolation;
 
 /// How long connecting (start, initialize, list tools) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -86,15 +91,21 @@ impl McpClients {
 }
 
 /// Connect to every server of `servers` and list their tools, in server
-/// order then each server's own order (a stable tool block).
+/// order then each server's own order (a stable tool block). Nothing starts
+/// unless every server passes the worker's policy.
 pub async fn connect(
     servers: &BTreeMap<String, McpServerSpec>,
     cwd: &Path,
+    limits: &crate::tools::ToolLimits,
 ) -> Result<(Vec<McpTool>, McpClients), String> {
+    let policy = crate::isolation::policy();
+    for (server, spec) in servers {
+        policy.check_server(server, spec).map_err(|e| format!("refused by this worker's policy: {e}"))?;
+    }
     let mut clients = McpClients::default();
     let mut tools = Vec::new();
     for (server, spec) in servers {
-        let connected = tokio::time::timeout(CONNECT_TIMEOUT, connect_one(spec, cwd)).await;
+        let connected = tokio::time::timeout(CONNECT_TIMEOUT, connect_one(spec, cwd, &limits.isolation)).await;
         let running = match connected {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
@@ -142,7 +153,11 @@ pub async fn connect(
     Ok((tools, clients))
 }
 
-async fn connect_one(spec: &McpServerSpec, cwd: &Path) -> Result<RunningService<RoleClient, ClientConfig>, String> {
+async fn connect_one(
+    spec: &McpServerSpec,
+    cwd: &Path,
+    isolation: &ToolIsolation,
+) -> Result<RunningService<RoleClient, ClientConfig>, String> {
     if let Some(url) = &spec.url {
         let mut config =
             rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url.as_str());
@@ -158,21 +173,40 @@ async fn connect_one(spec: &McpServerSpec, cwd: &Path) -> Result<RunningService<
         return Err("no command".into());
     };
     // `flower` is this very binary (e.g. `flower mcp-fixture`).
-    let program = if program == "flower" {
-        std::env::current_exe().map_err(|e| format!("locating this binary: {e}"))?
-    } else {
-        program.into()
+    let launcher = isolation.launcher();
+    let program: std::path::PathBuf = match (program.as_str(), launcher) {
+        // The launcher is a `flower` too: its own executable, reached whatever
+        // directories the tool user may not search.
+        ("flower", Some(_)) => "/proc/self/exe".into(),
+        ("flower", None) => std::env::current_exe().map_err(|e| format!("locating this binary: {e}"))?,
+        _ => program.into(),
     };
-    let mut env: Vec<(String, String)> = ["PATH", "HOME", "LANG", "TMPDIR"]
-        .iter()
-        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-        .collect();
+    // Launched, the server gets the working directory as its home (the
+    // worker's is not its user's) and a private /tmp.
+    let passed: &[&str] = if launcher.is_some() { &["PATH", "LANG"] } else { &["PATH", "HOME", "LANG", "TMPDIR"] };
+    let mut env: Vec<(String, String)> =
+        passed.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
+    if launcher.is_some() {
+        env.push(("HOME".into(), cwd.display().to_string()));
+    }
     for (var, from) in &spec.env_from {
         let value = std::env::var(from).map_err(|_| format!("{from} (for {var}) is not set on this worker"))?;
         env.push((var.clone(), value));
     }
-    let command = tokio::process::Command::new(&program).configure(|c| {
-        c.args(args).env_clear().envs(env).current_dir(cwd).kill_on_drop(true);
+    let command = match launcher {
+        None => {
+            let mut c = tokio::process::Command::new(&program);
+            c.args(args);
+            c
+        }
+        Some(l) => {
+            l.hand_over(cwd).await.map_err(|e| format!("handing the working directory over: {e}"))?;
+            let argv = std::iter::once(program.clone().into_os_string()).chain(args.iter().map(Into::into)).collect();
+            l.command(cwd, argv)
+        }
+    };
+    let command = command.configure(|c| {
+        c.env_clear().envs(env).current_dir(cwd).kill_on_drop(true);
     });
     let (transport, _) = TokioChildProcess::builder(command)
         .stderr(std::process::Stdio::inherit())

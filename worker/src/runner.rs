@@ -40,6 +40,10 @@ pub struct WorkerOptions {
     pub heartbeat: Duration,
     /// Keep task directories after the task (debugging).
     pub keep_workdirs: bool,
+    /// How long a report whose write failed (store unreachable) is retried
+    /// while the message is held, before the delivery is given back for
+    /// redelivery (default 2m).
+    pub report_retry: Duration,
 }
 
 impl WorkerOptions {
@@ -50,6 +54,7 @@ impl WorkerOptions {
             max_attempts: 3,
             heartbeat: Duration::from_secs(10),
             keep_workdirs: false,
+            report_retry: Duration::from_secs(120),
         }
     }
 }
@@ -64,7 +69,43 @@ pub struct Worker {
 }
 
 /// Why a task attempt produced no report.
-type Failure = String;
+#[derive(Debug)]
+pub struct Failure {
+    pub reason: String,
+    /// A transient cause (the store or object storage unreachable): the
+    /// delivery is given back and the task resumes on redelivery, instead of
+    /// failing for good.
+    pub retryable: bool,
+}
+
+impl Failure {
+    fn fatal(reason: impl Into<String>) -> Self {
+        Self { reason: reason.into(), retryable: false }
+    }
+
+    fn store(context: &str, e: StoreError) -> Self {
+        let retryable = matches!(e, StoreError::Backend(_));
+        Self { reason: if context.is_empty() { e.to_string() } else { format!("{context}: {e}") }, retryable }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Self::store("", e)
+    }
+}
+
+/// What became of an attempt's outcome.
+enum Recorded {
+    /// Written (or refused for good: superseded, cancelled, fenced); ack.
+    Settled,
+    /// The store stayed unreachable: give the delivery back, do not ack.
+    GaveUp,
+}
+
+/// First and longest pause between retries of a report write.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 impl Worker {
     pub fn new(
@@ -153,9 +194,8 @@ impl Worker {
 
     async fn handle_in_span(&self, delivery: Box<dyn Delivery>) {
         let msg = delivery.message().clone();
-        let attempt = delivery.delivered();
-        let store = self.journal.store().clone();
-        let claim = match store.claim_task(msg.task_id, attempt, &self.opts.worker_id).await {
+        let attempt = msg.base_attempt + delivery.delivered();
+        let claim = match self.claim(delivery.as_ref(), attempt).await {
             Ok(c) => c,
             Err(StoreError::NotFound(_)) => {
                 tracing::warn!(task = %msg.task_id, "delivery for an unknown task, dropped");
@@ -179,47 +219,112 @@ impl Worker {
                 return;
             }
         };
-        if attempt > self.opts.max_attempts {
+        if delivery.delivered() > self.opts.max_attempts {
             let error = format!("gave up after {} attempts (no worker finished the task)", self.opts.max_attempts);
-            self.finish(&task, attempt, TaskOutcome::Failed { error }, Usage::default()).await;
-            let _ = delivery.term().await;
+            let _ = match self.finish(&task, attempt, TaskOutcome::Failed { error }, Usage::default()).await {
+                Recorded::Settled => delivery.term().await,
+                Recorded::GaveUp => delivery.nak(Some(Duration::from_secs(1))).await,
+            };
             return;
         }
         let cancel = CancellationToken::new();
         self.lock_running().entry(task.job_id).or_default().push((task.id, cancel.clone()));
         let delivery: Arc<dyn Delivery> = Arc::from(delivery);
-        let beat = {
-            let d = delivery.clone();
-            let every = self.opts.heartbeat;
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    if let Err(e) = d.progress().await {
-                        tracing::warn!(error = %e, "heartbeat not sent");
-                    }
-                }
-            })
-        };
-        let (outcome, usage) = match self.execute(&task, attempt, cancel.clone()).await {
-            Ok((report, usage)) => (TaskOutcome::Succeeded { report }, usage),
-            Err((error, usage)) => (TaskOutcome::Failed { error }, usage),
+        let beat = self.heartbeat(delivery.clone(), &task, attempt);
+        let result = self.execute(&task, attempt, cancel.clone()).await;
+        self.lock_running().entry(task.job_id).or_default().retain(|(id, _)| *id != task.id);
+        // Cancelled: the store already ended the task.
+        let recorded = match result {
+            _ if cancel.is_cancelled() => Recorded::Settled,
+            Ok((report, usage)) => self.finish(&task, attempt, TaskOutcome::Succeeded { report }, usage).await,
+            Err((f, _)) if f.retryable => {
+                tracing::warn!(task = %task.id, attempt, reason = %f.reason, "attempt stopped by a transient failure; redelivering");
+                Recorded::GaveUp
+            }
+            Err((f, usage)) => self.finish(&task, attempt, TaskOutcome::Failed { error: f.reason }, usage).await,
         };
         beat.abort();
-        self.lock_running().entry(task.job_id).or_default().retain(|(id, _)| *id != task.id);
-        if !cancel.is_cancelled() {
-            self.finish(&task, attempt, outcome, usage).await;
-        }
-        let _ = delivery.ack().await;
+        let _ = match recorded {
+            Recorded::Settled => delivery.ack().await,
+            // Not acked: the message comes back and the stored transcript resumes.
+            Recorded::GaveUp => delivery.nak(Some(Duration::from_secs(1))).await,
+        };
     }
 
-    async fn finish(&self, task: &Task, attempt: u32, outcome: TaskOutcome, usage: Usage) {
-        match self.journal.store().finish_task(task.id, attempt, outcome, usage).await {
-            Ok((_, written)) => {
-                self.journal.announce(&written).await;
-                let _ = self.journal.notifier().notify(Notice::TaskDone { job: task.job_id, task: task.id }).await;
+    /// Claim the attempt. While the store is unreachable the claim is retried
+    /// with backoff, holding the message (in-progress acks), so an outage does
+    /// not use up the message's deliveries.
+    async fn claim(&self, delivery: &dyn Delivery, attempt: u32) -> Result<Claim, StoreError> {
+        let store = self.journal.store();
+        let task = delivery.message().task_id;
+        let give_up = tokio::time::Instant::now() + self.opts.report_retry;
+        let mut pause = RETRY_FIRST;
+        loop {
+            match store.claim_task(task, attempt, &self.opts.worker_id).await {
+                Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
+                    tracing::warn!(%task, attempt, error = %e, "claim not recorded yet; retrying");
+                    let _ = delivery.progress().await;
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+                other => return other,
             }
-            // Superseded or cancelled meanwhile: the store refused, as it must.
-            Err(e) => tracing::warn!(task = %task.id, attempt, error = %e, "report not recorded"),
+        }
+    }
+
+    /// In-progress acks keep the message held; a store heartbeat tells the
+    /// owning coordinator's sweeper the attempt is alive.
+    fn heartbeat(&self, delivery: Arc<dyn Delivery>, task: &Task, attempt: u32) -> tokio::task::JoinHandle<()> {
+        let every = self.opts.heartbeat;
+        let store = self.journal.store().clone();
+        let id = task.id;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = delivery.progress().await {
+                    tracing::warn!(error = %e, "heartbeat not sent");
+                }
+                if let Err(e) = store.heartbeat_task(id, attempt).await {
+                    tracing::warn!(error = %e, "heartbeat not stored");
+                }
+            }
+        })
+    }
+
+    /// Record the attempt's outcome. A store that cannot be reached is
+    /// retried with backoff while the message is held (heartbeats go on);
+    /// only a definite refusal (superseded, cancelled, fenced) settles without
+    /// a write; a report that can never be stored fails the task instead.
+    async fn finish(&self, task: &Task, attempt: u32, mut outcome: TaskOutcome, usage: Usage) -> Recorded {
+        let store = self.journal.store();
+        let give_up = tokio::time::Instant::now() + self.opts.report_retry;
+        let mut pause = RETRY_FIRST;
+        loop {
+            match store.finish_task(task.id, attempt, outcome.clone(), usage).await {
+                Ok((_, written)) => {
+                    self.journal.announce(&written).await;
+                    let _ = self.journal.notifier().notify(Notice::TaskDone { job: task.job_id, task: task.id }).await;
+                    return Recorded::Settled;
+                }
+                Err(StoreError::Invalid(m)) if matches!(outcome, TaskOutcome::Succeeded { .. }) => {
+                    tracing::warn!(task = %task.id, attempt, error = %m, "report cannot be stored; failing the task");
+                    outcome = TaskOutcome::Failed { error: format!("the report could not be stored: {m}") };
+                }
+                Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
+                    tracing::warn!(task = %task.id, attempt, error = %e, "report not recorded yet; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+                Err(StoreError::Backend(e)) => {
+                    tracing::warn!(task = %task.id, attempt, error = %e, "report not recorded; giving the delivery back");
+                    return Recorded::GaveUp;
+                }
+                // Superseded, cancelled or fenced meanwhile: the store refused, as it must.
+                Err(e) => {
+                    tracing::info!(task = %task.id, attempt, error = %e, "report refused by the store");
+                    return Recorded::Settled;
+                }
+            }
         }
     }
 
@@ -232,18 +337,20 @@ impl Worker {
     ) -> Result<(String, Usage), (Failure, Usage)> {
         let none = Usage::default();
         let store = self.journal.store().clone();
-        let job = store.get_job(task.job_id).await.map_err(|e| (e.to_string(), none))?;
-        let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| (e.to_string(), none))?;
+        let job = store.get_job(task.job_id).await.map_err(|e| (Failure::from(e), none))?;
+        let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| (Failure::fatal(e.to_string()), none))?;
         let workdir = self.opts.work_root.join(job.id.to_string()).join(format!("{}-{attempt}", task.id));
         let prepared = self
             .prepare(job.id, &workdir)
             .await
-            .map_err(|e| (format!("preparing the working directory: {e}"), none))?;
+            .map_err(|e| (Failure::store("preparing the working directory", e), none))?;
         let (workspace, base, workbench, wb_base) = prepared;
-        let sandbox = Sandbox::open(&workdir).map_err(|e| (format!("opening the working directory: {e}"), none))?;
+        let sandbox = Sandbox::open(&workdir)
+            .map_err(|e| (Failure::fatal(format!("opening the working directory: {e}")), none))?;
         let limits = ToolLimits {
             bash_timeout: spec.runtime.bash_timeout,
             bash_output_limit: spec.runtime.bash_output_limit.as_u64() as usize,
+            isolation: crate::isolation::installed(),
         };
         let sync = Arc::new(WorkbenchSync {
             workbench: workbench.clone(),
@@ -256,13 +363,13 @@ impl Worker {
                 .await;
         }
         let Some(wspec) = spec.workers.get(&task.worker) else {
-            return Err((format!("this job has no worker named `{}`", task.worker), none));
+            return Err((Failure::fatal(format!("this job has no worker named `{}`", task.worker)), none));
         };
-        let provider = self.providers.for_job(job.id, &spec).map_err(|e| (e.to_string(), none))?;
+        let provider = self.providers.for_job(job.id, &spec).map_err(|e| (Failure::fatal(e.to_string()), none))?;
         let (mcp_tools, mcp_clients) = if spec.mcp_servers.is_empty() {
             (Vec::new(), crate::mcp::McpClients::default())
         } else {
-            crate::mcp::connect(&spec.mcp_servers, &workdir).await.map_err(|e| (e, none))?
+            crate::mcp::connect(&spec.mcp_servers, &workdir, &limits).await.map_err(|e| (Failure::fatal(e), none))?
         };
         let tools = Arc::new(worker_surface(&spec, &sandbox, &limits, mcp_tools));
         let spill =
@@ -283,11 +390,11 @@ impl Worker {
                 created_at: now_ms(),
             })
             .await
-            .map_err(|e| (e.to_string(), none))?;
+            .map_err(|e| (Failure::from(e), none))?;
         self.journal.announce(&written).await;
-        let stored = store.entries(session, 0, u32::MAX).await.map_err(|e| (e.to_string(), none))?;
+        let stored = store.entries(session, 0, u32::MAX).await.map_err(|e| (Failure::from(e), none))?;
         // A redelivered task resumes its subagent through the pruning loader.
-        let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning);
+        let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning, &flower_agent::glance::allows);
         for t in &pruned.trims {
             let local = workdir.join(MOUNT).join(&t.path);
             if let Some(parent) = local.parent() {
@@ -348,15 +455,20 @@ impl Worker {
         match outcome {
             Ok(Outcome::Answered { text, usage, .. }) => match kept {
                 Ok(()) => Ok((text, usage)),
-                Err(e) => Err((format!("the task's changes could not be saved: {e}"), usage)),
+                Err(e) => Err((Failure::store("the task's changes could not be saved", e), usage)),
             },
             Ok(Outcome::TurnLimit { turns, usage }) => {
-                Err((format!("worker `{}` reached its turn limit ({turns}) without a report", task.worker), usage))
+                let reason = format!("worker `{}` reached its turn limit ({turns}) without a report", task.worker);
+                Err((Failure::fatal(reason), usage))
             }
-            Ok(Outcome::Cancelled { usage, .. }) => Err(("cancelled".into(), usage)),
-            Ok(Outcome::Handoff { usage, .. }) => Err(("the worker's context is full".into(), usage)),
-            Ok(Outcome::Budget { reason, usage, .. }) => Err((format!("the job's budget is spent: {reason}"), usage)),
-            Err(e) => Err((e.to_string(), none)),
+            Ok(Outcome::Cancelled { usage, .. }) => Err((Failure::fatal("cancelled"), usage)),
+            Ok(Outcome::Handoff { usage, .. }) => Err((Failure::fatal("the worker's context is full"), usage)),
+            Ok(Outcome::Budget { reason, usage, .. }) => {
+                Err((Failure::fatal(format!("the job's budget is spent: {reason}")), usage))
+            }
+            // The transcript could not be stored: the next delivery resumes it.
+            Err(flower_agent::AgentError::Store(e)) => Err((Failure::store("transcript store", e), none)),
+            Err(e) => Err((Failure::fatal(e.to_string()), none)),
         }
     }
 
@@ -371,7 +483,7 @@ impl Worker {
         (workspace, base, workdir, sync): (&Workspace, &Manifest, &Path, &WorkbenchSync),
     ) -> Result<(String, Usage), (Failure, Usage)> {
         let none = Usage::default();
-        let bash = crate::tools::bash::BashTool::new(sandbox.clone(), limits.bash_timeout, limits.bash_output_limit);
+        let bash = crate::tools::bash::BashTool::new(sandbox.clone(), limits);
         let ctx = flower_agent::ToolContext {
             job_id: task.job_id,
             session_id: task.parent_session,
@@ -384,13 +496,13 @@ impl Worker {
         if !self.opts.keep_workdirs {
             let _ = tokio::fs::remove_dir_all(workdir).await;
         }
-        kept.map_err(|e| (format!("the command's changes could not be saved: {e}"), none))?;
+        kept.map_err(|e| (Failure::store("the command's changes could not be saved", e), none))?;
         match result {
             Ok(out) => {
                 let text = flower_model::content::result_text(&out.content);
-                if out.is_error { Err((text, none)) } else { Ok((text, none)) }
+                if out.is_error { Err((Failure::fatal(text), none)) } else { Ok((text, none)) }
             }
-            Err(e) => Err((e.to_string(), none)),
+            Err(e) => Err((Failure::fatal(e.to_string()), none)),
         }
     }
 

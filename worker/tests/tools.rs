@@ -34,7 +34,13 @@ fn fixture(output_limit: usize) -> Fixture {
     std::fs::write(root.join("src/b.txt"), "hello\nTODO two\n").unwrap();
     std::fs::write(dir.path().join("secret.txt"), "outside").unwrap();
     let names: Vec<String> = ["Read", "Write", "Edit", "Bash", "Glob", "Grep"].iter().map(|s| s.to_string()).collect();
-    let limits = ToolLimits { bash_timeout: Duration::from_secs(20), bash_output_limit: output_limit };
+    // In this test binary tools run directly (`flower tool-exec` is not
+    // here to start); the launcher is exercised by the e2e sandbox tests.
+    let limits = ToolLimits {
+        bash_timeout: Duration::from_secs(20),
+        bash_output_limit: output_limit,
+        isolation: std::sync::Arc::new(flower_worker::isolation::ToolIsolation::None),
+    };
     let tools = toolset(&names, &Sandbox::open(&root).unwrap(), &limits);
     Fixture { root: root.canonicalize().unwrap(), _dir: dir, tools }
 }

@@ -44,6 +44,8 @@ pub struct BackendArgs {
     /// Time a running task may go without a heartbeat before it is redelivered
     #[arg(long, env = "FLOWER_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub ack_wait: Duration,
+    #[command(flatten)]
+    pub policy: super::isolation::PolicyArgs,
 }
 
 impl BackendArgs {
@@ -52,6 +54,7 @@ impl BackendArgs {
         anyhow::ensure!(self.ack_wait >= Duration::from_secs(1), "--ack-wait: must be at least 1s");
         let providers = ConfiguredProviders::parse(&self.providers, self.provider_concurrency.max(1))
             .context("--provider / FLOWER_PROVIDERS")?;
+        let tool_policy = self.tool_policy()?;
         let store = PostgresStore::connect(&self.database_url, self.database_pool)
             .await
             .context("--database-url / FLOWER_DATABASE_URL")?;
@@ -67,8 +70,15 @@ impl BackendArgs {
             notifier: Arc::new(bus.clone()),
             objects,
             providers: Arc::new(providers),
+            tool_policy: Arc::new(tool_policy),
         };
         Ok((backends, bus))
+    }
+
+    /// The spec policy (--mcp-allow, --env-allow), refusing the variables
+    /// this process reads its own credentials from.
+    pub fn tool_policy(&self) -> anyhow::Result<flower_model::policy::ToolPolicy> {
+        self.policy.policy(&super::isolation::service_credentials(&self.providers))
     }
 }
 

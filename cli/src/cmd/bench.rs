@@ -118,7 +118,7 @@ async fn resume(a: ResumeArgs) -> anyhow::Result<ExitCode> {
         for _ in 0..a.runs.max(1) {
             let started = Instant::now();
             let stored = store.entries(session, 0, u32::MAX).await?;
-            let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning);
+            let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning, &flower_agent::glance::allows);
             let request = flower_agent::provider::Request {
                 model: spec.model.clone(),
                 max_tokens: 1024,
@@ -213,7 +213,7 @@ fn pruning(a: PruningArgs) -> anyhow::Result<ExitCode> {
     let mut kept = 0;
     for _ in 0..a.runs.max(1) {
         let started = Instant::now();
-        let p = flower_store::prune::prune(&entries, &opts);
+        let p = flower_store::prune::prune(&entries, &opts, &flower_agent::glance::allows);
         times.push(started.elapsed().as_secs_f64() * 1e3);
         kept = p.entries.len();
     }
@@ -473,6 +473,7 @@ async fn measure(
         notifier: Arc::new(bus.clone()),
         objects: objects.clone(),
         providers: providers(true)?,
+        tool_policy: Default::default(),
     };
     let shutdown = CancellationToken::new();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

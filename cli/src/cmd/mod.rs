@@ -3,6 +3,7 @@ pub mod bench;
 pub mod client;
 pub mod context;
 pub mod glance;
+pub mod isolation;
 pub mod jobs;
 pub mod run;
 pub mod serve;

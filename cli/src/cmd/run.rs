@@ -33,6 +33,10 @@ pub struct RunArgs {
     pub json: bool,
     #[command(flatten)]
     pub overrides: super::SpecOverrides,
+    #[command(flatten)]
+    pub tools: super::isolation::ToolArgs,
+    #[command(flatten)]
+    pub policy: super::isolation::PolicyArgs,
 }
 
 #[derive(Args)]
@@ -42,6 +46,10 @@ pub struct DemoArgs {
     pub json: bool,
     #[command(flatten)]
     pub overrides: super::SpecOverrides,
+    #[command(flatten)]
+    pub tools: super::isolation::ToolArgs,
+    #[command(flatten)]
+    pub policy: super::isolation::PolicyArgs,
 }
 
 /// The bundled demo, in the source tree.
@@ -54,11 +62,23 @@ pub async fn demo(home: PathBuf, args: DemoArgs) -> anyhow::Result<ExitCode> {
         "the demo lives in the source tree ({}); run `flower run examples/demo/job.yaml` from a checkout",
         spec.display()
     );
-    run(home, RunArgs { spec: Some(spec), resume: None, workspace: None, json: args.json, overrides: args.overrides })
-        .await
+    run(
+        home,
+        RunArgs {
+            spec: Some(spec),
+            resume: None,
+            workspace: None,
+            json: args.json,
+            overrides: args.overrides,
+            tools: args.tools,
+            policy: args.policy,
+        },
+    )
+    .await
 }
 
 pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let policy = args.policy.policy(&super::isolation::service_credentials(&[]))?;
     // An invalid spec fails here, before anything runs or is created.
     let spec = match &args.spec {
         Some(path) => {
@@ -79,7 +99,7 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
                 anyhow::ensure!(w.is_dir(), "--workspace {}: not a directory", w.display());
             }
             args.overrides.apply(&mut spec);
-            if let Err(e) = spec.validate() {
+            if let Err(e) = spec.validate().and_then(|()| policy.check(&spec)) {
                 eprintln!("error: {}: {e}", path.display());
                 return Ok(ExitCode::from(2));
             }
@@ -88,6 +108,8 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let runtime = EmbeddedRuntime::open(&home).with_context(|| format!("opening {}", home.display()))?;
+    // The home (database, objects, other jobs' task directories) is hidden from tools.
+    args.tools.install(&runtime.home().join("work"), &[runtime.home().to_path_buf()], &[], policy)?;
     let started = Instant::now();
     let (job, name, resuming) = match (spec, &args.resume) {
         (_, Some(id)) => {

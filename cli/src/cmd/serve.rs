@@ -56,6 +56,10 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         max_request_bytes: args.max_request_bytes.as_u64() as usize,
         lease_ttl: args.lease_ttl,
         tls,
+        sweep: flower_coordinator::dispatch::Sweep {
+            stale_after: args.backends.ack_wait * (args.backends.max_attempts + 1),
+            max_attempts: args.backends.max_attempts,
+        },
         ..Default::default()
     };
     println!(
@@ -86,6 +90,8 @@ pub struct WorkerArgs {
     #[arg(long, env = "FLOWER_WORKER_ID")]
     pub worker_id: Option<String>,
     #[command(flatten)]
+    pub tools: super::isolation::ToolArgs,
+    #[command(flatten)]
     pub backends: BackendArgs,
 }
 
@@ -97,6 +103,12 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     });
     let work = args.work_dir.unwrap_or_else(|| std::env::temp_dir().join("flower-work").join(&id));
     std::fs::create_dir_all(&work).with_context(|| format!("--work-dir {}", work.display()))?;
+    let isolation = args.tools.install(
+        &work,
+        &super::isolation::local_store(&args.backends.object_store).into_iter().collect::<Vec<_>>(),
+        &[&args.backends.database_url, &args.backends.nats_url],
+        args.backends.tool_policy()?,
+    )?;
     let mut opts = WorkerOptions::new(id.clone(), work);
     opts.max_attempts = args.backends.max_attempts;
     // Heartbeats well inside the ack wait.
@@ -105,6 +117,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let worker =
         Worker::new(opts, journal, backends.queue.clone(), backends.objects.clone(), backends.providers.clone());
     println!("flower worker {id} consuming tasks (concurrency {})", args.concurrency);
+    println!("{isolation}");
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     tokio::spawn(async move {

@@ -98,7 +98,7 @@ pub async fn run(home: std::path::PathBuf, cmd: TranscriptCommand) -> anyhow::Re
             None => remote_entries(&args, job, s.id).await?,
         };
         if args.pruned {
-            let p = flower_store::prune::prune(&entries, &policy);
+            let p = flower_store::prune::prune(&entries, &policy, &flower_agent::glance::allows);
             entries = p.entries;
             changes.push(p.changes);
         } else {
@@ -277,7 +277,11 @@ async fn import(home: std::path::PathBuf, args: ImportArgs) -> anyhow::Result<Ex
     std::fs::create_dir_all(&home)?;
     let store = flower_store::SqliteStore::open(&home.join("flower.db"))?;
     let (job, main, side) = (JobId::random(), SessionId::random(), SessionId::random());
-    let imported = flower_model::session_file::import(&text, job, main, side);
+    let mut imported = flower_model::session_file::import(&text, job, main, side);
+    // The pruning loader expires glances by the verdict recorded on their results.
+    for entries in [&mut imported.main, &mut imported.sidechain] {
+        flower_model::session_file::record_bash_verdicts(entries, &flower_agent::glance::allows);
+    }
     anyhow::ensure!(
         !imported.main.is_empty() || !imported.sidechain.is_empty(),
         "no transcript entries in {}",

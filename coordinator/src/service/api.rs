@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 
 use super::Backends;
 use super::owner::Owner;
-use super::status::{from_store, parse_id};
+use super::status::{MAX_IDEMPOTENCY_KEY, MAX_REASON, check_path, check_text, from_store, parse_id};
 
 const CHUNK: usize = 64 * 1024;
 const MAX_PAGE: u32 = 1000;
@@ -91,14 +91,18 @@ impl Flower for Api {
         if r.spec.trim().is_empty() {
             return Err(Status::invalid_argument("spec: required (the job spec, YAML or JSON)"));
         }
+        check_text("idempotency_key", &r.idempotency_key, MAX_IDEMPOTENCY_KEY)?;
+        check_workspace_paths(&r.workspace)?;
         let spec = JobSpec::parse(&r.spec)
             .map_err(|e| Status::invalid_argument(format!("spec: {}: {}", e.field, e.message)))?;
         self.b.providers.check(&spec).map_err(|m| Status::invalid_argument(format!("spec: {m}")))?;
+        // MCP servers and credential variables come from the operator's allowlist only.
+        self.b
+            .tool_policy
+            .check(&spec)
+            .map_err(|e| Status::invalid_argument(format!("spec: {}: {}", e.field, e.message)))?;
         let mut files = Vec::with_capacity(r.workspace.len());
-        for (i, f) in r.workspace.into_iter().enumerate() {
-            flower_store::localfs::check_relative(&f.path).map_err(|_| {
-                Status::invalid_argument(format!("workspace[{i}].path: `{}` is not a relative path", f.path))
-            })?;
+        for f in r.workspace {
             files.push((f.path, Bytes::from(f.content)));
         }
         let value = serde_json::to_value(&spec).map_err(|e| Status::internal(e.to_string()))?;
@@ -181,6 +185,20 @@ impl Flower for Api {
                 if !events.is_empty() {
                     continue;
                 }
+                // A finished job wrote its last event with its final state: a
+                // cursor at or past it has nothing more to wait for. (Read
+                // again once: the job may have ended since the read above.)
+                match store.get_job(job).await {
+                    Ok(j) if j.state.is_terminal() => match store.events(job, cursor, 1).await {
+                        Ok(more) if more.is_empty() => return,
+                        _ => continue,
+                    },
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(from_store(e))).await;
+                        return;
+                    }
+                }
                 // Nothing new: wait for a notice about this job, or re-read after a while.
                 let wait = async {
                     loop {
@@ -203,6 +221,7 @@ impl Flower for Api {
 
     async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::Job>, Status> {
         let r = req.into_inner();
+        check_text("reason", &r.reason, MAX_REASON)?;
         let job = self.job("job_id", &r.job_id).await?;
         if job.state.is_terminal() {
             return Err(Status::failed_precondition(format!("job {} already {}", job.id, job.state)));
@@ -231,6 +250,7 @@ impl Flower for Api {
         if r.message.len() > self.max_request_bytes {
             return Err(Status::resource_exhausted("message: over the request size limit"));
         }
+        check_text("message", &r.message, flower_model::spec::MAX_MESSAGE_BYTES)?;
         if job.state.is_terminal() {
             return Err(Status::failed_precondition(format!("job {} already {}", job.id, job.state)));
         }
@@ -308,11 +328,9 @@ impl Flower for Api {
         let r = req.into_inner();
         let job = self.job("job_id", &r.job_id).await?;
         let path = r.path.trim_start_matches(".flower/");
-        if flower_store::localfs::check_relative(path).is_err() {
-            return Err(Status::invalid_argument(format!("path: `{}` is not a path in the workbench", r.path)));
-        }
+        check_path("path", path)?;
         let bytes = Workbench::new(self.b.objects.clone(), job.id).get(path).await.map_err(|e| match e {
-            StoreError::NotFound(_) => Status::not_found(format!("{} in the workbench of job {}", r.path, job.id)),
+            StoreError::NotFound(_) => Status::not_found(format!("{path} in the workbench of job {}", job.id)),
             other => from_store(other),
         })?;
         let (tx, rx) = mpsc::channel(8);
@@ -325,4 +343,30 @@ impl Flower for Api {
         });
         Ok(Response::new(stream_of(rx)))
     }
+}
+
+/// Every workspace path is a short relative path, and no two collide: the
+/// same path twice, or a path beneath another one (`zz` and `zz/b`: `zz`
+/// cannot be both a file and a directory).
+fn check_workspace_paths(files: &[pb::WorkspaceFile]) -> Result<(), Status> {
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(files.len());
+    for (i, f) in files.iter().enumerate() {
+        check_path(&format!("workspace[{i}].path"), &f.path)?;
+        if let Some(j) = seen.insert(f.path.as_str(), i) {
+            return Err(Status::invalid_argument(format!("workspace[{i}].path: `{}` is also workspace[{j}]", f.path)));
+        }
+    }
+    for (i, f) in files.iter().enumerate() {
+        let mut parent = f.path.as_str();
+        while let Some((dir, _)) = parent.rsplit_once('/') {
+            if let Some(j) = seen.get(dir) {
+                return Err(Status::invalid_argument(format!(
+                    "workspace[{i}].path: `{}` is beneath `{dir}`, which workspace[{j}] makes a file",
+                    f.path
+                )));
+            }
+            parent = dir;
+        }
+    }
+    Ok(())
 }

@@ -27,6 +27,8 @@ pub struct Backends {
     pub notifier: Arc<dyn Notifier>,
     pub objects: Arc<dyn ObjectStore>,
     pub providers: Arc<ConfiguredProviders>,
+    /// MCP servers and credential variables a spec may name (refused at submit otherwise).
+    pub tool_policy: Arc<flower_model::policy::ToolPolicy>,
 }
 
 #[derive(Clone, Debug)]
@@ -41,6 +43,9 @@ pub struct ServiceConfig {
     pub replica: String,
     /// PEM certificate chain and key: serve over TLS when set.
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// When a running task's message is presumed gone (from the queue's ack
+    /// wait and delivery limit).
+    pub sweep: crate::dispatch::Sweep,
 }
 
 impl Default for ServiceConfig {
@@ -51,6 +56,7 @@ impl Default for ServiceConfig {
             lease_ttl: Duration::from_secs(15),
             replica: format!("coordinator-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
             tls: None,
+            sweep: Default::default(),
         }
     }
 }
@@ -63,7 +69,7 @@ pub async fn serve(
     backends: Backends,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    let owner = owner::Owner::new(backends.clone(), config.replica.clone(), config.lease_ttl);
+    let owner = owner::Owner::new(backends.clone(), config.replica.clone(), config.lease_ttl, config.sweep);
     let owning = tokio::spawn(owner.clone().run(shutdown.clone()));
     let api = api::Api::new(backends, owner, config.max_request_bytes);
     let token = config.token.clone();
@@ -76,14 +82,16 @@ pub async fn serve(
     );
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<FlowerServer<api::Api>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(flower_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| {
-            tracing::error!(error = %e, "reflection unavailable");
-            e
-        })
-        .ok();
+    // Reflection in both versions: v1, and v1alpha for the clients that speak
+    // only it (grpcurl ≤ 1.8.7, grpcui ≤ 1.4.1, Evans, grpcio's reflection client).
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(flower_proto::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 =
+        reflection().build_v1().map_err(|e| tracing::error!(error = %e, "reflection v1 unavailable")).ok();
+    let reflection_v1alpha =
+        reflection().build_v1alpha().map_err(|e| tracing::error!(error = %e, "reflection v1alpha unavailable")).ok();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let mut server = tonic::transport::Server::builder();
     if let Some((cert, key)) = &config.tls {
@@ -92,7 +100,10 @@ pub async fn serve(
         )?;
     }
     let mut router = server.add_service(health).add_service(flower);
-    if let Some(r) = reflection {
+    if let Some(r) = reflection_v1 {
+        router = router.add_service(tonic::service::interceptor::InterceptedService::new(r, auth.clone()));
+    }
+    if let Some(r) = reflection_v1alpha {
         router = router.add_service(tonic::service::interceptor::InterceptedService::new(r, auth));
     }
     let stop = shutdown.clone();

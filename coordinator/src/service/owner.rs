@@ -17,6 +17,10 @@ use tokio_util::sync::CancellationToken;
 use super::Backends;
 use crate::runner::{JobContext, run_job};
 
+/// First and longest pause before a run interrupted by a store error resumes.
+const RESUME_FIRST: Duration = Duration::from_millis(200);
+const RESUME_MAX: Duration = Duration::from_secs(2);
+
 struct Running {
     lease: Lease,
     cancel: CancellationToken,
@@ -29,6 +33,7 @@ pub struct Owner {
     backends: Backends,
     replica: String,
     lease_ttl: Duration,
+    sweep: crate::dispatch::Sweep,
     running: Mutex<HashMap<JobId, Running>>,
     wake: Notify,
     /// Trace context of recent submits, so a job's run continues its trace.
@@ -36,11 +41,12 @@ pub struct Owner {
 }
 
 impl Owner {
-    pub fn new(backends: Backends, replica: String, lease_ttl: Duration) -> Arc<Self> {
+    pub fn new(backends: Backends, replica: String, lease_ttl: Duration, sweep: crate::dispatch::Sweep) -> Arc<Self> {
         Arc::new(Self {
             backends,
             replica,
             lease_ttl,
+            sweep,
             running: Mutex::new(HashMap::new()),
             wake: Notify::new(),
             traces: Mutex::new(HashMap::new()),
@@ -157,6 +163,7 @@ impl Owner {
         };
         if let Some(provider) = provider {
             let ctx = JobContext {
+                sweep: self.sweep,
                 journal,
                 queue: b.queue.clone(),
                 objects: b.objects.clone(),
@@ -165,15 +172,34 @@ impl Owner {
                 inbox,
                 cancel,
             };
-            match run_job(&ctx, job).await {
-                Ok(f) => tracing::info!(job = %job, state = %f.state, "job ended"),
-                Err(StoreError::Fenced { .. }) => tracing::warn!(job = %job, "job taken over by another replica"),
-                // Retrying cannot help a job whose stored data cannot be read: end it.
-                Err(StoreError::Corrupt(m)) => {
-                    let reason = format!("the job cannot be run: {m}");
-                    let _ = b.store.set_job_state(job, JobState::Failed, Some(reason), None, Some(lease.fence())).await;
+            // A store error is not a lost lease: while the lease holds (the
+            // renewal loop cancels `ctx.cancel` when it is lost), the run is
+            // resumed from the store after a pause, so a database restart
+            // stalls the job for the restart plus a retry, not a lease TTL.
+            let mut pause = RESUME_FIRST;
+            loop {
+                match run_job(&ctx, job).await {
+                    Ok(f) => tracing::info!(job = %job, state = %f.state, "job ended"),
+                    Err(StoreError::Fenced { .. }) => tracing::warn!(job = %job, "job taken over by another replica"),
+                    // Retrying cannot help a job whose stored data cannot be read,
+                    // or that must write what cannot be stored: end it.
+                    Err(StoreError::Corrupt(m) | StoreError::Invalid(m)) => {
+                        let reason = format!("the job cannot be run: {m}");
+                        let _ =
+                            b.store.set_job_state(job, JobState::Failed, Some(reason), None, Some(lease.fence())).await;
+                    }
+                    Err(e) if !ctx.cancel.is_cancelled() => {
+                        tracing::warn!(job = %job, error = %e, pause_ms = pause.as_millis() as u64, "job run interrupted by the store; resuming");
+                        tokio::select! {
+                            _ = tokio::time::sleep(pause) => {}
+                            _ = ctx.cancel.cancelled() => {}
+                        }
+                        pause = (pause * 2).min(RESUME_MAX);
+                        continue;
+                    }
+                    Err(e) => tracing::warn!(job = %job, error = %e, "job run stopped; another owner may resume it"),
                 }
-                Err(e) => tracing::error!(job = %job, error = %e, "job run failed; another owner may resume it"),
+                break;
             }
         }
         let mine = self.lock().remove(&job);

@@ -1,6 +1,8 @@
 //! `Bash`: a shell command in the working directory, with a timeout, its own
 //! process group (killed whole on timeout or cancel), captured output capped,
 //! and an environment built from an allowlist — never the service's secrets.
+//! With the launcher ([`crate::isolation`]) the command also runs as another
+//! user in its own namespaces, unable to write outside the working directory.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -15,7 +17,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
+use crate::isolation::ToolIsolation;
 use crate::sandbox::Sandbox;
+use crate::tools::ToolLimits;
 
 /// Variables passed through from the worker's environment when set.
 const PASS_THROUGH: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
@@ -26,18 +30,32 @@ pub struct BashTool {
     sandbox: Sandbox,
     timeout: Duration,
     output_limit: usize,
+    isolation: Arc<ToolIsolation>,
 }
 
 impl BashTool {
-    pub fn new(sandbox: Sandbox, timeout: Duration, output_limit: usize) -> Self {
-        Self { sandbox, timeout, output_limit }
+    pub fn new(sandbox: Sandbox, limits: &ToolLimits) -> Self {
+        Self {
+            sandbox,
+            timeout: limits.bash_timeout,
+            output_limit: limits.bash_output_limit,
+            isolation: limits.isolation.clone(),
+        }
     }
 }
 
-/// The environment a command gets: the allowlist, plus fixed values.
-pub fn command_env(workdir: &std::path::Path) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> =
-        PASS_THROUGH.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
+/// The environment a command gets: the allowlist, plus fixed values
+/// (`USER`/`LOGNAME` name `user` when the command runs as another user).
+pub fn command_env(workdir: &std::path::Path, user: Option<&str>) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = PASS_THROUGH
+        .iter()
+        .filter(|k| user.is_none() || !matches!(**k, "USER" | "LOGNAME"))
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+    if let Some(u) = user {
+        env.push(("USER".into(), u.to_string()));
+        env.push(("LOGNAME".into(), u.to_string()));
+    }
     if !env.iter().any(|(k, _)| k == "PATH") {
         env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
     }
@@ -107,12 +125,23 @@ impl Tool for BashTool {
         let command = str_field(&input, "command")?.to_string();
         let timeout = uint_field(&input, "timeout")?.map_or(self.timeout, Duration::from_millis).min(MAX_TIMEOUT);
         let root = self.sandbox.root().to_path_buf();
-        let mut child = Command::new("bash")
-            .arg("-c")
-            .arg(&command)
+        let (mut cmd, user) = match &*self.isolation {
+            ToolIsolation::None => {
+                let mut c = Command::new("bash");
+                c.arg("-c").arg(&command);
+                (c, None)
+            }
+            ToolIsolation::Launcher(l) => {
+                l.hand_over(&root).await.map_err(|e| {
+                    ToolError::RespondToModel(format!("could not hand the working directory to the command: {e}"))
+                })?;
+                (l.command(&root, vec!["bash".into(), "-c".into(), command.clone().into()]), l.user_name())
+            }
+        };
+        let mut child = cmd
             .current_dir(&root)
             .env_clear()
-            .envs(command_env(&root))
+            .envs(command_env(&root, user))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

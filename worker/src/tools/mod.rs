@@ -21,6 +21,8 @@ pub mod write;
 pub struct ToolLimits {
     pub bash_timeout: Duration,
     pub bash_output_limit: usize,
+    /// How commands start: through the launcher, or directly (see [`crate::isolation`]).
+    pub isolation: Arc<crate::isolation::ToolIsolation>,
 }
 
 /// The tools named in a worker spec (names validated with the spec).
@@ -31,7 +33,7 @@ pub fn toolset(names: &[String], sandbox: &Sandbox, limits: &ToolLimits) -> Tool
             "Read" => Arc::new(read::ReadTool::new(sandbox.clone())),
             "Write" => Arc::new(write::WriteTool::new(sandbox.clone())),
             "Edit" => Arc::new(edit::EditTool::new(sandbox.clone())),
-            "Bash" => Arc::new(bash::BashTool::new(sandbox.clone(), limits.bash_timeout, limits.bash_output_limit)),
+            "Bash" => Arc::new(bash::BashTool::new(sandbox.clone(), limits)),
             "Glob" => Arc::new(glob::GlobTool::new(sandbox.clone())),
             "Grep" => Arc::new(grep::GrepTool::new(sandbox.clone())),
             _ => continue,

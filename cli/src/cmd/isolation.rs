@@ -1,0 +1,257 @@
+//! How tools run, and what job specs may ask of a worker: the flags of
+//! `flower worker`, `flower run` and `flower demo` (isolation and policy) and
+//! of `flower coordinator` (policy), and `flower tool-exec`, the launcher
+//! every tool command starts through.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use flower_model::policy::{McpAllow, ToolPolicy};
+use flower_worker::isolation::{
+    DEFAULT_DENY_PORTS, DEFAULT_HIDE, Launcher, NetworkPolicy, ToolIsolation, ToolUser, install,
+};
+
+/// What job specs may make a worker start or hand out.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct PolicyArgs {
+    /// An MCP server jobs may start over stdio, NAME=COMMAND (repeatable): a
+    /// spec's `command` must equal COMMAND argument for argument (split on
+    /// spaces; `flower` is this binary). `none` allows none
+    /// [default: fixture=flower mcp-fixture]
+    #[arg(long = "mcp-allow", env = "FLOWER_MCP_ALLOW", value_delimiter = ',')]
+    pub mcp_allow: Vec<String>,
+    /// A worker environment variable a spec may name in `env_from` or
+    /// `token_env` (repeatable). FLOWER_* and the service's own credentials
+    /// are refused [default: none]
+    #[arg(long = "env-allow", env = "FLOWER_ENV_ALLOW", value_delimiter = ',')]
+    pub env_allow: Vec<String>,
+}
+
+impl PolicyArgs {
+    /// The policy; `service_credentials` are the variables this process
+    /// reads its own secrets from (refused in --env-allow, like FLOWER_*).
+    pub fn policy(&self, service_credentials: &[String]) -> anyhow::Result<ToolPolicy> {
+        let mcp: Vec<McpAllow> = match self.mcp_allow.as_slice() {
+            [] => ToolPolicy::default().mcp_allowed().to_vec(),
+            [none] if none.trim() == "none" => Vec::new(),
+            list => list
+                .iter()
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| s.parse::<McpAllow>().map_err(|e| anyhow::anyhow!("--mcp-allow {e}")))
+                .collect::<anyhow::Result<_>>()?,
+        };
+        let env = self.env_allow.iter().filter(|v| !v.trim().is_empty()).cloned();
+        ToolPolicy::new(mcp, env, service_credentials).map_err(|e| anyhow::anyhow!("--env-allow {e}"))
+    }
+}
+
+/// Variables this process reads credentials from: S3's, the Anthropic key,
+/// and `<NAME>_API_KEY` of each configured provider.
+pub fn service_credentials(providers: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "ANTHROPIC_API_KEY"]
+        .map(String::from)
+        .into();
+    for p in providers {
+        let name = p.split_once('=').map_or(p.as_str(), |(n, _)| n).trim();
+        if !name.is_empty() {
+            v.push(format!("{}_API_KEY", name.to_ascii_uppercase().replace('-', "_")));
+        }
+    }
+    v
+}
+
+/// How tools (Bash, MCP stdio servers) run on this worker.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ToolArgs {
+    /// Start tools through the launcher (on), or directly as this process's
+    /// user with only their environment cleaned (off)
+    #[arg(long, env = "FLOWER_TOOL_ISOLATION", default_value = "on", value_parser = super::on_off)]
+    pub tool_isolation: bool,
+    /// The user tools run as when this process is root: NAME, UID or UID:GID
+    /// [default: nobody]
+    #[arg(long, env = "FLOWER_TOOL_USER")]
+    pub tool_user: Option<String>,
+    /// Outbound network of tools: none (an empty network namespace),
+    /// loopback-deny (TCP to the service's database and bus ports refused), open
+    #[arg(long, env = "FLOWER_TOOL_NETWORK", default_value = "loopback-deny")]
+    pub tool_network: NetworkPolicy,
+    /// More TCP ports tools may not connect to under loopback-deny (repeatable;
+    /// 5432, 4222 and the ports of --database-url and --nats-url always are)
+    #[arg(long = "tool-deny-port", env = "FLOWER_TOOL_DENY_PORTS", value_delimiter = ',')]
+    pub tool_deny_ports: Vec<u16>,
+    /// The launcher executable (a `flower` binary) [default: this one]
+    #[arg(long, env = "FLOWER_TOOL_LAUNCHER", hide = true)]
+    pub tool_launcher: Option<PathBuf>,
+}
+
+impl ToolArgs {
+    /// Set up tool isolation for this process (probing the launcher once in
+    /// `work_root`) and install it with `policy`; the line saying what is in
+    /// force. Whatever of the full isolation this host refuses is logged as
+    /// a warning, once. `private` directories (the work root, a local store)
+    /// are hidden from tools: a task sees its own directory, not its
+    /// neighbours' nor the store's.
+    pub fn install(
+        &self,
+        work_root: &Path,
+        private: &[PathBuf],
+        service_urls: &[&str],
+        policy: ToolPolicy,
+    ) -> anyhow::Result<String> {
+        let described = policy.describe();
+        if !self.tool_isolation {
+            let line = format!(
+                "tool isolation off: tools run directly as this process's user, only their environment cleaned; {described}"
+            );
+            tracing::warn!("{line}");
+            install(ToolIsolation::None, policy);
+            return Ok(line);
+        }
+        let program = match &self.tool_launcher {
+            Some(p) => p.clone(),
+            None => std::env::current_exe().context("locating this binary (the tool launcher)")?,
+        };
+        let root = flower_worker::isolation::effective_uid() == 0;
+        let user =
+            match (&self.tool_user, root) {
+                (Some(u), true) => Some(ToolUser::resolve(u).map_err(|e| anyhow::anyhow!("--tool-user {e}"))?),
+                (None, true) => Some(ToolUser::resolve("nobody").map_err(|e| {
+                    anyhow::anyhow!("--tool-user: the default user {e}; name one (NAME, UID or UID:GID)")
+                })?),
+                (Some(u), false) => {
+                    let wanted = ToolUser::resolve(u).map_err(|e| anyhow::anyhow!("--tool-user {e}"))?;
+                    anyhow::ensure!(
+                        wanted.uid == flower_worker::isolation::effective_uid(),
+                        "--tool-user {u}: running tools as another user needs this process to run as root"
+                    );
+                    None
+                }
+                (None, false) => None,
+            };
+        if let Some(u) = &user
+            && u.uid == 0
+        {
+            tracing::warn!("--tool-user {}: tools run as root", u.name);
+        }
+        let mut deny_ports: Vec<u16> = DEFAULT_DENY_PORTS.to_vec();
+        let mut hide: Vec<PathBuf> = DEFAULT_HIDE.iter().map(PathBuf::from).collect();
+        hide.push(work_root.to_path_buf());
+        hide.extend(private.iter().cloned());
+        for url in service_urls {
+            let (ports, sockets) = url_endpoints(url);
+            deny_ports.extend(ports);
+            hide.extend(sockets);
+        }
+        deny_ports.extend(&self.tool_deny_ports);
+        deny_ports.sort_unstable();
+        deny_ports.dedup();
+        std::fs::create_dir_all(work_root).with_context(|| format!("{}", work_root.display()))?;
+        let launcher = Launcher { program, user, network: self.tool_network, deny_ports, hide };
+        let scratch = work_root.join(format!(".tool-probe-{}", std::process::id()));
+        let applied = launcher.probe(&scratch).map_err(|e| {
+            anyhow::anyhow!("tool isolation could not start: {e} (--tool-isolation off runs tools without it)")
+        })?;
+        let (summary, missing) = launcher.describe(&applied);
+        for m in &missing {
+            tracing::warn!("tool isolation: {m}");
+        }
+        let line = format!("tool isolation: {summary}; {described}");
+        if missing.is_empty() {
+            tracing::info!("{line}");
+        } else {
+            tracing::warn!("{line}");
+        }
+        install(ToolIsolation::Launcher(launcher), policy);
+        Ok(line)
+    }
+}
+
+/// The directory of a `file://` object store URL (hidden from tools).
+pub fn local_store(url: &str) -> Option<PathBuf> {
+    url.strip_prefix("file://").filter(|p| p.starts_with('/')).map(PathBuf::from)
+}
+
+/// The TCP ports and Unix socket directories a service URL names
+/// (`postgres://u:p@host:5432/db`, `nats://a:4222,b:4223`,
+/// `postgres:///db?host=/run/postgresql`).
+pub fn url_endpoints(url: &str) -> (Vec<u16>, Vec<PathBuf>) {
+    let default = if url.starts_with("nats") { 4222 } else { 5432 };
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let mut ports = Vec::new();
+    let mut sockets = Vec::new();
+    for host in authority.split(',').filter(|h| !h.is_empty()) {
+        let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+        let port = match host.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(':') && !p.contains(']') => p.parse().ok(),
+            _ => None,
+        };
+        if host.starts_with("%2F") || host.starts_with("%2f") {
+            sockets.push(PathBuf::from(host.replace("%2F", "/").replace("%2f", "/")));
+        } else {
+            ports.push(port.unwrap_or(default));
+        }
+    }
+    if let Some((_, query)) = tail.split_once('?') {
+        for pair in query.split('&') {
+            match pair.split_once('=') {
+                Some(("host", h)) if h.starts_with('/') => sockets.push(PathBuf::from(h)),
+                Some(("port", p)) => ports.extend(p.parse::<u16>().ok()),
+                _ => {}
+            }
+        }
+    }
+    if ports.is_empty() {
+        ports.push(default);
+    }
+    (ports, sockets)
+}
+
+/// `flower tool-exec …`: the launcher (arguments are read before the rest of
+/// the command line is parsed, and nothing from the environment is read).
+pub fn tool_exec(args: Vec<OsString>) -> std::process::ExitCode {
+    let code = match flower_worker::launch::LaunchOptions::parse(&args) {
+        Ok(opts) => flower_worker::launch::run(opts),
+        Err(e) => {
+            eprintln!("flower tool-exec: {e}");
+            flower_worker::launch::SETUP_FAILED
+        }
+    };
+    std::process::ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_urls_give_their_ports_and_sockets() {
+        assert_eq!(url_endpoints("postgres://u:p@db.internal:6543/flower").0, vec![6543]);
+        assert_eq!(url_endpoints("postgres://postgres@127.0.0.1/postgres").0, vec![5432]);
+        assert_eq!(url_endpoints("nats://127.0.0.1:4333").0, vec![4333]);
+        assert_eq!(url_endpoints("nats://a:4223,b:4224").0, vec![4223, 4224]);
+        let (ports, sockets) = url_endpoints("postgres:///flower?host=/var/run/pg&port=5433");
+        assert_eq!((ports, sockets), (vec![5433], vec![PathBuf::from("/var/run/pg")]));
+        assert_eq!(url_endpoints("postgresql://%2Frun%2Fpg/db").1, vec![PathBuf::from("/run/pg")]);
+    }
+
+    #[test]
+    fn the_policy_flags_refuse_the_service_secrets() {
+        let creds = service_credentials(&["sim=http://x".into(), "my-llm=https://y".into()]);
+        assert!(creds.contains(&"MY_LLM_API_KEY".to_string()) && creds.contains(&"AWS_SECRET_ACCESS_KEY".into()));
+        let args =
+            |env: &[&str]| PolicyArgs { mcp_allow: vec![], env_allow: env.iter().map(|s| s.to_string()).collect() };
+        assert!(args(&["FLOWER_DATABASE_URL"]).policy(&creds).unwrap_err().to_string().contains("FLOWER_*"));
+        assert!(args(&["MY_LLM_API_KEY"]).policy(&creds).is_err());
+        let p = args(&["GITHUB_TOKEN"]).policy(&creds).unwrap();
+        assert_eq!(p.mcp_allowed(), ToolPolicy::default().mcp_allowed(), "the fixture by default");
+        let none = PolicyArgs { mcp_allow: vec!["none".into()], env_allow: vec![] }.policy(&creds).unwrap();
+        assert!(none.mcp_allowed().is_empty());
+        let bad = PolicyArgs { mcp_allow: vec!["just-a-command".into()], env_allow: vec![] };
+        assert!(bad.policy(&creds).unwrap_err().to_string().contains("NAME=COMMAND"));
+    }
+}

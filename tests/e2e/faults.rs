@@ -1,0 +1,106 @@
+//! Store faults on a cluster of real processes: Postgres down while a task's
+//! report is saved, a Postgres restart under a running job, a task whose
+//! message is gone. Each checks that the job ends, nothing completes twice,
+//! and (for the restart) that the owner kept its job instead of waiting for
+//! its lease to expire. Postgres is taken down for this test's processes only,
+//! through a gate (see `pggate`).
+
+use std::time::Duration;
+
+use crate::cluster::{Cluster, Options};
+use crate::support::repo;
+
+/// Completions of each task of a job (TaskFinished events), and its tasks' states.
+async fn finished_counts(c: &Cluster, job: &str) -> Vec<(String, String, i64)> {
+    let pg = c.pg().await;
+    let q = format!(
+        "SELECT t.id::text, t.state, (SELECT count(*) FROM events e WHERE e.job_id = t.job_id
+           AND e.kind = 'task_finished' AND e.payload->>'task' = t.id::text)
+         FROM tasks t WHERE t.job_id = '{job}' ORDER BY t.id"
+    );
+    pg.query(&q, &[]).await.unwrap().iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect()
+}
+
+/// Acceptance: Postgres stopped while a task's report is saved, then started:
+/// the job succeeds and the task completes once.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_down_while_a_report_is_saved_loses_nothing() {
+    let mut c = Cluster::start(Options { workers: 1, pg_gate: true, ..Default::default() }).await;
+    // The worker's report write (`finish_task`) trips the gate: that statement
+    // never reaches the server, and Postgres stays away for 3 s.
+    let tripped = c.gate.as_ref().unwrap().trip_on("SET state = $3, report = $4", Duration::from_secs(3));
+    let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
+    tokio::time::timeout(Duration::from_secs(60), tripped).await.expect("the report write was reached").unwrap();
+    c.wait_job(&job, "succeeded").await;
+    let tasks = finished_counts(&c, &job).await;
+    assert_eq!(tasks.len(), 1, "{tasks:?}");
+    assert_eq!((tasks[0].1.as_str(), tasks[0].2), ("succeeded", 1), "the task completed once: {tasks:?}");
+    let pg = c.pg().await;
+    let row = pg.query_one(&format!("SELECT report, attempt FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0).trim(), "rested");
+    assert_eq!(row.get::<_, i32>(1), 1, "the worker retried the write while holding the message");
+    c.stop().await;
+}
+
+/// A Postgres restart under a running job: the owner retries the store and
+/// keeps its job (the lease epoch does not move), instead of giving the job
+/// up until its lease expires.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_restart_does_not_cost_the_owner_its_job() {
+    let mut c = Cluster::start(Options { workers: 1, pg_gate: true, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
+    c.wait_for(
+        "the worker's Bash call",
+        Duration::from_secs(30),
+        &format!(
+            "SELECT count(*) > 0 FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%sleep 5%'"
+        ),
+    )
+    .await;
+    let gate = c.gate.as_ref().unwrap();
+    gate.down();
+    tokio::time::sleep(Duration::from_millis(500)).await; // the outage itself
+    gate.up();
+    c.wait_job(&job, "succeeded").await;
+    let pg = c.pg().await;
+    let epoch: i64 =
+        pg.query_one(&format!("SELECT epoch FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
+    assert_eq!(epoch, 1, "the first owner kept the job through the restart");
+    let tasks = finished_counts(&c, &job).await;
+    assert!(tasks.iter().all(|(_, state, n)| state == "succeeded" && *n == 1), "{tasks:?}");
+    c.stop().await;
+}
+
+/// A running task whose message is gone (its worker died and the queue no
+/// longer has it): the owning coordinator's sweeper requeues it as its next
+/// attempt, and the job ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweeper_requeues_a_task_whose_message_is_gone() {
+    let mut c = Cluster::start(Options { workers: 1, ack_wait: "1s", ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
+    c.wait_for(
+        "the worker's Bash call",
+        Duration::from_secs(30),
+        &format!(
+            "SELECT count(*) > 0 FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%sleep 5%'"
+        ),
+    )
+    .await;
+    c.workers[0].kill9();
+    // The message goes with it: purge the job's task stream.
+    let nats = async_nats::connect(crate::cluster::nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let config = flower_bus::NatsConfig::new(crate::cluster::nats_url(), c.prefix.clone());
+    let mut stream = js.get_stream(config.stream_name()).await.unwrap();
+    stream.purge().await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 0, "no message left for the task");
+    c.add_worker();
+    c.wait_job(&job, "succeeded").await;
+    let pg = c.pg().await;
+    let row = pg.query_one(&format!("SELECT attempt, report FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 2, "requeued as the next attempt");
+    assert_eq!(row.get::<_, String>(1).trim(), "rested");
+    let tasks = finished_counts(&c, &job).await;
+    assert_eq!(tasks[0].2, 1, "{tasks:?}");
+    c.stop().await;
+}

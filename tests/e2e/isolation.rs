@@ -1,0 +1,267 @@
+//! Tool isolation, from inside a job and checked on the host: a worker's
+//! `Bash` (and the coordinator's glance, which runs through it) cannot read
+//! the service's secrets through /proc or its environment, cannot read
+//! /etc/shadow, cannot write outside its task directory, cannot reach the
+//! service's Postgres, cannot kill its worker. And the spec policy: a job
+//! cannot make a worker start a program or hand out a variable the
+//! operator did not allow.
+//!
+//! As root (the tool user is `nobody`, namespaces and mounts as root); as
+//! another user the same checks hold through a user namespace and Landlock,
+//! or the test fails, saying what this host lacks.
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use crate::cluster::{Cluster, Options, Proc};
+use crate::support::{Home, repo, sessions, tool_results};
+
+const SECRETS: &[(&str, &str)] = &[
+    ("ANTHROPIC_API_KEY", "sk-ant-isolation-do-not-leak-4242"),
+    ("FLOWER_DATABASE_URL", "postgres://flower:pw-do-not-leak-4242@127.0.0.1:5432/flower"),
+    ("FLOWER_TOKEN", "token-do-not-leak-4242"),
+    ("AWS_SECRET_ACCESS_KEY", "aws-do-not-leak-4242"),
+];
+const PROBE: &str = "flower-isolation-probe";
+/// A port the tool may reach under the default `loopback-deny` (not a service's).
+const OPEN_PORT: u16 = 47321;
+
+fn uid() -> u32 {
+    let out = std::process::Command::new("id").arg("-u").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn tools_cannot_see_the_service_secrets_nor_write_or_connect_outside() {
+    let root = uid() == 0;
+    for p in ["/root", "/tmp", "/etc"] {
+        let _ = std::fs::remove_file(Path::new(p).join(PROBE));
+    }
+    // Something is listening on 5432 (the test Postgres, or this test), so a
+    // refused connection is the policy, not an empty port.
+    let _own_5432 = match TcpStream::connect(("127.0.0.1", 5432)) {
+        Ok(_) => None,
+        Err(_) => {
+            Some(TcpListener::bind(("127.0.0.1", 5432)).expect("nothing on 127.0.0.1:5432 and cannot listen there"))
+        }
+    };
+    let open = TcpListener::bind(("127.0.0.1", OPEN_PORT)).unwrap_or_else(|e| panic!("127.0.0.1:{OPEN_PORT}: {e}"));
+    let accepted = std::thread::spawn(move || {
+        let (mut s, _) = open.accept().unwrap();
+        let mut buf = [0u8; 1];
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        let _ = s.read(&mut buf);
+        true
+    });
+
+    let home = Home::new();
+    let mut env: Vec<(&str, &str)> = SECRETS.to_vec();
+    env.push(("RUST_LOG", "info"));
+    let out = home
+        .cmd()
+        .envs(env)
+        .args(["run", repo().join("tests/fixtures/isolation/job.yaml").to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().find(|l| l.contains("tool isolation:")).unwrap_or_default();
+    println!("{line}");
+    assert!(out.status.success(), "{}\n{stderr}", String::from_utf8_lossy(&out.stdout));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["state"], "succeeded", "the worker survived its tools: {summary}");
+    if root {
+        assert!(
+            line.contains("user nobody (65534:65534)")
+                && line.contains("pid, mount namespaces")
+                && line.contains("/proc fresh"),
+            "as root, the full isolation is in force on this host: {line}"
+        );
+    } else {
+        assert!(line.contains("namespaces") && line.contains("Landlock"), "as uid {}: {stderr}", uid());
+    }
+    let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    let results = tool_results(sessions(&t, "worker")[0]);
+    let all = serde_json::to_string(&t).unwrap();
+    for (name, value) in SECRETS {
+        assert!(!all.contains(value), "{name}'s value is in a transcript");
+    }
+    let me = if root { "65534".to_string() } else { uid().to_string() };
+
+    // /proc: the worker is not there; the environments that are hold no secret.
+    let (proc, _) = &results[0];
+    let pids: Vec<u32> = proc
+        .lines()
+        .find_map(|l| l.strip_prefix("pids: "))
+        .unwrap_or_else(|| panic!("{proc}"))
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(pids.iter().all(|p| *p < 100), "only the tool's own processes are visible: {pids:?}\n{proc}");
+    assert!(!proc.contains("FLOWER_") && !proc.contains("flower run"), "{proc}");
+
+    // `env`: the allowlist only.
+    let (env, _) = &results[1];
+    assert!(env.contains("PATH=") && !env.contains("FLOWER_") && !env.contains("AWS_"), "{env}");
+
+    // /etc/shadow.
+    let (shadow, is_error) = &results[2];
+    assert!(*is_error && shadow.contains("Permission denied"), "{shadow}");
+
+    // Writes: refused outside, private /tmp, the task directory works.
+    let (write, _) = &results[3];
+    assert!(write.contains("/root/flower-isolation-probe': Permission denied"), "{write}");
+    assert!(write.contains("/etc/flower-isolation-probe': Read-only file system"), "{write}");
+    assert!(write.contains("../flower-isolation-probe'"), "{write}");
+    assert!(write.contains("private-tmp") && write.trim_end().ends_with("inside"), "{write}");
+    // Of the home (database, objects, other task directories), only the way to its own directory.
+    assert!(write.contains("home: work\n"), "{write}");
+    for p in ["/root", "/tmp", "/etc"] {
+        assert!(!Path::new(p).join(PROBE).exists(), "{p}/{PROBE} exists on the host");
+    }
+    assert!(find(home.dir.path(), PROBE).is_empty(), "nothing written beside the task directory");
+
+    // The service's Postgres: refused; another port: reached.
+    let (pg, is_error) = &results[4];
+    assert!(*is_error && !pg.contains("CONNECTED") && pg.contains("Permission denied"), "{pg}");
+    let (port, is_error) = &results[5];
+    assert!(!is_error && port.contains(&format!("CONNECTED-{OPEN_PORT}")), "loopback-deny is not `none`: {port}");
+    assert!(accepted.join().unwrap());
+
+    // Its worker (and pid 1 of its namespace) out of reach.
+    let (parent, _) = &results[6];
+    assert!(parent.contains(&format!("{me}\nstill here")), "{parent}");
+
+    // A timeout kills the whole namespace, a process that left the group too.
+    let (timeout, is_error) = &results[7];
+    assert!(*is_error && timeout.contains("[timed out after 1500 ms"), "{timeout}");
+    let left = std::process::Command::new("pgrep").args(["-f", "sleep 77"]).output().unwrap();
+    assert!(left.stdout.is_empty(), "left running: {}", String::from_utf8_lossy(&left.stdout));
+
+    // The coordinator's glance ran through the same tool.
+    let glance = if root { "nobody" } else { "" };
+    assert!(summary["final_answer"].as_str().unwrap().starts_with(&format!("glance ran as {glance}")), "{summary}");
+}
+
+fn find(dir: &Path, name: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.file_name().is_some_and(|n| n == name) {
+            out.push(p.clone());
+        }
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(find(&p, name));
+        }
+    }
+    out
+}
+
+/// The launcher itself as an unprivileged user (here `nobody`, through
+/// setpriv): no setuid, a user namespace for the rest.
+#[test]
+fn the_launcher_confines_an_unprivileged_worker_through_a_user_namespace() {
+    assert_eq!(uid(), 0, "this test starts the launcher as another user: run the e2e tests as root");
+    let dir = tempfile::tempdir().unwrap();
+    let task = dir.path().join("task");
+    std::fs::create_dir(&task).unwrap();
+    let chown = |p: &Path| std::process::Command::new("chown").args(["-R", "65534:65534"]).arg(p).status().unwrap();
+    assert!(chown(dir.path()).success());
+    let script = format!(
+        "id -u; ls /proc | grep -cE '^[0-9]+$'; touch {}/outside 2>&1; touch inside && echo inside-ok; \
+         exec 3<>/dev/tcp/127.0.0.1/5432 2>&1 || echo pg-refused",
+        dir.path().display()
+    );
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", crate::support::FLOWER, "tool-exec"])
+        .args(["--network", "loopback-deny", "--deny-port", "5432", "--confine"])
+        .arg(&task)
+        .args(["--", "bash", "-c", &script])
+        .current_dir(&task)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .expect("setpriv (util-linux)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "65534");
+    assert!(lines[1].parse::<u32>().unwrap() < 10, "a PID namespace of its own: {text}");
+    assert!(text.contains("inside-ok") && text.contains("pg-refused"), "{text}");
+    assert!(!dir.path().join("outside").exists() && task.join("inside").exists());
+}
+
+/// The worker checks the policy again before starting anything: a job the
+/// coordinator accepted (the fixture server is allowed there by default)
+/// fails on a worker that allows no MCP server, with the reason, and the
+/// server never starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_refuses_an_mcp_server_its_policy_does_not_allow() {
+    let mut c = Cluster::start(Options { workers: 0, ..Default::default() }).await;
+    let mut env = c.env.clone();
+    env.push(("FLOWER_MCP_ALLOW".into(), "none".into()));
+    let worker = Proc::spawn(&["worker", "--concurrency", "1"], &env);
+    c.workers.push(worker);
+    let job = c.submit(&repo().join("tests/fixtures/distributed/refused.yaml"));
+    c.wait_for(
+        "the job to end",
+        Duration::from_secs(60),
+        &format!("SELECT state IN ('succeeded', 'failed') FROM jobs WHERE id = '{job}'"),
+    )
+    .await;
+    let pg = c.pg().await;
+    let row = pg.query_one(&format!("SELECT state, error FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "failed");
+    let error: String = row.get(1);
+    assert!(
+        error.contains("refused by this worker's policy")
+            && error.contains("mcp_servers.fx.command")
+            && error.contains("(allowed: none)"),
+        "{error}"
+    );
+    let answer: String =
+        pg.query_one(&format!("SELECT final_answer FROM jobs WHERE id = '{job}'"), &[]).await.unwrap().get(0);
+    assert!(answer.contains("mcp_servers.fx.command"), "the coordinator saw the reason: {answer}");
+    c.stop().await;
+}
+
+/// `flower run` checks the spec against the same policy before anything is
+/// created: any other program, or a variable not allowed, is refused,
+/// naming the field and what is allowed.
+#[test]
+fn a_spec_naming_a_server_or_variable_not_allowed_is_refused_at_start() {
+    let home = Home::new();
+    let dir = repo().join("tests/fixtures/tools");
+    let base = std::fs::read_to_string(dir.join("job.yaml"))
+        .unwrap()
+        .replace("scenario: scenario.yaml", &format!("scenario: {}", dir.join("scenario.yaml").display()))
+        .replace("workspace: workspace", &format!("workspace: {}", dir.join("workspace").display()));
+    let fixture = "    command: [flower, mcp-fixture, --token-env, FIXTURE_TOKEN]\n    env_from: {FIXTURE_TOKEN: MCP_FIXTURE_TOKEN}";
+    let cases = [
+        (
+            "    command: [bash, -c, 'cat /proc/1/environ']",
+            "mcp_servers.fixture.command",
+            "(allowed: `flower mcp-fixture`)",
+        ),
+        (
+            "    command: [flower, mcp-fixture]\n    env_from: {TOKEN: FLOWER_DATABASE_URL}",
+            "mcp_servers.fixture.env_from.TOKEN",
+            "`FLOWER_DATABASE_URL` is not a variable",
+        ),
+        (
+            "    url: https://example.invalid/mcp\n    token_env: HOME",
+            "mcp_servers.fixture.token_env",
+            "(allowed: none)",
+        ),
+    ];
+    for (server, field, says) in cases {
+        let path = home.dir.path().join("refused.yaml");
+        std::fs::write(&path, base.replace(fixture, server)).unwrap();
+        let out = home.run(&["run", path.to_str().unwrap(), "--json"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(&format!("invalid job spec: {field}: ")) && stderr.contains(says), "{stderr}");
+    }
+    assert!(!home.dir.path().join("flower.db").exists(), "refused before anything was created");
+}

@@ -1,0 +1,388 @@
+//! How this worker process runs tools (`Bash`, MCP stdio servers) and what
+//! a job spec may make it start: set once at start by the binary
+//! ([`install`]), read by the tools.
+//!
+//! [`ToolIsolation::Launcher`] starts every command through `flower
+//! tool-exec` ([`crate::launch`]): another user when the worker is root,
+//! its own PID, mount and (per the network policy) network namespaces, the
+//! rest of the file tree read-only, Landlock where the kernel has it.
+//! [`ToolIsolation::None`] runs commands directly as this process's user
+//! with only their environment cleaned; it is what a process gets when
+//! nothing was installed (tests running the worker in their own binary,
+//! which cannot start `flower`), and what `--tool-isolation off` asks for.
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use flower_model::policy::ToolPolicy;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::unistd::{Gid, Uid};
+
+pub use crate::launch::{Applied, NetworkPolicy};
+
+/// TCP ports refused under `loopback-deny` whatever the configuration: the
+/// default Postgres and NATS ports (the service's own are added to them).
+pub const DEFAULT_DENY_PORTS: &[u16] = &[5432, 4222];
+
+/// Directories hidden from tools: where Postgres puts its Unix sockets.
+pub const DEFAULT_HIDE: &[&str] = &["/run/postgresql", "/var/run/postgresql"];
+
+/// The user tools run as when the worker is root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl ToolUser {
+    /// `NAME`, `UID` or `UID:GID` (a name or uid known to the system gets
+    /// its primary group).
+    pub fn resolve(spec: &str) -> Result<Self, String> {
+        let (user, group) = match spec.split_once(':') {
+            Some((u, g)) => (u, Some(g)),
+            None => (spec, None),
+        };
+        let known = match user.parse::<u32>() {
+            Ok(uid) => nix::unistd::User::from_uid(Uid::from_raw(uid)).ok().flatten(),
+            Err(_) => Some(
+                nix::unistd::User::from_name(user)
+                    .map_err(|e| format!("`{user}`: {e}"))?
+                    .ok_or_else(|| format!("`{user}`: no such user"))?,
+            ),
+        };
+        let uid = match (&known, user.parse::<u32>()) {
+            (_, Ok(uid)) => uid,
+            (Some(u), Err(_)) => u.uid.as_raw(),
+            (None, Err(_)) => return Err(format!("`{user}`: no such user")),
+        };
+        let gid = match group {
+            Some(g) => g.parse::<u32>().map_err(|_| format!("`{spec}`: the group must be a number"))?,
+            None => known.as_ref().map_or(uid, |u| u.gid.as_raw()),
+        };
+        let name = known.map_or_else(|| uid.to_string(), |u| u.name);
+        Ok(Self { name, uid, gid })
+    }
+}
+
+/// The launcher and what it is told to put in force.
+#[derive(Clone, Debug)]
+pub struct Launcher {
+    /// The `flower` executable (`tool-exec` is one of its commands).
+    pub program: PathBuf,
+    /// Another user to run as (the worker must be root); `None`: the worker's.
+    pub user: Option<ToolUser>,
+    pub network: NetworkPolicy,
+    pub deny_ports: Vec<u16>,
+    pub hide: Vec<PathBuf>,
+}
+
+/// How tools are started (see the module doc).
+#[derive(Clone, Debug, Default)]
+pub enum ToolIsolation {
+    /// Directly, as this process's user, with a cleaned environment only.
+    #[default]
+    None,
+    /// Through `flower tool-exec`.
+    Launcher(Launcher),
+}
+
+impl ToolIsolation {
+    pub fn launcher(&self) -> Option<&Launcher> {
+        match self {
+            Self::Launcher(l) => Some(l),
+            Self::None => None,
+        }
+    }
+}
+
+impl Launcher {
+    fn options(&self, cwd: &Path, argv: Vec<OsString>, report: bool) -> crate::launch::LaunchOptions {
+        crate::launch::LaunchOptions {
+            user: self.user.as_ref().map(|u| (u.uid, u.gid)),
+            network: self.network,
+            deny_ports: self.deny_ports.clone(),
+            confine: cwd.to_path_buf(),
+            hide: self.hide.clone(),
+            report,
+            init: None,
+            argv,
+        }
+    }
+
+    /// `argv` run through the launcher in `cwd` (the caller sets the
+    /// environment and stdio; the launcher passes them on).
+    pub fn command(&self, cwd: &Path, argv: Vec<OsString>) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(&self.program);
+        c.arg("tool-exec").args(self.options(cwd, argv, false).to_args()).current_dir(cwd);
+        c
+    }
+
+    /// The tool user's name, when tools run as another user.
+    pub fn user_name(&self) -> Option<&str> {
+        self.user.as_ref().map(|u| u.name.as_str())
+    }
+
+    /// Make `dir` the tool user's, so the command can work there (files the
+    /// worker wrote since the last call included). Symbolic links are not
+    /// followed and files with several links are left alone, so nothing
+    /// outside `dir` changes owner.
+    pub async fn hand_over(&self, dir: &Path) -> std::io::Result<()> {
+        let Some(user) = &self.user else { return Ok(()) };
+        if Uid::effective().as_raw() == user.uid {
+            return Ok(());
+        }
+        let (dir, uid, gid) = (dir.to_path_buf(), user.uid, user.gid);
+        tokio::task::spawn_blocking(move || chown_tree(&dir, Uid::from_raw(uid), Gid::from_raw(gid)))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+
+    /// Run the launcher once in `scratch` (made and removed here) and read
+    /// what it put in force.
+    pub fn probe(&self, scratch: &Path) -> Result<Applied, String> {
+        std::fs::create_dir_all(scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+        let scratch = scratch.canonicalize().map_err(|e| format!("{}: {e}", scratch.display()))?;
+        let result = (|| {
+            if let Some(u) = &self.user {
+                chown_tree(&scratch, Uid::from_raw(u.uid), Gid::from_raw(u.gid))
+                    .map_err(|e| format!("handing {} to {}: {e}", scratch.display(), u.name))?;
+            }
+            let out = std::process::Command::new(&self.program)
+                .arg("tool-exec")
+                .args(self.options(&scratch, vec!["true".into()], true).to_args())
+                .current_dir(&scratch)
+                .env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .stdin(std::process::Stdio::null())
+                .output()
+                .map_err(|e| format!("starting {}: {e}", self.program.display()))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{} tool-exec failed ({}): {}",
+                    self.program.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            serde_json::from_slice::<Applied>(&out.stdout).map_err(|e| format!("the launcher's report: {e}"))
+        })();
+        let _ = std::fs::remove_dir_all(&scratch);
+        result
+    }
+
+    /// What `a` (a probe's report) means, in one line, and what of the full
+    /// isolation is missing on this host.
+    pub fn describe(&self, a: &Applied) -> (String, Vec<String>) {
+        let mut missing = Vec::new();
+        let mut parts = Vec::new();
+        match (&self.user, &a.user) {
+            (Some(u), Some(_)) => parts.push(format!("user {} ({}:{})", u.name, u.uid, u.gid)),
+            (Some(u), None) => missing.push(format!("tools were to run as {} but do not", u.name)),
+            (None, _) => {
+                parts.push("the worker's user".into());
+                if !a.user_namespace {
+                    missing.push(
+                        "no separate user and no user namespace: tools run as the worker's user (its files are theirs)"
+                            .into(),
+                    );
+                }
+            }
+        }
+        let ns: Vec<&str> = [
+            (a.user_namespace, "user"),
+            (a.pid_namespace, "pid"),
+            (a.mount_namespace, "mount"),
+            (a.network_namespace, "network"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, n)| *n)
+        .collect();
+        parts.push(if ns.is_empty() { "no namespaces".into() } else { format!("{} namespaces", ns.join(", ")) });
+        if !a.pid_namespace {
+            missing.push("no PID namespace: the worker's processes are visible (their environment is not readable by another user)".into());
+        }
+        parts.push(format!("/proc {}", a.proc));
+        let mut writes = Vec::new();
+        if a.read_only {
+            writes.push("read-only mounts".to_string());
+        }
+        if a.private_tmp {
+            writes.push("private /tmp".into());
+        }
+        if a.landlock_fs {
+            writes.push(format!("Landlock {}", a.landlock.as_deref().unwrap_or_default()));
+        }
+        if a.read_only || a.landlock_fs {
+            parts.push(format!("writes: the task directory only ({})", writes.join(", ")));
+        } else {
+            parts.push("writes: wherever the tool user may write".into());
+            missing.push("no read-only mounts and no Landlock: writes are limited by file permissions only".into());
+        }
+        if !a.landlock_fs {
+            missing.push("Landlock not in force".into());
+        }
+        parts.push(format!("network: {}", a.network));
+        if a.network.starts_with("open (") {
+            missing.push(format!("network policy {} not enforced", self.network));
+        }
+        for n in &a.notes {
+            if !missing.contains(n) {
+                missing.push(n.clone());
+            }
+        }
+        (parts.join("; "), missing)
+    }
+}
+
+/// Change the owner of `root` and everything beneath it, through file
+/// descriptors: no symbolic link is followed, a name swapped meanwhile is
+/// seen as what it now is, and a file with several links (possibly to a
+/// file elsewhere) is skipped.
+pub fn chown_tree(root: &Path, uid: Uid, gid: Gid) -> std::io::Result<()> {
+    let open_dir = |at: Option<&OwnedFd>, name: &Path| -> nix::Result<OwnedFd> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        match at {
+            Some(dir) => nix::fcntl::openat(dir, name, flags, Mode::empty()),
+            None => nix::fcntl::open(name, flags, Mode::empty()),
+        }
+    };
+    let top = open_dir(None, root)?;
+    let st = nix::sys::stat::fstat(&top)?;
+    give(&top, &st, uid, gid)?;
+    let mut stack = vec![top];
+    while let Some(dir) = stack.pop() {
+        let names: Vec<std::ffi::CString> = {
+            let copy = dir.try_clone()?;
+            let mut d = nix::dir::Dir::from_fd(copy)?;
+            d.iter()
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_owned())
+                .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+                .collect()
+        };
+        for name in names {
+            let name = Path::new(std::ffi::OsStr::from_bytes(name.as_bytes()));
+            let Ok(entry) =
+                nix::fcntl::openat(&dir, name, OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+            else {
+                continue;
+            };
+            let Ok(st) = nix::sys::stat::fstat(&entry) else { continue };
+            let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+            if kind == SFlag::S_IFDIR {
+                give(&entry, &st, uid, gid)?;
+                if let Ok(sub) = open_dir(Some(&dir), name) {
+                    stack.push(sub);
+                }
+            } else if kind == SFlag::S_IFREG && st.st_nlink == 1 {
+                give(&entry, &st, uid, gid)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+use std::os::unix::ffi::OsStrExt;
+
+fn give(fd: impl AsFd, st: &FileStat, uid: Uid, gid: Gid) -> std::io::Result<()> {
+    if st.st_uid == uid.as_raw() && st.st_gid == gid.as_raw() {
+        return Ok(());
+    }
+    nix::unistd::fchownat(fd, "", Some(uid), Some(gid), AtFlags::AT_EMPTY_PATH)?;
+    Ok(())
+}
+
+/// This process's effective uid (tools may run as another user only when it is 0).
+pub fn effective_uid() -> u32 {
+    Uid::effective().as_raw()
+}
+
+type Installed = (Arc<ToolIsolation>, Arc<ToolPolicy>);
+
+static INSTALLED: RwLock<Option<Installed>> = RwLock::new(None);
+
+/// Set how this process runs tools and what specs may ask of it. The
+/// process's own `/proc` entries become root's (not dumpable), so a tool
+/// running as the same user cannot read its environment or memory there.
+pub fn install(isolation: ToolIsolation, policy: ToolPolicy) {
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::warn!(error = %e, "this process stays dumpable: a tool running as its user could read its /proc entries");
+    }
+    let mut slot = INSTALLED.write().unwrap_or_else(|p| p.into_inner());
+    *slot = Some((Arc::new(isolation), Arc::new(policy)));
+}
+
+fn installed_pair() -> Installed {
+    let slot = INSTALLED.read().unwrap_or_else(|p| p.into_inner());
+    match &*slot {
+        Some(pair) => pair.clone(),
+        None => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::info!("no tool isolation configured in this process: tools run directly as its user");
+            });
+            (Arc::new(ToolIsolation::None), Arc::new(ToolPolicy::default()))
+        }
+    }
+}
+
+/// How tools start in this process ([`ToolIsolation::None`] unless installed).
+pub fn installed() -> Arc<ToolIsolation> {
+    installed_pair().0
+}
+
+/// The policy specs are checked against ([`ToolPolicy::default`] unless installed).
+pub fn policy() -> Arc<ToolPolicy> {
+    installed_pair().1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_resolve_by_name_number_and_pair() {
+        let nobody = ToolUser::resolve("nobody").unwrap();
+        assert_eq!((nobody.name.as_str(), nobody.uid), ("nobody", 65534));
+        assert_eq!(ToolUser::resolve("65534").unwrap(), nobody);
+        let pair = ToolUser::resolve("4242:4343").unwrap();
+        assert_eq!((pair.uid, pair.gid, pair.name.as_str()), (4242, 4343, "4242"));
+        assert!(ToolUser::resolve("no-such-user-here").unwrap_err().contains("no such user"));
+        assert!(ToolUser::resolve("1:x").is_err());
+    }
+
+    #[test]
+    fn chown_tree_stays_inside_and_skips_links() {
+        let tmp = tempfile::tempdir().unwrap();
+        if !Uid::effective().is_root() {
+            // Without root the hand-over is refused, not half done.
+            let e = chown_tree(tmp.path(), Uid::from_raw(4242), Gid::from_raw(4343)).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(nix::libc::EPERM), "{e}");
+            return;
+        }
+        let outside = tmp.path().join("outside.txt");
+        std::fs::write(&outside, "x").unwrap();
+        let root = tmp.path().join("task");
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("a/b/f.txt"), "f").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), root.join("up")).unwrap();
+        std::fs::hard_link(&outside, root.join("hard")).unwrap();
+        chown_tree(&root, Uid::from_raw(4242), Gid::from_raw(4343)).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let owner = |p: &Path| {
+            let m = std::fs::symlink_metadata(p).unwrap();
+            (m.uid(), m.gid())
+        };
+        assert_eq!(owner(&root), (4242, 4343));
+        assert_eq!(owner(&root.join("a/b")), (4242, 4343));
+        assert_eq!(owner(&root.join("a/b/f.txt")), (4242, 4343));
+        assert_eq!(owner(&outside), (0, 0), "neither the symlink nor the hard link reached it");
+        assert_eq!(owner(tmp.path()), (0, 0));
+    }
+}
