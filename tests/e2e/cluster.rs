@@ -308,8 +308,13 @@ impl Cluster {
 
     /// Wait until the job is in `state`.
     pub async fn wait_job(&self, job: &str, state: &str) {
+        self.wait_job_within(job, state, Duration::from_secs(60)).await;
+    }
+
+    /// Wait until the job is in `state`, for at most `timeout` (long jobs).
+    pub async fn wait_job_within(&self, job: &str, state: &str, timeout: Duration) {
         let q = format!("SELECT state = '{state}' FROM jobs WHERE id = '{job}'");
-        self.wait_for(&format!("job {job} to be {state}"), Duration::from_secs(60), &q).await;
+        self.wait_for(&format!("job {job} to be {state}"), timeout, &q).await;
     }
 
     /// Stop every process and remove the database and the NATS stream.

@@ -19,6 +19,10 @@ use rand::{Rng, SeedableRng};
 use crate::cluster::{Cluster, Options};
 use crate::support::repo;
 
+/// How long the long-horizon job may take under faults (it takes about a
+/// minute undisturbed in a debug build).
+const LONG: Duration = Duration::from_secs(900);
+
 fn rounds() -> usize {
     std::env::var("FLOWER_TRIAL_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20)
 }
@@ -41,14 +45,26 @@ async fn progress(c: &Cluster, job: &str) -> (i64, String) {
     (row.get(0), row.get(1))
 }
 
+/// The job's last event sequence number.
+async fn last_event(c: &Cluster, job: &str) -> i64 {
+    let pg = c.pg().await;
+    let q = format!("SELECT coalesce(max(seq), 0) FROM events WHERE job_id = '{job}'");
+    pg.query_one(&q, &[]).await.unwrap().get(0)
+}
+
 /// Wait until the job has `entries` coordinator entries or has ended; whether it still runs.
 async fn reach(c: &Cluster, job: &str, entries: i64) -> bool {
     let q = format!(
-        "SELECT count(*) >= {entries} OR (SELECT state FROM jobs WHERE id = '{job}') <> 'running' FROM entries e
+        "SELECT count(*) >= {entries} OR (SELECT state FROM jobs WHERE id = '{job}') NOT IN ('queued', 'running') FROM entries e
          JOIN sessions s ON s.id = e.session_id WHERE s.job_id = '{job}' AND s.role = 'coordinator'"
     );
     c.wait_for(&format!("{entries} coordinator entries"), Duration::from_secs(300), &q).await;
-    progress(c, job).await.1 == "running"
+    live(&progress(c, job).await.1)
+}
+
+/// Not ended yet.
+fn live(state: &str) -> bool {
+    matches!(state, "queued" | "running")
 }
 
 /// The invariants every trial ends with; a summary line.
@@ -144,7 +160,7 @@ async fn trial_kill_workers_mid_task() {
         println!("kill {killed}: worker at ≥ {point} coordinator entries (held a task: {})", victim.is_some());
         c.add_worker();
     }
-    c.wait_job(&job, "succeeded").await;
+    c.wait_job_within(&job, "succeeded", LONG).await;
     println!("worker kills: {killed}; {}", check_invariants(&c, &job).await);
     c.stop().await;
 }
@@ -174,7 +190,7 @@ async fn trial_nats_stopped_and_killed() {
             if i % 2 == 0 { "stopped" } else { "killed" }
         );
     }
-    c.wait_job(&job, "succeeded").await;
+    c.wait_job_within(&job, "succeeded", LONG).await;
     println!("NATS faults: {faults}; {}", check_invariants(&c, &job).await);
     c.stop().await;
 }
@@ -186,19 +202,37 @@ async fn trial_postgres_restarts() {
     let mut c = Cluster::start(Options { workers: 3, concurrency: 2, pg_gate: true, ..Default::default() }).await;
     let job = c.submit(&long_horizon());
     let mut faults = 0;
+    let mut stalls = Vec::new();
     for point in points(&mut rng, rounds()) {
         if !reach(&c, &job, point).await {
             break;
         }
         let gate = c.gate.as_ref().unwrap();
+        let seen = last_event(&c, &job).await;
         gate.down();
-        tokio::time::sleep(Duration::from_millis(rng.random_range(100..2000))).await; // the outage
+        let outage = Duration::from_millis(rng.random_range(100..2000));
+        tokio::time::sleep(outage).await; // the outage
         gate.up();
+        let up = std::time::Instant::now();
+        // The stall: from Postgres back to the job's next stored event.
+        while last_event(&c, &job).await == seen && live(&progress(&c, &job).await.1) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stalls.push(up.elapsed());
         faults += 1;
-        println!("fault {faults}: Postgres restarted at ≥ {point} coordinator entries");
+        println!(
+            "fault {faults}: Postgres down {outage:?} at ≥ {point} coordinator entries; next event {:?} after",
+            up.elapsed()
+        );
     }
-    c.wait_job(&job, "succeeded").await;
-    println!("Postgres restarts: {faults}; {}", check_invariants(&c, &job).await);
+    c.wait_job_within(&job, "succeeded", LONG).await;
+    stalls.sort();
+    let median = stalls.get(stalls.len() / 2).copied().unwrap_or_default();
+    println!(
+        "Postgres restarts: {faults}; stall after the restart: median {median:?}, max {:?}; {}",
+        stalls.last().copied().unwrap_or_default(),
+        check_invariants(&c, &job).await
+    );
     c.stop().await;
 }
 
@@ -214,7 +248,7 @@ async fn trial_postgres_down_while_reports_are_saved() {
         let tripped = c.gate.as_ref().unwrap().trip_on("SET state = $3, report = $4", down);
         let ended = async {
             loop {
-                if progress(&c, &job).await.1 != "running" {
+                if !live(&progress(&c, &job).await.1) {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -227,7 +261,7 @@ async fn trial_postgres_down_while_reports_are_saved() {
         faults += 1;
         println!("fault {faults}: Postgres down {down:?} at a report write");
     }
-    c.wait_job(&job, "succeeded").await;
+    c.wait_job_within(&job, "succeeded", LONG).await;
     println!("report-write outages: {faults}; {}", check_invariants(&c, &job).await);
     c.stop().await;
 }
