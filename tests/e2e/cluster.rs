@@ -300,6 +300,15 @@ impl Cluster {
         }
     }
 
+    /// Wait until `count` assistant entries of the job contain `needle` (a
+    /// model's tool call under way, e.g. a worker's `sleep 5`).
+    pub async fn wait_call(&self, job: &str, needle: &str, count: usize) {
+        let q = format!(
+            "SELECT count(*) >= {count} FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%{needle}%'"
+        );
+        self.wait_for(&format!("call #{count} with `{needle}`"), Duration::from_secs(60), &q).await;
+    }
+
     /// Wait until the job's (only) task is in `state`.
     pub async fn wait_task(&self, job: &str, state: &str) {
         let q = format!("SELECT state = '{state}' FROM tasks WHERE job_id = '{job}'");

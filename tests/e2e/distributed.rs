@@ -89,14 +89,7 @@ async fn a_killed_workers_task_is_redelivered_and_heartbeats_hold_long_tasks() {
 
     // Now kill -9 the worker running it, once its `sleep` is under way.
     let job = c.submit(&spec);
-    c.wait_for(
-        "the worker's Bash call",
-        Duration::from_secs(30),
-        &format!(
-            "SELECT count(*) > 0 FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%sleep 5%'"
-        ),
-    )
-    .await;
+    c.wait_call(&job, "sleep 5", 1).await;
     let holder: String =
         pg.query_one(&format!("SELECT claimed_by FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
     let victim = c.workers.iter_mut().find(|w| w.id() == holder).expect("the claiming worker is one of ours");
@@ -131,14 +124,7 @@ async fn a_task_that_kills_its_workers_fails_at_the_delivery_limit() {
     let job = c.submit(&repo().join("tests/fixtures/distributed/doomed.yaml"));
     let pg = c.pg().await;
     for attempt in 1..=2 {
-        c.wait_for(
-            &format!("attempt {attempt}'s fatal call"),
-            Duration::from_secs(60),
-            &format!(
-                "SELECT count(*) >= {attempt} FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%kill -9 $PPID%'"
-            ),
-        )
-        .await;
+        c.wait_call(&job, "kill -9 $PPID", attempt).await;
         let holder: String =
             pg.query_one(&format!("SELECT claimed_by FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
         let victim = c.workers.iter_mut().find(|w| w.id() == holder).expect("the claiming worker is one of ours");

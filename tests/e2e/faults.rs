@@ -49,14 +49,7 @@ async fn postgres_down_while_a_report_is_saved_loses_nothing() {
 async fn a_postgres_restart_does_not_cost_the_owner_its_job() {
     let mut c = Cluster::start(Options { workers: 1, pg_gate: true, ..Default::default() }).await;
     let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
-    c.wait_for(
-        "the worker's Bash call",
-        Duration::from_secs(30),
-        &format!(
-            "SELECT count(*) > 0 FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%sleep 5%'"
-        ),
-    )
-    .await;
+    c.wait_call(&job, "sleep 5", 1).await;
     let gate = c.gate.as_ref().unwrap();
     gate.down();
     tokio::time::sleep(Duration::from_millis(500)).await; // the outage itself
@@ -78,14 +71,7 @@ async fn a_postgres_restart_does_not_cost_the_owner_its_job() {
 async fn the_sweeper_requeues_a_task_whose_message_is_gone() {
     let mut c = Cluster::start(Options { workers: 1, ack_wait: "1s", ..Default::default() }).await;
     let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
-    c.wait_for(
-        "the worker's Bash call",
-        Duration::from_secs(30),
-        &format!(
-            "SELECT count(*) > 0 FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%sleep 5%'"
-        ),
-    )
-    .await;
+    c.wait_call(&job, "sleep 5", 1).await;
     c.workers[0].kill9();
     // The message goes with it: purge the job's task stream.
     let nats = async_nats::connect(crate::cluster::nats_url()).await.unwrap();
