@@ -3,20 +3,25 @@
 //! write path to the transcript store.
 //!
 //! # Layout
-//! - [`provider`]: the `Provider` trait and the Anthropic Messages API client
-//!   (streaming SSE, error classes, retries with backoff and jitter)
+//! - [`provider`]: the `Provider` trait, the Anthropic Messages API client
+//!   (streaming SSE, error classes, retries with backoff and jitter) and the
+//!   provider table a process is configured with
 //! - [`session`]: the loop itself (`AgentSession::run`)
 //! - [`glance`]: `is_ephemeral`, the one judge of commands the coordinator may run itself
 //! - [`guards`]: `delegate_guard` (layer 1) and `spill_guard` (layer 3) as hooks
 //! - [`history`]: stored entries → request messages
-//! - [`tool`]: the `Tool` trait and a session's `ToolSet`
+//! - [`tool`]: the `Tool` trait, a session's `ToolSet`, tool errors (a fatal
+//!   one keeps its cause typed), and what every `Read` shares
 //! - [`surface`]: tool deferral: the resident set, the index, `search_tools` (BM25)
 //! - [`hooks`]: pre-/post-tool hooks (allow, deny with a marker, rewrite; replace output)
 //! - [`limits`]: a job's budget (tokens, cost, deadline), checked before every model call
 //! - [`mailbox`]: user messages and late reports for a running session (interrupts)
 //! - [`journal`]: commit-then-notify writes, and the per-session transcript writer
 //!
-//! This crate knows no particular tool and no particular role's prompt: the
+//! It owns what both roles run the same way (docs/design.md section 1): the
+//! loop, providers, the tool seam and the read helpers, hooks, tool deferral,
+//! cache breakpoints, the glance policy. It never knows which role's process
+//! it runs in: no particular tool and no particular role's prompt — the
 //! coordinator and worker crates bring those.
 
 pub mod glance;
@@ -33,4 +38,4 @@ pub mod tool;
 
 pub use journal::{Journal, TranscriptWriter};
 pub use session::{AgentError, AgentSession, Inbox, Outcome, SessionConfig};
-pub use tool::{Tool, ToolContext, ToolError, ToolOutput, ToolSet};
+pub use tool::{FatalCause, Tool, ToolContext, ToolError, ToolOutput, ToolSet};

@@ -2,7 +2,14 @@
 //! the session's history, call the provider (streaming), run the tool calls
 //! (concurrency-safe ones in parallel), append the results, repeat until a
 //! final answer or the turn limit. Every entry is stored as it happens.
+//!
+//! [`AgentSession::run`] reads as the turn it runs, one method a phase:
+//! `resume` (heal the stored history), `stop_before_turn` (handoff, cancel,
+//! turn limit, budget), `drain_inbox`, `plan_rewrite` (uneventful pruning,
+//! loaded schemas), `build_request` (the cache plan), `send`,
+//! `record_response`, then `run_calls` and `record_results`.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use flower_model::{ContentBlock, Entry, EntryKind, EventKind, JobId, Markers, ResultBlock, Role, SessionId, Usage};
@@ -12,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 use crate::history::{NEVER_PRODUCED, to_messages, unanswered_calls};
 use crate::hooks::{HookContext, Hooks, PreDecision};
 use crate::journal::{Journal, TranscriptWriter};
-use crate::provider::{CachePlan, Observer, Provider, ProviderError, Request, StreamEvent, SystemBlock};
-use crate::tool::{ToolContext, ToolError, ToolOutput, ToolSet};
+use crate::provider::{CachePlan, Observer, Provider, ProviderError, Request, Response, StreamEvent, SystemBlock};
+use crate::tool::{FatalCause, ToolContext, ToolError, ToolOutput, ToolSet};
 
 /// Who the session is and what bounds it.
 #[derive(Clone, Debug)]
@@ -74,8 +81,14 @@ pub enum AgentError {
     /// The transcript could not be stored: nothing more may happen.
     #[error("transcript store: {0}")]
     Store(#[from] flower_store::StoreError),
-    #[error("{0}")]
-    Tool(String),
+    /// A tool ended the session. Its cause stays typed so the runner can
+    /// match it: `FatalCause::Store(StoreError::Fenced { .. })` means the job
+    /// has a newer owner, as it does for [`AgentError::Store`].
+    #[error("{tool}: {cause}")]
+    Tool { tool: String, cause: FatalCause },
+    /// A call's task ended without a result (it panicked or was aborted).
+    #[error("tool task failed: {0}")]
+    ToolTask(#[from] tokio::task::JoinError),
 }
 
 /// Messages for a running session from outside (see [`crate::mailbox`]).
@@ -152,255 +165,303 @@ impl AgentSession {
     /// Run from the stored `history` (empty for a new session), first adding
     /// `input` as a user message when given.
     #[tracing::instrument(name = "session", skip_all, fields(job = %self.config.job_id, session = %self.config.session_id, role = self.config.role.as_str()))]
-    pub async fn run(&self, mut history: Vec<Entry>, input: Option<Vec<ContentBlock>>) -> Result<Outcome, AgentError> {
-        let c = &self.config;
+    pub async fn run(&self, history: Vec<Entry>, input: Option<Vec<ContentBlock>>) -> Result<Outcome, AgentError> {
         // Resumed after the final answer was stored but before the job ended:
         // the answer stands, no new model call.
         if input.is_none()
-            && let Some(last) = history.last()
-            && last.kind == EntryKind::Assistant
-            && last.tool_uses().next().is_none()
+            && let Some(answered) = stored_answer(&history)
         {
-            return Ok(Outcome::Answered { text: last.text(), turns: 0, usage: Usage::default() });
+            return Ok(answered);
         }
-        let mut w = TranscriptWriter::new(self.journal.clone(), history.last().map(|e| e.uuid));
-        // The deferred tools this session loaded before, in order: the tool
-        // block is rebuilt as it was sent.
+        let mut run = self.resume(history).await?;
+        if let Some(content) = input {
+            run.push(self.entry(EntryKind::User, content));
+        }
+        run.w.flush().await?;
+        loop {
+            if let Some(outcome) = self.stop_before_turn(&mut run).await? {
+                return Ok(outcome);
+            }
+            self.drain_inbox(&mut run).await?;
+            run.turns += 1;
+            let rewrite = self.plan_rewrite(&mut run);
+            let request = self.build_request(&mut run);
+            let turn_span = tracing::info_span!("turn", turn = run.turns);
+            let (response, dropped) = match self.send(&run, &request, turn_span.clone()).await? {
+                ControlFlow::Continue(sent) => sent,
+                ControlFlow::Break(outcome) => return Ok(outcome),
+            };
+            let calls = self.record_response(&mut run, &response, dropped, rewrite);
+            // The assistant turn is durable before any tool acts on it.
+            run.w.flush().await?;
+            if calls.is_empty() {
+                return Ok(Outcome::Answered {
+                    text: answer_text(&response.content),
+                    turns: run.turns,
+                    usage: run.usage,
+                });
+            }
+            let results = tracing::Instrument::instrument(self.run_calls(&calls), turn_span).await?;
+            self.record_results(&mut run, &calls, results);
+            run.w.flush().await?;
+        }
+    }
+
+    /// Take up the stored history: the deferred tools it loaded (in order,
+    /// so the tool block is rebuilt as it was sent), the surface event, and
+    /// the calls left without a result (the process died mid-turn), before
+    /// anything else: idempotent ones are made again (an `Agent` call
+    /// re-attaches to its task); the others get a neutral, marked result.
+    async fn resume(&self, history: Vec<Entry>) -> Result<Run, AgentError> {
+        let c = &self.config;
+        let w = TranscriptWriter::new(self.journal.clone(), history.last().map(|e| e.uuid));
         let mut loaded: Vec<String> = Vec::new();
         for name in history.iter().flat_map(|e| &e.markers.loaded_tools) {
             if !loaded.contains(name) {
                 loaded.push(name.clone());
             }
         }
-        w.event(c.job_id, crate::surface::composition(c.session_id, c.role, &self.tools, &c.system));
-        // Calls left without a result (the process died mid-turn): idempotent
-        // ones are made again (an `Agent` call re-attaches to its task); the
-        // others get a neutral, marked result. Before anything else.
-        let (again, heal): (Vec<_>, Vec<_>) = unanswered_calls(&history)
+        let mut run = Run {
+            w,
+            history,
+            loaded,
+            usage: Usage::default(),
+            turns: 0,
+            context: 0,
+            warned: false,
+            previous_tail: None,
+            sent_loaded: 0,
+            pruner: crate::surface::uneventful::Pruner::default(),
+        };
+        run.w.event(c.job_id, crate::surface::composition(c.session_id, c.role, &self.tools, &c.system));
+        let (again, heal): (Vec<_>, Vec<_>) = unanswered_calls(&run.history)
             .into_iter()
             .partition(|(_, name, _)| self.tools.get(name).is_some_and(|t| t.resumable()));
         for (id, name, _) in heal {
             let mut e = self.entry(EntryKind::ToolResult, vec![ContentBlock::tool_result(id, NEVER_PRODUCED, true)]);
             e.tool_name = Some(name);
             e.markers.interrupted = true;
-            w.push(e.clone());
-            history.push(e);
+            run.push(e);
         }
         if !again.is_empty() {
-            w.flush().await?;
+            run.w.flush().await?;
             let results = self.run_calls(&again).await?;
-            self.record_results(&mut w, &mut history, &again, results, &mut loaded);
+            self.record_results(&mut run, &again, results);
         }
-        if let Some(content) = input {
-            let e = self.entry(EntryKind::User, content);
-            w.push(e.clone());
-            history.push(e);
-        }
-        w.flush().await?;
-
-        let mut usage = Usage::default();
-        let mut turns = 0u32;
         // The context the last request occupied, as the provider reported it.
-        let mut context = history.iter().rev().find_map(|e| e.usage.map(|u| u.context_tokens())).unwrap_or(0);
-        let mut warned = false;
-        // The previous request's tail, for its cache breakpoint (none after a
-        // rewrite: a resumed session starts without one).
-        let mut previous_tail: Option<(usize, usize)> = None;
-        // Loaded schemas the previous request carried: more now is a rewrite.
-        let mut sent_loaded = loaded.len();
-        // Uneventful old output, replaced in the request view when worth a rewrite.
-        let mut pruner = crate::surface::uneventful::Pruner::default();
-        loop {
-            if let Some((warn, at)) = self.handoff {
-                if context >= at {
-                    return Ok(Outcome::Handoff { forced: false, turns, usage });
-                }
-                if context >= warn && !warned {
-                    warned = true;
-                    w.event(c.job_id, EventKind::HandoffWarning { session: c.session_id, context_tokens: context, at });
-                    w.flush().await?;
-                }
+        run.context = run.history.iter().rev().find_map(|e| e.usage.map(|u| u.context_tokens())).unwrap_or(0);
+        run.sent_loaded = run.loaded.len();
+        Ok(run)
+    }
+
+    /// Why the run stops before its next model call, if it must: the handoff
+    /// threshold, a cancel, the turn limit, the job's budget — in that order.
+    /// Past the handoff warning threshold a warning event is stored, once.
+    async fn stop_before_turn(&self, run: &mut Run) -> Result<Option<Outcome>, AgentError> {
+        let c = &self.config;
+        let (turns, usage) = (run.turns, run.usage);
+        if let Some((warn, at)) = self.handoff {
+            if run.context >= at {
+                return Ok(Some(Outcome::Handoff { forced: false, turns, usage }));
             }
-            if self.cancel.is_cancelled() {
-                return Ok(Outcome::Cancelled { turns, usage });
-            }
-            if turns >= c.max_turns {
-                return Ok(Outcome::TurnLimit { turns, usage });
-            }
-            if let Some(limits) = &self.limits
-                && let Some(reason) = limits.exceeded().await
-            {
-                return Ok(Outcome::Budget { reason, turns, usage });
-            }
-            let arrived: Vec<String> = self.inbox.as_ref().map(|i| i.take_messages()).unwrap_or_default();
-            let mut notices: Vec<String> = self
-                .inbox
-                .as_ref()
-                .map(|i| i.take_notices())
-                .unwrap_or_default()
-                .into_iter()
-                .map(|n| format!("<system-reminder>\n{n}\n</system-reminder>"))
-                .collect();
-            for hook in &self.hooks.turn {
-                if let Some(n) = hook.before_turn().await {
-                    notices.push(format!("<system-reminder>\n{n}\n</system-reminder>"));
-                }
-            }
-            if !arrived.is_empty() || !notices.is_empty() {
-                for text in arrived {
-                    let e = self.entry(EntryKind::User, vec![ContentBlock::text(text)]);
-                    w.push(e.clone());
-                    history.push(e);
-                }
-                for n in notices {
-                    let e = self.entry(EntryKind::Notice, vec![ContentBlock::text(n)]);
-                    w.push(e.clone());
-                    history.push(e);
-                }
-                w.flush().await?;
-            }
-            turns += 1;
-            let reclaimed = if c.prune_uneventful { pruner.prune(&mut history) } else { 0 };
-            // Newly loaded schemas go after the cached tool block, and pruning
-            // changes old messages: everything after the change is written
-            // again once — a deliberate rewrite, recorded with its measured
-            // cost; the previous-tail marker resets.
-            let rewrite = if loaded.len() > sent_loaded {
-                Some("tools_loaded")
-            } else if reclaimed > 0 {
-                Some("pruned_uneventful")
-            } else {
-                None
-            };
-            if rewrite.is_some() {
-                previous_tail = None;
-            }
-            sent_loaded = loaded.len();
-            use flower_model::spec::CacheMode;
-            let request = Request {
-                model: c.model.clone(),
-                max_tokens: c.max_tokens,
-                system: c.system.clone(),
-                messages: to_messages(&history),
-                tools: self.tools.defs_with(&loaded),
-                resident_tools: Some(self.tools.names().len()),
-                stream: true,
-                cache: match c.cache {
-                    CacheMode::Full => Some(CachePlan { previous_tail, tail_only: false }),
-                    CacheMode::TailOnly => Some(CachePlan { previous_tail: None, tail_only: true }),
-                    CacheMode::Off => None,
-                },
-                session: Some(c.session_id.to_string()),
-            };
-            previous_tail = request.tail();
-            let dropped: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
-            let turn_span = tracing::info_span!("turn", turn = turns);
-            let call = tracing::Instrument::instrument(
-                self.provider.send(&request, Some(self.retry_observer(dropped.clone()))),
-                turn_span.clone(),
-            );
-            let response = tokio::select! {
-                r = call => match r {
-                    Ok(r) => r,
-                    // "Prompt is too long" cannot be retried; a handoff can help.
-                    Err(e) if self.handoff.is_some() && e.class() == crate::provider::ErrorClass::PromptTooLong => {
-                        return Ok(Outcome::Handoff { forced: true, turns, usage });
-                    }
-                    Err(e) => return Err(e.into()),
-                },
-                _ = self.cancel.cancelled() => return Ok(Outcome::Cancelled { turns: turns - 1, usage }),
-            };
-            usage.add(&response.usage);
-            context = response.usage.context_tokens();
-            // A dropped stream's partial output was discarded; what is left of it
-            // is a marked entry, never re-sent to the model.
-            for error in std::mem::take(&mut *dropped.lock().unwrap_or_else(|p| p.into_inner())) {
-                let mut e = self.entry(
-                    EntryKind::Assistant,
-                    vec![ContentBlock::text(format!("[{error}; the request was sent again]"))],
-                );
-                e.markers.synthetic_error = true;
-                w.push(e.clone());
-                history.push(e);
-            }
-            let mut assistant = self.entry(EntryKind::Assistant, response.content.clone());
-            assistant.model = Some(response.model.clone());
-            assistant.stop_reason = response.stop_reason.clone();
-            assistant.usage = Some(response.usage);
-            w.push(assistant.clone());
-            history.push(assistant);
-            w.usage(c.job_id, response.usage);
-            if let Some(reason) = rewrite {
-                w.event(
+            if run.context >= warn && !run.warned {
+                run.warned = true;
+                run.w.event(
                     c.job_id,
-                    EventKind::CacheRewrite {
-                        session: c.session_id,
-                        turn: turns,
-                        reason: reason.into(),
-                        cache_write_tokens: response.usage.cache_creation_input_tokens,
-                        cache_read_tokens: response.usage.cache_read_input_tokens,
-                    },
+                    EventKind::HandoffWarning { session: c.session_id, context_tokens: run.context, at },
                 );
+                run.w.flush().await?;
             }
-            w.event(
-                c.job_id,
-                EventKind::TurnCompleted {
-                    session: c.session_id,
-                    role: c.role.as_str().into(),
-                    turn: turns,
-                    usage: response.usage,
-                    stop_reason: response.stop_reason.clone().unwrap_or_default(),
-                },
-            );
-            let calls: Vec<(String, String, serde_json::Value)> = response
-                .content
-                .iter()
-                .filter_map(|b| match b {
-                    ContentBlock::ToolUse { id, name, input } => Some((id.clone(), name.clone(), input.clone())),
-                    _ => None,
-                })
-                .collect();
-            for (id, name, _) in &calls {
-                w.event(
-                    c.job_id,
-                    EventKind::ToolCalled { session: c.session_id, tool: name.clone(), tool_use_id: id.clone() },
-                );
-            }
-            // The assistant turn is durable before any tool acts on it.
-            w.flush().await?;
-            if calls.is_empty() {
-                let text = response
-                    .content
-                    .iter()
-                    .filter_map(|b| match b {
-                        ContentBlock::Text { text } => Some(text.as_str()),
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                return Ok(Outcome::Answered { text, turns, usage });
-            }
-            let results = tracing::Instrument::instrument(self.run_calls(&calls), turn_span).await?;
-            self.record_results(&mut w, &mut history, &calls, results, &mut loaded);
-            w.flush().await?;
         }
+        if self.cancel.is_cancelled() {
+            return Ok(Some(Outcome::Cancelled { turns, usage }));
+        }
+        if turns >= c.max_turns {
+            return Ok(Some(Outcome::TurnLimit { turns, usage }));
+        }
+        if let Some(limits) = &self.limits
+            && let Some(reason) = limits.exceeded().await
+        {
+            return Ok(Some(Outcome::Budget { reason, turns, usage }));
+        }
+        Ok(None)
+    }
+
+    /// Append what arrived since the last model call: the user's messages,
+    /// then notices (late results, the turn hooks' reminders) as appended
+    /// `<system-reminder>` content — never a rewrite of what was sent.
+    async fn drain_inbox(&self, run: &mut Run) -> Result<(), AgentError> {
+        let arrived: Vec<String> = self.inbox.as_ref().map(|i| i.take_messages()).unwrap_or_default();
+        let mut notices: Vec<String> = self
+            .inbox
+            .as_ref()
+            .map(|i| i.take_notices())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|n| format!("<system-reminder>\n{n}\n</system-reminder>"))
+            .collect();
+        for hook in &self.hooks.turn {
+            if let Some(n) = hook.before_turn().await {
+                notices.push(format!("<system-reminder>\n{n}\n</system-reminder>"));
+            }
+        }
+        if arrived.is_empty() && notices.is_empty() {
+            return Ok(());
+        }
+        for text in arrived {
+            run.push(self.entry(EntryKind::User, vec![ContentBlock::text(text)]));
+        }
+        for n in notices {
+            run.push(self.entry(EntryKind::Notice, vec![ContentBlock::text(n)]));
+        }
+        run.w.flush().await?;
+        Ok(())
+    }
+
+    /// Prune uneventful old output when enough can be reclaimed, and name the
+    /// deliberate rewrite this request makes, if any. Newly loaded schemas go
+    /// after the cached tool block, and pruning changes old messages:
+    /// everything after the change is written again once — a rewrite recorded
+    /// with its measured cost; the previous-tail marker resets.
+    fn plan_rewrite(&self, run: &mut Run) -> Option<&'static str> {
+        let reclaimed = if self.config.prune_uneventful { run.pruner.prune(&mut run.history) } else { 0 };
+        let rewrite = if run.loaded.len() > run.sent_loaded {
+            Some("tools_loaded")
+        } else if reclaimed > 0 {
+            Some("pruned_uneventful")
+        } else {
+            None
+        };
+        if rewrite.is_some() {
+            run.previous_tail = None;
+        }
+        run.sent_loaded = run.loaded.len();
+        rewrite
+    }
+
+    /// This turn's request, with its cache plan (docs/design.md section 6);
+    /// its tail becomes the next request's previous-tail breakpoint.
+    fn build_request(&self, run: &mut Run) -> Request {
+        use flower_model::spec::CacheMode;
+        let c = &self.config;
+        let request = Request {
+            model: c.model.clone(),
+            max_tokens: c.max_tokens,
+            system: c.system.clone(),
+            messages: to_messages(&run.history),
+            tools: self.tools.defs_with(&run.loaded),
+            resident_tools: Some(self.tools.names().len()),
+            stream: true,
+            cache: match c.cache {
+                CacheMode::Full => Some(CachePlan { previous_tail: run.previous_tail, tail_only: false }),
+                CacheMode::TailOnly => Some(CachePlan { previous_tail: None, tail_only: true }),
+                CacheMode::Off => None,
+            },
+            session: Some(c.session_id.to_string()),
+        };
+        run.previous_tail = request.tail();
+        request
+    }
+
+    /// Send the turn's request. A cancel, or a prompt too long for the window
+    /// of a session that may hand off, ends the run instead. With the response
+    /// come the errors of the streams that dropped on the way (each one sent
+    /// again).
+    async fn send(
+        &self,
+        run: &Run,
+        request: &Request,
+        span: tracing::Span,
+    ) -> Result<ControlFlow<Outcome, (Response, Vec<String>)>, AgentError> {
+        let (turns, usage) = (run.turns, run.usage);
+        let dropped: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let call = tracing::Instrument::instrument(
+            self.provider.send(request, Some(self.retry_observer(dropped.clone()))),
+            span,
+        );
+        let response = tokio::select! {
+            r = call => match r {
+                Ok(r) => r,
+                // "Prompt is too long" cannot be retried; a handoff can help.
+                Err(e) if self.handoff.is_some() && e.class() == crate::provider::ErrorClass::PromptTooLong => {
+                    return Ok(ControlFlow::Break(Outcome::Handoff { forced: true, turns, usage }));
+                }
+                Err(e) => return Err(e.into()),
+            },
+            _ = self.cancel.cancelled() => return Ok(ControlFlow::Break(Outcome::Cancelled { turns: turns - 1, usage })),
+        };
+        let dropped = std::mem::take(&mut *dropped.lock().unwrap_or_else(|p| p.into_inner()));
+        Ok(ControlFlow::Continue((response, dropped)))
+    }
+
+    /// Queue the model's answer with its usage and the turn's events; the
+    /// tool calls it makes, in order.
+    fn record_response(
+        &self,
+        run: &mut Run,
+        response: &Response,
+        dropped: Vec<String>,
+        rewrite: Option<&'static str>,
+    ) -> Vec<Call> {
+        let c = &self.config;
+        run.usage.add(&response.usage);
+        run.context = response.usage.context_tokens();
+        // A dropped stream's partial output was discarded; what is left of it
+        // is a marked entry, never re-sent to the model.
+        for error in dropped {
+            let mut e = self.entry(
+                EntryKind::Assistant,
+                vec![ContentBlock::text(format!("[{error}; the request was sent again]"))],
+            );
+            e.markers.synthetic_error = true;
+            run.push(e);
+        }
+        let mut assistant = self.entry(EntryKind::Assistant, response.content.clone());
+        assistant.model = Some(response.model.clone());
+        assistant.stop_reason = response.stop_reason.clone();
+        assistant.usage = Some(response.usage);
+        run.push(assistant);
+        run.w.usage(c.job_id, response.usage);
+        if let Some(reason) = rewrite {
+            run.w.event(
+                c.job_id,
+                EventKind::CacheRewrite {
+                    session: c.session_id,
+                    turn: run.turns,
+                    reason: reason.into(),
+                    cache_write_tokens: response.usage.cache_creation_input_tokens,
+                    cache_read_tokens: response.usage.cache_read_input_tokens,
+                },
+            );
+        }
+        run.w.event(
+            c.job_id,
+            EventKind::TurnCompleted {
+                session: c.session_id,
+                role: c.role.as_str().into(),
+                turn: run.turns,
+                usage: response.usage,
+                stop_reason: response.stop_reason.clone().unwrap_or_default(),
+            },
+        );
+        let calls = tool_calls(&response.content);
+        for (id, name, _) in &calls {
+            run.w.event(
+                c.job_id,
+                EventKind::ToolCalled { session: c.session_id, tool: name.clone(), tool_use_id: id.clone() },
+            );
+        }
+        calls
     }
 
     /// Queue the result entries (and their events) of `calls`, in call order.
-    fn record_results(
-        &self,
-        w: &mut TranscriptWriter,
-        history: &mut Vec<Entry>,
-        calls: &[(String, String, serde_json::Value)],
-        results: Vec<ToolOutput>,
-        loaded: &mut Vec<String>,
-    ) {
+    fn record_results(&self, run: &mut Run, calls: &[Call], results: Vec<ToolOutput>) {
         let c = &self.config;
         for ((id, name, _), mut out) in calls.iter().zip(results) {
             // A direct call to a deferred tool loads its schema; the call ran in this step.
             if self.tools.is_deferred(name)
                 && out.markers.denial_kind.is_none()
-                && !loaded.contains(name)
+                && !run.loaded.contains(name)
                 && !out.markers.loaded_tools.contains(name)
             {
                 out.markers.loaded_tools.push(name.clone());
@@ -412,12 +473,12 @@ impl AgentSession {
                 });
             }
             for t in &out.markers.loaded_tools {
-                if !loaded.contains(t) {
-                    loaded.push(t.clone());
+                if !run.loaded.contains(t) {
+                    run.loaded.push(t.clone());
                 }
             }
             for ev in std::mem::take(&mut out.events) {
-                w.event(c.job_id, ev);
+                run.w.event(c.job_id, ev);
             }
             let chars =
                 out.content.iter().map(|b| if let ResultBlock::Text { text } = b { text.len() } else { 0 }).sum();
@@ -431,21 +492,20 @@ impl AgentSession {
             );
             e.tool_name = Some(name.clone());
             if let Some(kind) = &out.markers.denial_kind {
-                w.event(
+                run.w.event(
                     c.job_id,
                     EventKind::ToolDenied { session: c.session_id, tool: name.clone(), denial_kind: kind.clone() },
                 );
             }
             for (path, chars) in &out.spills {
-                w.event(
+                run.w.event(
                     c.job_id,
                     EventKind::Spill { session: c.session_id, tool: name.clone(), path: path.clone(), chars: *chars },
                 );
             }
             e.markers = out.markers;
-            w.push(e.clone());
-            history.push(e);
-            w.event(
+            run.push(e);
+            run.w.event(
                 c.job_id,
                 EventKind::ToolFinished {
                     session: c.session_id,
@@ -491,7 +551,7 @@ impl AgentSession {
 
     /// Run a turn's calls: consecutive concurrency-safe calls together, every
     /// other call alone, results in call order.
-    async fn run_calls(&self, calls: &[(String, String, serde_json::Value)]) -> Result<Vec<ToolOutput>, AgentError> {
+    async fn run_calls(&self, calls: &[Call]) -> Result<Vec<ToolOutput>, AgentError> {
         let mut out = Vec::with_capacity(calls.len());
         let mut i = 0;
         while i < calls.len() {
@@ -525,11 +585,7 @@ impl AgentSession {
     /// until a user's message arrives: then the calls still running get a
     /// placeholder result and go on in the background; each one's result is
     /// appended as a notice when it arrives.
-    async fn run_interruptible(
-        &self,
-        calls: &[(String, String, serde_json::Value)],
-        inbox: Inbox,
-    ) -> Vec<Result<ToolOutput, AgentError>> {
+    async fn run_interruptible(&self, calls: &[Call], inbox: Inbox) -> Vec<Result<ToolOutput, AgentError>> {
         use futures::StreamExt;
         let mut running = futures::stream::FuturesUnordered::new();
         for (k, (id, name, input)) in calls.iter().enumerate() {
@@ -543,7 +599,7 @@ impl AgentSession {
             tokio::select! {
                 next = running.next() => match next {
                     Some((k, joined)) => {
-                        results[k] = Some(joined.unwrap_or_else(|e| Err(AgentError::Tool(format!("tool task failed: {e}")))));
+                        results[k] = Some(joined.unwrap_or_else(|e| Err(AgentError::ToolTask(e))));
                     }
                     None => break,
                 },
@@ -632,11 +688,79 @@ impl CallRunner {
         let mut output = match tool.call(input.clone(), &ctx).await {
             Ok(o) => o,
             Err(ToolError::RespondToModel(msg)) => ToolOutput::error(msg),
-            Err(ToolError::Fatal(msg)) => return Err(AgentError::Tool(format!("{name}: {msg}"))),
+            Err(ToolError::Fatal(cause)) => return Err(AgentError::Tool { tool: name.to_string(), cause }),
         };
         for hook in &self.hooks.post {
             hook.after(name, &input, &mut output, &hook_ctx).await;
         }
         Ok(output)
     }
+}
+
+/// A tool call of an assistant message: (tool_use id, tool name, input).
+type Call = (String, String, serde_json::Value);
+
+/// What a run carries from one turn to the next.
+struct Run {
+    /// Queues entries and events until the next durable point.
+    w: TranscriptWriter,
+    /// The history as the next request shows it: what was stored, then this run's entries.
+    history: Vec<Entry>,
+    /// The deferred tools loaded so far, in load order.
+    loaded: Vec<String>,
+    usage: Usage,
+    turns: u32,
+    /// The context the last request occupied, as the provider reported it.
+    context: u64,
+    /// The handoff warning was stored.
+    warned: bool,
+    /// The previous request's tail, for its cache breakpoint (none after a
+    /// rewrite: a resumed session starts without one).
+    previous_tail: Option<(usize, usize)>,
+    /// Loaded schemas the previous request carried: more now is a rewrite.
+    sent_loaded: usize,
+    /// Uneventful old output, replaced in the request view when worth a rewrite.
+    pruner: crate::surface::uneventful::Pruner,
+}
+
+impl Run {
+    /// Queue `e` for the store and add it to the history.
+    fn push(&mut self, e: Entry) {
+        self.w.push(e.clone());
+        self.history.push(e);
+    }
+}
+
+/// The final answer a stored history already ends with (an assistant
+/// message that calls no tool), as the run's outcome.
+fn stored_answer(history: &[Entry]) -> Option<Outcome> {
+    let last = history.last()?;
+    (last.kind == EntryKind::Assistant && last.tool_uses().next().is_none()).then(|| Outcome::Answered {
+        text: last.text(),
+        turns: 0,
+        usage: Usage::default(),
+    })
+}
+
+/// The tool calls of a response's content, in order.
+fn tool_calls(content: &[ContentBlock]) -> Vec<Call> {
+    content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::ToolUse { id, name, input } => Some((id.clone(), name.clone(), input.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A final answer's text: its text blocks, one per line.
+fn answer_text(content: &[ContentBlock]) -> String {
+    content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -1,7 +1,7 @@
-//! The two-tier tool surface (SPEC §4): a resident set with full schemas,
-//! every other admitted tool as a name in an index grouped under headings,
-//! and `search_tools` — BM25 over name (weighted highest), description and
-//! parameter names — which loads what it finds.
+//! The two-tier tool surface (docs/design.md section 6): a resident set with
+//! full schemas, every other admitted tool as a name in an index grouped
+//! under headings, and `search_tools` — BM25 over name (weighted highest),
+//! description and parameter names — which loads what it finds.
 //!
 //! Deferral acts on a session's [`ToolSet`], which holds only what the role
 //! admits: it can hide a schema, never reveal a tool the role may not use.
@@ -364,10 +364,10 @@ mod tests {
     }
 }
 
-/// In-session pruning of *uneventful* old tool output (SPEC §4): empty
-/// output, "no matches", short timeouts, expired glance results — replaced
-/// in the request view (never in the store) only once at least
-/// [`PRUNE_MIN_TOKENS`] can be reclaimed, so a rewrite is rare and deep.
+/// In-session pruning of *uneventful* old tool output (docs/design.md
+/// section 6): empty output, "no matches", short timeouts, expired glance
+/// results — replaced in the request view (never in the store) only once at
+/// least [`PRUNE_MIN_TOKENS`] can be reclaimed, so a rewrite is rare and deep.
 pub mod uneventful {
     use flower_model::content::result_text;
     use flower_model::usage::estimate_tokens;

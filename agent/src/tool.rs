@@ -2,7 +2,9 @@
 //!
 //! A tool failure is one of two things: [`ToolError::RespondToModel`] (the model
 //! sees it as an error result and the run goes on) or [`ToolError::Fatal`]
-//! (the session cannot continue).
+//! (the session cannot continue). A fatal error keeps its cause typed
+//! ([`FatalCause`]) up to the runner, which must tell a fenced write (the job
+//! has a newer owner: hand it over) from a failure.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,6 +14,8 @@ use flower_model::{JobId, Markers, ResultBlock, Role, SessionId};
 use tokio_util::sync::CancellationToken;
 
 use crate::provider::ToolDef;
+
+pub mod read;
 
 /// What a tool call may know about where it runs.
 #[derive(Clone, Debug)]
@@ -54,7 +58,28 @@ pub enum ToolError {
     RespondToModel(String),
     /// The session cannot go on (e.g. the store is gone).
     #[error("fatal tool error: {0}")]
-    Fatal(String),
+    Fatal(FatalCause),
+}
+
+impl ToolError {
+    /// A fatal error with no typed cause worth matching.
+    pub fn fatal(reason: impl Into<String>) -> Self {
+        Self::Fatal(FatalCause::Other(reason.into()))
+    }
+}
+
+/// Why a tool ended its session, typed so the runner can match it: a
+/// `StoreError::Fenced` is a lost lease (docs/design.md section 4), not a
+/// failed job.
+#[derive(Debug, thiserror::Error)]
+pub enum FatalCause {
+    /// The store refused or failed a write or read the tool needed.
+    #[error(transparent)]
+    Store(#[from] flower_store::StoreError),
+    /// Anything else the session cannot go on after (the task queue gone, a
+    /// blocking task that panicked).
+    #[error("{0}")]
+    Other(String),
 }
 
 #[async_trait]
@@ -78,8 +103,8 @@ pub trait Tool: Send + Sync + 'static {
 }
 
 /// The tools of one session (its role's admitted set), by name: the
-/// resident ones in the order they are sent, and the deferred ones (SPEC §4),
-/// callable by name but sent only once loaded.
+/// resident ones in the order they are sent, and the deferred ones
+/// (docs/design.md section 6), callable by name but sent only once loaded.
 #[derive(Clone, Default)]
 pub struct ToolSet {
     tools: BTreeMap<String, Arc<dyn Tool>>,

@@ -1,5 +1,9 @@
-//! The one suite every bus implementation must pass. Callers give a fresh,
-//! isolated bus and how long an unacknowledged delivery takes to come back.
+//! The one suite every bus implementation must pass (feature `testsuite`:
+//! tests only). Each check is a public function given a fresh, isolated bus
+//! and how long an unacknowledged delivery takes to come back;
+//! [`bus_conformance_tests!`](crate::bus_conformance_tests) makes one test per
+//! check, so one failing check does not hide the others. A new check is
+//! listed in the macro too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -20,20 +24,39 @@ fn msg() -> TaskMessage {
     }
 }
 
-/// Run every check. `redelivery` bounds the wait for an abandoned delivery.
-pub async fn bus_suite<B: TaskQueue + Notifier>(bus: &B, redelivery: Duration) {
-    dedupe(bus).await;
-    settled_messages_stay_settled(bus).await;
-    naks_and_abandoned_deliveries_come_back(bus, redelivery).await;
-    competing_consumers(bus).await;
-    notices_fan_out(bus).await;
+/// One `#[tokio::test]` per check, for one bus. `make` names an async
+/// function returning `(bus, redelivery)`: a fresh, isolated bus and the
+/// bound on the wait for an abandoned delivery; `teardown` an async function
+/// given the bus back once its check passed. The calling crate needs `tokio`
+/// with its `macros` feature.
+#[macro_export]
+macro_rules! bus_conformance_tests {
+    (make: $make:path, teardown: $teardown:path $(,)?) => {
+        $crate::bus_conformance_tests!(@each $make, $teardown;
+            dedupe,
+            settled_messages_stay_settled,
+            naks_and_abandoned_deliveries_come_back,
+            competing_consumers,
+            notices_fan_out,
+        );
+    };
+    (@each $make:path, $teardown:path; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let (bus, redelivery) = $make().await;
+                $crate::conformance::$check(&bus, redelivery).await;
+                $teardown(bus).await;
+            }
+        )*
+    };
 }
 
 async fn next_within<B: TaskQueue>(bus: &B, d: Duration) -> Box<dyn crate::Delivery> {
     tokio::time::timeout(d, bus.next()).await.expect("a delivery in time").unwrap()
 }
 
-async fn dedupe<B: TaskQueue>(bus: &B) {
+pub async fn dedupe<B: TaskQueue>(bus: &B, _redelivery: Duration) {
     let m = msg();
     assert!(bus.publish(m.clone()).await.unwrap());
     assert!(!bus.publish(m.clone()).await.unwrap(), "the same dedupe id is dropped");
@@ -43,7 +66,7 @@ async fn dedupe<B: TaskQueue>(bus: &B) {
     d.ack().await.unwrap();
 }
 
-async fn settled_messages_stay_settled<B: TaskQueue>(bus: &B) {
+pub async fn settled_messages_stay_settled<B: TaskQueue>(bus: &B, _redelivery: Duration) {
     let (a, b, c) = (msg(), msg(), msg());
     bus.publish(a.clone()).await.unwrap();
     next_within(bus, Duration::from_secs(5)).await.ack().await.unwrap();
@@ -55,7 +78,7 @@ async fn settled_messages_stay_settled<B: TaskQueue>(bus: &B) {
     d.ack().await.unwrap();
 }
 
-async fn naks_and_abandoned_deliveries_come_back<B: TaskQueue>(bus: &B, redelivery: Duration) {
+pub async fn naks_and_abandoned_deliveries_come_back<B: TaskQueue>(bus: &B, redelivery: Duration) {
     let m = msg();
     bus.publish(m.clone()).await.unwrap();
     let d = next_within(bus, Duration::from_secs(5)).await;
@@ -69,7 +92,7 @@ async fn naks_and_abandoned_deliveries_come_back<B: TaskQueue>(bus: &B, redelive
     d.ack().await.unwrap();
 }
 
-async fn competing_consumers<B: TaskQueue>(bus: &B) {
+pub async fn competing_consumers<B: TaskQueue>(bus: &B, _redelivery: Duration) {
     let (m1, m2) = (msg(), msg());
     bus.publish(m1.clone()).await.unwrap();
     bus.publish(m2.clone()).await.unwrap();
@@ -83,7 +106,7 @@ async fn competing_consumers<B: TaskQueue>(bus: &B) {
     d2.ack().await.unwrap();
 }
 
-async fn notices_fan_out<B: Notifier>(bus: &B) {
+pub async fn notices_fan_out<B: Notifier>(bus: &B, _redelivery: Duration) {
     let (mut s1, mut s2) = (bus.subscribe(), bus.subscribe());
     let job = JobId::random();
     let sent = [

@@ -1,6 +1,7 @@
 //! The task queue and the notice stream, behind traits with an in-process
 //! implementation for the embedded mode ([`memory`]) and NATS JetStream for the
-//! distributed mode ([`nats`]); [`conformance`] is the suite both pass.
+//! distributed mode ([`nats`]); `conformance` (feature `testsuite`) is the
+//! suite both pass.
 //!
 //! The bus carries **references and hints only**: a task message names a task
 //! whose row is in the store; a notice says that new rows exist. Whoever
@@ -13,6 +14,7 @@ use async_trait::async_trait;
 use flower_model::{JobId, TaskId};
 use serde::{Deserialize, Serialize};
 
+#[cfg(any(test, feature = "testsuite"))]
 pub mod conformance;
 pub mod memory;
 pub mod nats;

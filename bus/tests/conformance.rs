@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use flower_bus::{Delivery, MemoryBus, NatsBus, NatsConfig, TaskMessage, TaskQueue, conformance};
+use flower_bus::{Delivery, MemoryBus, NatsBus, NatsConfig, TaskMessage, TaskQueue};
 use flower_model::{JobId, TaskId};
 
 fn nats_url() -> String {
@@ -27,16 +27,28 @@ impl ScratchBus {
     }
 }
 
-#[tokio::test]
-async fn the_in_process_bus_passes_the_suite() {
-    conformance::bus_suite(&MemoryBus::new(), Duration::ZERO).await;
+/// The suite, one test per check, against the in-process bus.
+mod in_process {
+    use super::*;
+
+    async fn make() -> (MemoryBus, Duration) {
+        (MemoryBus::new(), Duration::ZERO)
+    }
+    async fn teardown(_: MemoryBus) {}
+    flower_bus::bus_conformance_tests!(make: make, teardown: teardown);
 }
 
-#[tokio::test]
-async fn nats_jetstream_passes_the_suite() {
-    let bus = ScratchBus::new(Duration::from_secs(1), 5).await;
-    conformance::bus_suite(&bus.0, Duration::from_secs(1)).await;
-    bus.destroy().await;
+/// The suite, one test per check, each on a stream of its own.
+mod nats_jetstream {
+    use super::*;
+
+    async fn make() -> (NatsBus, Duration) {
+        (ScratchBus::new(Duration::from_secs(1), 5).await.0, Duration::from_secs(1))
+    }
+    async fn teardown(bus: NatsBus) {
+        ScratchBus(bus).destroy().await;
+    }
+    flower_bus::bus_conformance_tests!(make: make, teardown: teardown);
 }
 
 fn msg() -> TaskMessage {

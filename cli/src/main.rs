@@ -15,7 +15,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
-mod home;
 mod telemetry;
 
 /// flower: a runtime for long-horizon LLM agent jobs. A coordinator agent
@@ -109,7 +108,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let home = home::resolve(cli.home);
+    let home = flower_runtime::home::resolve(cli.home);
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Run(args) => cmd::run::run(home, args).await,

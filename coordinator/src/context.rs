@@ -113,6 +113,14 @@ pub struct Rewrite {
     pub cache_write_tokens: u64,
 }
 
+impl ContextReport {
+    /// The recorded deliberate rewrites as (session, turn) pairs: what the
+    /// simulator's cache audit is joined with (`flower_sim::audit::join`).
+    pub fn rewrites(&self) -> Vec<(String, u32)> {
+        self.cache_rewrites.iter().map(|w| (w.session.clone(), w.turn)).collect()
+    }
+}
+
 fn step_of(entry: &Entry) -> Option<usize> {
     entry.tool_uses().filter_map(|(id, _, _)| id.strip_prefix("toolu_s")?.split('_').next()?.parse().ok()).max()
 }
@@ -351,51 +359,4 @@ mod tests {
         assert_eq!(slope(&[(1.0, 10.0), (2.0, 12.0), (3.0, 14.0)]), 2.0);
         assert_eq!(slope(&[(1.0, 5.0)]), 0.0);
     }
-}
-
-/// The simulator's cache audit checked against the job's recorded rewrites.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct CacheAudit {
-    /// Requests audited (a resend of the same body counts once).
-    pub requests: usize,
-    /// Requests that began with the previous request's blocks.
-    pub append_only: usize,
-    /// Requests that did not extend the previous one or read less than it left cached.
-    pub misses: usize,
-    /// Misses at a recorded deliberate rewrite.
-    pub explained: usize,
-    /// Misses nothing explains: "session S turn N: ...".
-    pub unexplained: Vec<String>,
-}
-
-/// Join the simulator's per-session audit with the rewrites the job recorded.
-pub fn audit(
-    records: &std::collections::HashMap<String, Vec<flower_sim::engine::AuditRecord>>,
-    rewrites: &[Rewrite],
-) -> CacheAudit {
-    let mut a = CacheAudit::default();
-    let mut sessions: Vec<_> = records.iter().collect();
-    sessions.sort_by(|x, y| x.0.cmp(y.0));
-    for (session, list) in sessions {
-        for rec in list {
-            a.requests += 1;
-            a.append_only += usize::from(rec.append_only);
-            if !rec.miss {
-                continue;
-            }
-            a.misses += 1;
-            if rewrites.iter().any(|w| &w.session == session && w.turn == rec.turn) {
-                a.explained += 1;
-            } else {
-                a.unexplained.push(format!(
-                    "session {session} turn {}: {}read {} of the {} blocks the previous request left cached",
-                    rec.turn,
-                    if rec.append_only { "" } else { "not append-only; " },
-                    rec.read_blocks,
-                    rec.previous_cached_blocks
-                ));
-            }
-        }
-    }
-    a
 }

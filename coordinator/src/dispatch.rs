@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 /// (notices are hints; this bounds the delay if one is lost).
 const RECHECK: Duration = Duration::from_secs(5);
 
-/// Longest a staggered sibling waits for its shape's first child (SPEC §4).
+/// Longest a staggered sibling waits for its shape's first child (docs/design.md, section 6).
 pub const STAGGER_WAIT: Duration = Duration::from_secs(8);
 
 /// When a running task's message is presumed gone: no worker heartbeat for
@@ -46,6 +46,21 @@ pub enum DispatchError {
     Bus(#[from] flower_bus::BusError),
     #[error("cancelled while waiting for the task")]
     Cancelled,
+    /// The run stopped to hand the job over (lease lost, shutdown): the call
+    /// stays unanswered, and the next owner re-attaches to its task.
+    #[error("the run stopped to hand the job over")]
+    HandedOver,
+}
+
+/// A delegation that cannot go on ends the coordinator's session, its cause
+/// kept typed: a fenced store write is a lost lease, not a failed job.
+impl From<DispatchError> for flower_agent::ToolError {
+    fn from(e: DispatchError) -> Self {
+        match e {
+            DispatchError::Store(e) => Self::Fatal(flower_agent::tool::FatalCause::Store(e)),
+            other => Self::fatal(other.to_string()),
+        }
+    }
 }
 
 pub struct Dispatcher {
@@ -56,6 +71,7 @@ pub struct Dispatcher {
     apply_lock: tokio::sync::Mutex<()>,
     epoch: i64,
     sweep: Sweep,
+    stop: crate::stop::Stop,
     /// Fan-out staggering: per shape, released once its first child's first
     /// model response began streaming (or it ended, or 8 s passed).
     gates: std::sync::Mutex<std::collections::HashMap<String, tokio::sync::watch::Receiver<bool>>>,
@@ -82,8 +98,20 @@ impl Dispatcher {
             apply_lock: tokio::sync::Mutex::new(()),
             epoch,
             sweep,
+            stop: Default::default(),
             gates: Default::default(),
         }
+    }
+
+    /// The run's stop signal: a delegation cut off by a hand-over (not a
+    /// user's cancel) is left unanswered instead of answered "cancelled".
+    pub fn with_stop(mut self, stop: crate::stop::Stop) -> Self {
+        self.stop = stop;
+        self
+    }
+
+    fn cancelled(&self) -> Result<Option<Task>, DispatchError> {
+        if self.stop.handing_over() { Err(DispatchError::HandedOver) } else { Ok(None) }
     }
 
     /// Fan-out staggering: the first child of a shape starts alone; its
@@ -231,11 +259,11 @@ impl Dispatcher {
     pub async fn delegate(&self, d: Delegation<'_>, cancel: &CancellationToken) -> Result<Option<Task>, DispatchError> {
         let task = tokio::select! {
             t = self.stagger(&d) => t?,
-            _ = cancel.cancelled() => return Ok(None),
+            _ = cancel.cancelled() => return self.cancelled(),
         };
         let task = match self.wait(task.id, cancel).await {
             Ok(t) => t,
-            Err(DispatchError::Cancelled) => return Ok(None),
+            Err(DispatchError::Cancelled) => return self.cancelled(),
             Err(e) => return Err(e),
         };
         if task.state == flower_model::TaskState::Succeeded

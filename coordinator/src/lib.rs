@@ -1,5 +1,6 @@
 //! The coordinator: the agent that only delegates, the dispatch of its
-//! `Agent` calls as tasks, and the embedded job runner.
+//! `Agent` calls as tasks, job ownership and the gRPC service. It never
+//! depends on the worker or the simulator: the `runtime` crate wires them.
 //!
 //! # Layout
 //! - [`prompts`]: the coordinator role's base system prompt
@@ -10,22 +11,18 @@
 //! - [`context`]: the context report of a job (main thread vs subagents)
 //! - [`index`]: the workbench index as notices to the main thread (layer 2)
 //! - [`handoff`]: a new main-thread session from a handoff document when the context fills
-//! - [`embedded`]: one job in one process (SQLite, local objects, in-process bus)
 //! - [`service`]: the gRPC service, leases and takeover (distributed mode)
-//! - [`providers`]: the provider table a service or worker is configured with
+//! - [`stop`]: why a run stops (a user's cancel, a lost lease, a shutdown)
 //!
 //! The coordinator never runs a tool on files itself and never writes a
 //! worker's transcript; everything it learns from workers arrives as reports.
 
 pub mod context;
 pub mod dispatch;
-pub mod embedded;
 pub mod handoff;
 pub mod index;
 pub mod prompts;
-pub mod providers;
 pub mod runner;
 pub mod service;
+pub mod stop;
 pub mod tools;
-
-pub use embedded::{EmbeddedRuntime, RunError, RunSummary};

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use flower_agent::guards::{DelegateGuard, SpillGuard};
 use flower_agent::hooks::Hooks;
 use flower_agent::provider::{Provider, SystemBlock};
+use flower_agent::tool::FatalCause;
 use flower_agent::{AgentError, AgentSession, Inbox, Journal, Outcome, SessionConfig, ToolSet};
 use flower_bus::{Notice, TaskQueue};
 use flower_model::{ContentBlock, JobId, JobSpec, JobState, Role, Session, SessionId, now_ms};
 use flower_store::workspace::Workspace;
 use flower_store::{StoreError, Workbench};
 use object_store::ObjectStore;
-use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::Dispatcher;
 use crate::tools::agent::AgentTool;
@@ -32,7 +32,9 @@ pub struct JobContext {
     pub provider: Arc<dyn Provider>,
     pub epoch: i64,
     pub inbox: Inbox,
-    pub cancel: CancellationToken,
+    /// Stops the run; its cause decides whether the job ends (a user's
+    /// cancel) or is left for the next owner (lease lost, shutdown).
+    pub stop: crate::stop::Stop,
     /// When a running task's message is presumed gone.
     pub sweep: crate::dispatch::Sweep,
 }
@@ -48,8 +50,10 @@ pub struct Finished {
 }
 
 /// Run (or resume) the job's coordinator and record its end state.
-/// `Err(StoreError::Fenced)` means another owner took the job: stop quietly.
-pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreError> {
+/// `Ok(None)`: stopped to hand the job over (lease lost, shutdown) — nothing
+/// ended, nothing cancelled. `Err(StoreError::Fenced)` means another owner
+/// took the job: stop quietly.
+pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Option<Finished>, StoreError> {
     let store = ctx.journal.store().clone();
     let job = store.get_job(job_id).await?;
     let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -114,6 +118,10 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
             other => break Ok(other),
         }
     };
+    if ctx.stop.handing_over() {
+        tracing::info!(job = %job_id, cause = ?ctx.stop.cause(), "run stopped; the job is left for the next owner");
+        return Ok(None);
+    }
     let (outcome, cap) = match outcome {
         Ok(o) => (o, None),
         Err(diagnosis) => (Ok(Outcome::TurnLimit { turns: 0, usage: Default::default() }), Some(diagnosis)),
@@ -132,7 +140,14 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
         Ok(Outcome::Handoff { turns, .. }) => {
             (JobState::Failed, Some("handoff loop ended unexpectedly".into()), None, turns)
         }
-        Err(AgentError::Store(e @ StoreError::Fenced { .. })) => return Err(e),
+        // The store's own failures are not the job's: a newer owner (fenced)
+        // or an outage the owner rides out by resuming the run.
+        Err(
+            AgentError::Store(e @ (StoreError::Fenced { .. } | StoreError::Backend(_)))
+            | AgentError::Tool {
+                cause: FatalCause::Store(e @ (StoreError::Fenced { .. } | StoreError::Backend(_))), ..
+            },
+        ) => return Err(e),
         Err(e) => (JobState::Failed, Some(e.to_string()), None, 0),
     };
     let (state, reason) = match state {
@@ -150,10 +165,10 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Finished, StoreE
     match store.set_job_state(job_id, state, reason.clone(), answer.clone(), ctx.journal.fence()).await {
         Ok(written) => ctx.journal.announce(&written).await,
         // Already ended elsewhere (a cancel): that end stands.
-        Err(StoreError::Conflict(_)) => {}
+        Err(StoreError::JobEnded { .. }) => {}
         Err(e) => return Err(e),
     }
-    Ok(Finished { state, reason, answer, session, turns: earlier_turns + turns })
+    Ok(Some(Finished { state, reason, answer, session, turns: earlier_turns + turns }))
 }
 
 /// A job whose delegated tasks all failed has not achieved its goal, whatever
@@ -196,8 +211,10 @@ pub async fn load_pruned(
 
 fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session: SessionId) -> AgentSession {
     let workspace = Workspace::new(ctx.objects.clone(), job_id);
-    let dispatcher =
-        Arc::new(Dispatcher::new(ctx.journal.clone(), ctx.queue.clone(), workspace.clone(), ctx.epoch, ctx.sweep));
+    let dispatcher = Arc::new(
+        Dispatcher::new(ctx.journal.clone(), ctx.queue.clone(), workspace.clone(), ctx.epoch, ctx.sweep)
+            .with_stop(ctx.stop.clone()),
+    );
     let workbench = Workbench::new(ctx.objects.clone(), job_id);
     let rt = &spec.runtime;
     let mut tools = ToolSet::new();
@@ -228,6 +245,13 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
         prune_uneventful: spec.runtime.pruning.uneventful,
     };
     let tools = flower_agent::surface::finish(tools, rt.tool_deferral);
-    AgentSession::new(config, ctx.provider.clone(), Arc::new(tools), hooks, ctx.journal.clone(), ctx.cancel.clone())
-        .with_inbox(ctx.inbox.clone())
+    AgentSession::new(
+        config,
+        ctx.provider.clone(),
+        Arc::new(tools),
+        hooks,
+        ctx.journal.clone(),
+        ctx.stop.token().clone(),
+    )
+    .with_inbox(ctx.inbox.clone())
 }

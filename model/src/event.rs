@@ -70,9 +70,10 @@ pub enum EventKind {
         path: String,
         chars: usize,
     },
-    /// A session's tool surface as its first request showed it (SPEC §4):
-    /// resident tools with their schema tokens, the deferred ones with what
-    /// each withheld schema would cost, the index and system prompt sizes.
+    /// A session's tool surface as its first request showed it
+    /// (docs/design.md section 6): resident tools with their schema tokens,
+    /// the deferred ones with what each withheld schema would cost, the index
+    /// and system prompt sizes.
     /// Token figures are local estimates (4 characters a token).
     ToolSurface {
         session: SessionId,

@@ -13,7 +13,8 @@
 //! - [`usage`]: token usage, including the prompt-cache fields
 //!
 //! This crate does no I/O except reading a spec's own files during validation;
-//! it must never talk to a store, the network or a provider.
+//! it must never talk to a store, the network or a provider (no tokio,
+//! database, object store or NATS: docs/design.md section 1).
 
 pub mod content;
 pub mod entry;

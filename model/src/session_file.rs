@@ -9,6 +9,8 @@
 //! `interrupted`; `isMeta` → a notice; `isSidechain` → a subagent session.
 //! flower's own markers without an equivalent travel in `flowerMarkers`.
 
+use std::collections::HashMap;
+
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -71,7 +73,7 @@ pub struct Imported {
 pub fn import(text: &str, job: JobId, main: SessionId, side: SessionId) -> Imported {
     let mut out = Imported::default();
     // Entries split or dropped on the way keep the chain through this map.
-    let mut last_of: std::collections::HashMap<Uuid, Uuid> = std::collections::HashMap::new();
+    let mut last_of: HashMap<Uuid, Uuid> = HashMap::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -89,77 +91,113 @@ pub fn import(text: &str, job: JobId, main: SessionId, side: SessionId) -> Impor
             continue;
         }
         let sidechain = v["isSidechain"].as_bool().unwrap_or(false);
-        let session = if sidechain { side } else { main };
-        // Fresh ids: the same file may be imported twice; the chain is kept through the map.
-        let original: Option<Uuid> = v["uuid"].as_str().and_then(|u| u.parse().ok());
-        let uuid = Uuid::new_v4();
-        let parent: Option<Uuid> =
-            v["parentUuid"].as_str().and_then(|u| u.parse::<Uuid>().ok()).and_then(|p| last_of.get(&p).copied());
-        let created_at = v["timestamp"]
-            .as_str()
-            .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok())
-            .map_or_else(crate::now_ms, |t| (t.unix_timestamp_nanos() / 1_000_000) as i64);
+        let head = read_head(&v, job, if sidechain { side } else { main }, &last_of);
         let blocks: Vec<ContentBlock> = match &v["message"]["content"] {
             Value::String(s) => vec![ContentBlock::text(s.clone())],
             Value::Array(a) => a.iter().filter_map(|b| serde_json::from_value(b.clone()).ok()).collect(),
             _ => Vec::new(),
         };
-        let mut markers = Markers::default();
-        if let Some(m) = v.get("flowerMarkers").and_then(|m| serde_json::from_value::<Markers>(m.clone()).ok()) {
-            markers = m;
-        }
-        if let Some(k) = v["toolDenialKind"].as_str() {
-            markers.denial_kind = Some(k.to_string());
-        }
-        if v["isApiErrorMessage"].as_bool() == Some(true) || v["message"]["model"].as_str() == Some("<synthetic>") {
-            markers.synthetic_error = true;
+        let entries = if kind == "assistant" {
+            vec![assistant_entry(&v, &head, blocks)]
+        } else {
+            user_entries(&v, &head, blocks)
+        };
+        if let (Some(o), Some(last)) = (head.original, entries.last().map(|e| e.uuid).or(head.parent)) {
+            last_of.insert(o, last);
         }
         let target = if sidechain { &mut out.sidechain } else { &mut out.main };
-        if kind == "assistant" {
-            let mut e = Entry::new(job, session, parent, EntryKind::Assistant, blocks);
-            e.uuid = uuid;
-            e.created_at = created_at;
-            e.markers = markers;
-            e.model = v["message"]["model"].as_str().map(str::to_string);
-            e.stop_reason = v["message"]["stop_reason"].as_str().map(str::to_string);
-            e.usage = serde_json::from_value::<Usage>(v["message"]["usage"].clone()).ok();
-            if let Some(o) = original {
-                last_of.insert(o, uuid);
-            }
-            target.push(e);
-            continue;
+        target.extend(entries);
+    }
+    out
+}
+
+/// What every entry made from one line shares.
+struct LineHead {
+    job: JobId,
+    session: SessionId,
+    /// The line's own uuid, for the chain map.
+    original: Option<Uuid>,
+    /// The id of the line's first entry. Fresh ids: the same file may be
+    /// imported twice; the chain is kept through the map.
+    uuid: Uuid,
+    /// The last entry made from the parent line.
+    parent: Option<Uuid>,
+    created_at: i64,
+    markers: Markers,
+}
+
+/// A chain line's ids, time and markers.
+fn read_head(v: &Value, job: JobId, session: SessionId, last_of: &HashMap<Uuid, Uuid>) -> LineHead {
+    let parent: Option<Uuid> =
+        v["parentUuid"].as_str().and_then(|u| u.parse::<Uuid>().ok()).and_then(|p| last_of.get(&p).copied());
+    let created_at = v["timestamp"]
+        .as_str()
+        .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok())
+        .map_or_else(crate::now_ms, |t| (t.unix_timestamp_nanos() / 1_000_000) as i64);
+    let mut markers = Markers::default();
+    if let Some(m) = v.get("flowerMarkers").and_then(|m| serde_json::from_value::<Markers>(m.clone()).ok()) {
+        markers = m;
+    }
+    if let Some(k) = v["toolDenialKind"].as_str() {
+        markers.denial_kind = Some(k.to_string());
+    }
+    if v["isApiErrorMessage"].as_bool() == Some(true) || v["message"]["model"].as_str() == Some("<synthetic>") {
+        markers.synthetic_error = true;
+    }
+    LineHead {
+        job,
+        session,
+        original: v["uuid"].as_str().and_then(|u| u.parse().ok()),
+        uuid: Uuid::new_v4(),
+        parent,
+        created_at,
+        markers,
+    }
+}
+
+/// An assistant line: one entry.
+fn assistant_entry(v: &Value, head: &LineHead, blocks: Vec<ContentBlock>) -> Entry {
+    let mut e = Entry::new(head.job, head.session, head.parent, EntryKind::Assistant, blocks);
+    e.uuid = head.uuid;
+    e.created_at = head.created_at;
+    e.markers = head.markers.clone();
+    e.model = v["message"]["model"].as_str().map(str::to_string);
+    e.stop_reason = v["message"]["stop_reason"].as_str().map(str::to_string);
+    e.usage = serde_json::from_value::<Usage>(v["message"]["usage"].clone()).ok();
+    e
+}
+
+/// A user line: each tool result becomes its own entry (its own markers);
+/// text follows, as a notice when the line is `isMeta`. Chained in order.
+fn user_entries(v: &Value, head: &LineHead, blocks: Vec<ContentBlock>) -> Vec<Entry> {
+    let (results, rest): (Vec<ContentBlock>, Vec<ContentBlock>) =
+        blocks.into_iter().partition(|b| matches!(b, ContentBlock::ToolResult { .. }));
+    let mut out: Vec<Entry> = Vec::new();
+    for r in results {
+        let interrupted = matches!(&r, ContentBlock::ToolResult { content, is_error, .. } if *is_error && result_text(content).starts_with("[Request interrupted"));
+        let mut e = Entry::new(
+            head.job,
+            head.session,
+            out.last().map(|e| e.uuid).or(head.parent),
+            EntryKind::ToolResult,
+            vec![r],
+        );
+        if out.is_empty() {
+            e.uuid = head.uuid;
         }
-        // A user line: each tool result becomes its own entry (its own markers); text follows.
-        let (results, rest): (Vec<ContentBlock>, Vec<ContentBlock>) =
-            blocks.into_iter().partition(|b| matches!(b, ContentBlock::ToolResult { .. }));
-        let mut prev = parent;
-        let mut first = true;
-        for r in results {
-            let interrupted = matches!(&r, ContentBlock::ToolResult { content, is_error, .. } if *is_error && result_text(content).starts_with("[Request interrupted"));
-            let mut e = Entry::new(job, session, prev, EntryKind::ToolResult, vec![r]);
-            if first {
-                e.uuid = uuid;
-                first = false;
-            }
-            e.created_at = created_at;
-            e.markers = markers.clone();
-            e.markers.interrupted |= interrupted;
-            prev = Some(e.uuid);
-            target.push(e);
+        e.created_at = head.created_at;
+        e.markers = head.markers.clone();
+        e.markers.interrupted |= interrupted;
+        out.push(e);
+    }
+    if !rest.is_empty() {
+        let kind = if v["isMeta"].as_bool() == Some(true) { EntryKind::Notice } else { EntryKind::User };
+        let mut e = Entry::new(head.job, head.session, out.last().map(|e| e.uuid).or(head.parent), kind, rest);
+        if out.is_empty() {
+            e.uuid = head.uuid;
         }
-        if !rest.is_empty() {
-            let kind = if v["isMeta"].as_bool() == Some(true) { EntryKind::Notice } else { EntryKind::User };
-            let mut e = Entry::new(job, session, prev, kind, rest);
-            if first {
-                e.uuid = uuid;
-            }
-            e.created_at = created_at;
-            prev = Some(e.uuid);
-            target.push(e);
-        }
-        if let (Some(o), Some(p)) = (original, prev) {
-            last_of.insert(o, p);
-        }
+        e.created_at = head.created_at;
+        out.push(e);
     }
     out
 }

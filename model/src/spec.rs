@@ -77,7 +77,7 @@ pub struct McpServerSpec {
     pub resident: Vec<String>,
 }
 
-/// Most tools a role may keep resident (SPEC §4).
+/// Most tools a role may keep resident (docs/design.md section 6).
 pub const MAX_RESIDENT_TOOLS: usize = 40;
 
 /// Longest `goal`, in bytes. The goal is sent whole in the coordinator's
@@ -120,7 +120,8 @@ const MAX_WINDOW: u64 = 10_000_000;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CacheMode {
-    /// SPEC §4: last tool (1 h), last system block (1 h), previous tail and current tail (5 min).
+    /// The breakpoints of docs/design.md section 6: last tool (1 h), last system block (1 h),
+    /// previous tail and current tail (5 min).
     #[default]
     Full,
     /// One marker on the current tail only (a naive request builder, for comparison).

@@ -113,79 +113,18 @@ impl PromptCache {
         now: Instant,
         responds_at: Instant,
     ) -> Result<(CacheUsage, Shape), String> {
-        let mut chain = Sha256::digest(b"flower-sim-cache").into();
-        let mut tokens = 0u64;
-        let mut blocks = Vec::new();
-        let mut seen_5m = false;
-        let mut breakpoints = 0;
-        for mut b in blocks_of(body) {
-            let ttl = match b.get("cache_control") {
-                Some(cc) => {
-                    breakpoints += 1;
-                    let ttl = if cc["ttl"] == "1h" { ONE_HOUR } else { FIVE_MIN };
-                    if ttl == ONE_HOUR && seen_5m {
-                        return Err(
-                            "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block".into(),
-                        );
-                    }
-                    seen_5m |= ttl == FIVE_MIN;
-                    Some(ttl)
-                }
-                None => None,
-            };
-            if let Some(o) = b.as_object_mut() {
-                o.remove("cache_control");
-            }
-            let text = b.to_string();
-            tokens += estimate_tokens(text.len());
-            let mut h = Sha256::new();
-            h.update(chain);
-            h.update(text.as_bytes());
-            chain = h.finalize().into();
-            blocks.push(Block { prefix: chain, tokens, ttl });
-        }
-        if breakpoints > 4 {
-            return Err(format!("A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."));
-        }
+        let blocks = linearise(body)?;
+        let tokens = blocks.last().map_or(0, |b| b.tokens);
         // Scale block estimates to the request's own total (the two estimates differ in framing).
         let scale = |t: u64| if tokens == 0 { 0 } else { (t as u128 * total as u128 / tokens as u128) as u64 };
-        let min = min_cacheable(model);
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries.retain(|_, e| e.expires > now);
-        // A: the longest prefix found within 20 positions back of any breakpoint.
-        let mut hit: Option<usize> = None;
-        for (p, b) in blocks.iter().enumerate() {
-            if b.ttl.is_none() {
-                continue;
-            }
-            for q in (p.saturating_sub(LOOKBACK - 1)..=p).rev() {
-                if let Some(e) = entries.get_mut(&blocks[q].prefix)
-                    && e.readable_at <= now
-                {
-                    e.expires = now + e.ttl;
-                    hit = Some(hit.map_or(q, |h: usize| h.max(q)));
-                    break;
-                }
-            }
-        }
+        let hit = longest_hit(&mut entries, &blocks, now);
         let read = hit.map_or(0, |a| blocks[a].tokens);
         let read_blocks = hit.map_or(0, |a| a + 1);
-        let mut cached_blocks = read_blocks;
-        // Writes at every breakpoint after A, when long enough to cache.
-        let mut last_1h = read;
-        let mut last = read;
-        for (p, b) in blocks.iter().enumerate() {
-            let Some(ttl) = b.ttl else { continue };
-            if hit.is_some_and(|a| p <= a) || scale(b.tokens) < min {
-                continue;
-            }
-            entries.entry(b.prefix).or_insert(Cached { ttl, expires: now + ttl, readable_at: responds_at });
-            cached_blocks = cached_blocks.max(p + 1);
-            if ttl == ONE_HOUR {
-                last_1h = last_1h.max(b.tokens);
-            }
-            last = last.max(b.tokens);
-        }
+        let min = min_cacheable(model);
+        let writes = write_breakpoints(&mut entries, &blocks, hit, |t| scale(t) >= min, (now, responds_at));
+        let (last_1h, last) = (writes.last_1h.max(read), writes.last.max(read));
         let (read, w1h, w5m) = (scale(read), scale(last_1h) - scale(read), scale(last) - scale(last_1h.max(read)));
         let usage = CacheUsage {
             input_tokens: total.saturating_sub(read + w1h + w5m),
@@ -193,8 +132,107 @@ impl PromptCache {
             cache_write_5m: w5m,
             cache_write_1h: w1h,
         };
+        let cached_blocks = writes.cached_blocks.max(read_blocks);
         Ok((usage, Shape { chain: blocks.iter().map(|b| b.prefix).collect(), read_blocks, cached_blocks }))
     }
+}
+
+/// The request's prefix as blocks, each with its prefix hash, its running
+/// token estimate and its breakpoint TTL. `Err` is the provider's 400
+/// message for breakpoints out of order or too many.
+fn linearise(body: &Value) -> Result<Vec<Block>, String> {
+    let mut chain = Sha256::digest(b"flower-sim-cache").into();
+    let mut tokens = 0u64;
+    let mut blocks = Vec::new();
+    let mut seen_5m = false;
+    let mut breakpoints = 0;
+    for mut b in blocks_of(body) {
+        let ttl = match b.get("cache_control") {
+            Some(cc) => {
+                breakpoints += 1;
+                let ttl = if cc["ttl"] == "1h" { ONE_HOUR } else { FIVE_MIN };
+                if ttl == ONE_HOUR && seen_5m {
+                    return Err(
+                        "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block".into()
+                    );
+                }
+                seen_5m |= ttl == FIVE_MIN;
+                Some(ttl)
+            }
+            None => None,
+        };
+        if let Some(o) = b.as_object_mut() {
+            o.remove("cache_control");
+        }
+        let text = b.to_string();
+        tokens += estimate_tokens(text.len());
+        let mut h = Sha256::new();
+        h.update(chain);
+        h.update(text.as_bytes());
+        chain = h.finalize().into();
+        blocks.push(Block { prefix: chain, tokens, ttl });
+    }
+    if breakpoints > 4 {
+        return Err(format!("A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."));
+    }
+    Ok(blocks)
+}
+
+/// A: the longest prefix found within 20 positions back of any breakpoint
+/// (each hit refreshes its entry), as a block index.
+fn longest_hit(entries: &mut HashMap<[u8; 32], Cached>, blocks: &[Block], now: Instant) -> Option<usize> {
+    let mut hit: Option<usize> = None;
+    for (p, b) in blocks.iter().enumerate() {
+        if b.ttl.is_none() {
+            continue;
+        }
+        for q in (p.saturating_sub(LOOKBACK - 1)..=p).rev() {
+            if let Some(e) = entries.get_mut(&blocks[q].prefix)
+                && e.readable_at <= now
+            {
+                e.expires = now + e.ttl;
+                hit = Some(hit.map_or(q, |h: usize| h.max(q)));
+                break;
+            }
+        }
+    }
+    hit
+}
+
+/// What the writes of one request reached.
+struct Writes {
+    /// Prefix tokens up to the last 1-h breakpoint written (B), 0 if none.
+    last_1h: u64,
+    /// Prefix tokens up to the last breakpoint written (C), 0 if none.
+    last: u64,
+    /// Blocks up to the last breakpoint written, 0 if none.
+    cached_blocks: usize,
+}
+
+/// Writes at every breakpoint after the hit, when `cacheable` (long enough
+/// to cache); readable once the response begins (`at` is the request's
+/// start and its response's).
+fn write_breakpoints(
+    entries: &mut HashMap<[u8; 32], Cached>,
+    blocks: &[Block],
+    hit: Option<usize>,
+    cacheable: impl Fn(u64) -> bool,
+    (now, responds_at): (Instant, Instant),
+) -> Writes {
+    let mut writes = Writes { last_1h: 0, last: 0, cached_blocks: 0 };
+    for (p, b) in blocks.iter().enumerate() {
+        let Some(ttl) = b.ttl else { continue };
+        if hit.is_some_and(|a| p <= a) || !cacheable(b.tokens) {
+            continue;
+        }
+        entries.entry(b.prefix).or_insert(Cached { ttl, expires: now + ttl, readable_at: responds_at });
+        writes.cached_blocks = writes.cached_blocks.max(p + 1);
+        if ttl == ONE_HOUR {
+            writes.last_1h = writes.last_1h.max(b.tokens);
+        }
+        writes.last = writes.last.max(b.tokens);
+    }
+    writes
 }
 
 #[cfg(test)]

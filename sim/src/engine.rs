@@ -54,7 +54,7 @@ pub struct Engine {
 }
 
 /// One audited request of a session.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AuditRecord {
     /// The session's request number, from 1 (a resend of the same body is not counted again).
     pub turn: u32,
@@ -164,19 +164,15 @@ impl Engine {
     fn reply_uncached(&self, body: &Value) -> Reply {
         // Faults on a share of all requests, chosen by fingerprint, each served once.
         let fingerprint = hex::encode(Sha256::digest(body.to_string().as_bytes()));
-        let share = |salt: &str| {
-            let h = Sha256::digest(format!("{salt}{fingerprint}").as_bytes());
-            u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]) as f64 / u64::MAX as f64
-        };
         let faults = self.scenario.faults;
         if faults.overloaded > 0.0
-            && share("overloaded") < faults.overloaded
+            && share(&fingerprint, "overloaded") < faults.overloaded
             && self.take_fault(&fingerprint, "rate-overloaded", 1)
         {
             return Reply::Error { status: 529, kind: "overloaded_error".into(), message: "Overloaded".into() };
         }
         let rate_drop = faults.dropped > 0.0
-            && share("dropped") < faults.dropped
+            && share(&fingerprint, "dropped") < faults.dropped
             && self.take_fault(&fingerprint, "rate-dropped", 1);
         let model = body["model"].as_str().unwrap_or_default().to_string();
         let model = self.scenario.model.clone().unwrap_or(model);
@@ -195,53 +191,53 @@ impl Engine {
         }
         let last_user = messages.last().map(|m| content_text(&m["content"])).unwrap_or_default();
         if last_user.contains("<flower-handoff>") {
-            let seen = highest_step(messages).unwrap_or(0);
-            let doc = match self.scenario.handoff {
-                crate::scenario::HandoffReply::Error => {
-                    return Reply::Error {
-                        status: 500,
-                        kind: "api_error".into(),
-                        message: "Internal server error".into(),
-                    };
-                }
-                crate::scenario::HandoffReply::Incomplete => {
-                    format!("## Doing now\nworking (last calls: toolu_s{seen:03}_0_handoff)\n")
-                }
-                crate::scenario::HandoffReply::Full => format!(
-                    "## Doing now\nThe scripted plan, at step {seen}.\n## Decided\n- keep going (the plan holds)\n## Dead ends\n- none\n## Next\n- the next step\n## Where things are\n- last calls: toolu_s{seen:03}_0_handoff\n- .flower/ for tables\n"
-                ),
-            };
-            return Reply::Message(planned(model, vec![json!({"type": "text", "text": doc})], input_tokens, false));
+            return self.handoff_reply(model, messages, input_tokens);
         }
-        let system = system_text(&body["system"]);
-        let first_user = messages.first().map(|m| content_text(&m["content"])).unwrap_or_default();
+        let request = Incoming { system: system_text(&body["system"]), messages, input_tokens, rate_drop };
+        self.scripted_reply(model, &request, &fingerprint)
+    }
 
-        let Some(role_idx) = self.scenario.role_for(&system, &first_user) else {
-            return Reply::Message(planned(
-                model,
-                vec![json!({"type": "text", "text": DEFAULT_TEXT})],
-                input_tokens,
-                rate_drop,
-            ));
+    /// The reply to a handoff request: the document the scenario's handoff
+    /// setting calls for, or its error.
+    fn handoff_reply(&self, model: String, messages: &[Value], input_tokens: u64) -> Reply {
+        let seen = highest_step(messages).unwrap_or(0);
+        let doc = match self.scenario.handoff {
+            crate::scenario::HandoffReply::Error => {
+                return Reply::Error { status: 500, kind: "api_error".into(), message: "Internal server error".into() };
+            }
+            crate::scenario::HandoffReply::Incomplete => {
+                format!("## Doing now\nworking (last calls: toolu_s{seen:03}_0_handoff)\n")
+            }
+            crate::scenario::HandoffReply::Full => format!(
+                "## Doing now\nThe scripted plan, at step {seen}.\n## Decided\n- keep going (the plan holds)\n## Dead ends\n- none\n## Next\n- the next step\n## Where things are\n- last calls: toolu_s{seen:03}_0_handoff\n- .flower/ for tables\n"
+            ),
+        };
+        Reply::Message(planned(model, vec![json!({"type": "text", "text": doc})], input_tokens, false))
+    }
+
+    /// The next scripted step of the role the request shows (the default
+    /// text when none matches, a marker once the role's steps are done), with
+    /// the step's own faults.
+    fn scripted_reply(&self, model: String, request: &Incoming<'_>, fingerprint: &str) -> Reply {
+        let (messages, input_tokens, rate_drop) = (request.messages, request.input_tokens, request.rate_drop);
+        let first_user = messages.first().map(|m| content_text(&m["content"])).unwrap_or_default();
+        let Some(role_idx) = self.scenario.role_for(&request.system, &first_user) else {
+            let content = vec![json!({"type": "text", "text": DEFAULT_TEXT})];
+            return Reply::Message(planned(model, content, input_tokens, rate_drop));
         };
         let role = &self.scenario.roles[role_idx];
-        let seen = highest_step(messages);
-        let next = seen.map_or(0, |s| s + 1);
+        let next = highest_step(messages).map_or(0, |s| s + 1);
         let Some(step) = role.steps.get(next) else {
-            return Reply::Message(planned(
-                model,
-                vec![json!({"type": "text", "text": "(scenario complete)"})],
-                input_tokens,
-                rate_drop,
-            ));
+            let content = vec![json!({"type": "text", "text": "(scenario complete)"})];
+            return Reply::Message(planned(model, content, input_tokens, rate_drop));
         };
         if let Some(f) = &step.fail
-            && self.take_fault(&fingerprint, "fail", f.times)
+            && self.take_fault(fingerprint, "fail", f.times)
         {
             return Reply::Error { status: f.status, kind: f.kind.clone(), message: f.message.clone() };
         }
         let drop =
-            rate_drop || step.drop_stream.as_ref().is_some_and(|d| self.take_fault(&fingerprint, "drop", d.times));
+            rate_drop || step.drop_stream.as_ref().is_some_and(|d| self.take_fault(fingerprint, "drop", d.times));
         let (text, calls) = choose(step, messages);
         let results = ResultIndex::new(messages);
         let mut content = Vec::new();
@@ -273,6 +269,22 @@ impl Engine {
             false
         }
     }
+}
+
+/// What a scripted reply is chosen from.
+struct Incoming<'a> {
+    system: String,
+    messages: &'a [Value],
+    input_tokens: u64,
+    /// A rate fault already chose to drop this reply's stream.
+    rate_drop: bool,
+}
+
+/// Where a request's fingerprint falls in [0, 1] for a fault kind (`salt`):
+/// a fault rate of r hits the requests below r.
+fn share(fingerprint: &str, salt: &str) -> f64 {
+    let h = Sha256::digest(format!("{salt}{fingerprint}").as_bytes());
+    u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]) as f64 / u64::MAX as f64
 }
 
 fn planned(model: String, content: Vec<Value>, input_tokens: u64, drop_stream: bool) -> Planned {

@@ -6,13 +6,17 @@
 //! # Layout
 //! - [`scenario`]: the scenario file format (documented there) and its validation
 //! - [`cache`]: prompt-cache accounting by the provider's rules
+//! - [`audit`]: the cache audit joined with the rewrites a job recorded
 //! - [`engine`]: request validation, stateless step choice, rendering, faults
 //! - [`server`]: the HTTP shell and the exact event shapes it emits
 //! - [`mcp_fixture`]: a fixture MCP server with a catalog of ≥ 120 realistic tools
 //!
 //! The simulator keeps no conversation state: everything it needs is in the
 //! request, which is what lets pruning, resume and handoff work against it.
+//! It is never a dependency of a role (docs/design.md section 1): only the
+//! runtime, the CLI and tests use it.
 
+pub mod audit;
 pub mod cache;
 pub mod engine;
 pub mod mcp_fixture;

@@ -1,25 +1,76 @@
 //! The one conformance suite every [`Store`] backend and every object store
-//! behind the [`Workbench`] must pass. Backends call it from their own tests
-//! with a fresh, isolated instance (`store/tests/conformance.rs`).
+//! behind the [`Workbench`] must pass (feature `testsuite`: tests only).
+//!
+//! Each check is a public function given a fresh, empty instance. A backend's
+//! tests call [`store_conformance_tests!`](crate::store_conformance_tests) or
+//! [`workbench_conformance_tests!`](crate::workbench_conformance_tests), which
+//! make one test per check, so one failing check does not hide the others
+//! (`store/tests/conformance.rs`). A new check is listed in its macro too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 
 use flower_model::{
-    ContentBlock, Entry, EntryKind, EventKind, JobId, JobState, Role, Session, SessionId, Task, TaskOutcome, TaskState,
-    Usage, now_ms,
+    ContentBlock, Entry, EntryKind, EventKind, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome,
+    TaskState, Usage, now_ms,
 };
 use object_store::ObjectStore;
 
 use crate::{Batch, Claim, NewJob, Store, StoreError, Workbench};
 
-/// Run every store check against `store` (which must be empty).
-pub async fn store_suite(store: &dyn Store) {
-    jobs_and_idempotency(store).await;
-    transcripts_are_ordered_per_session(store).await;
-    task_attempts_are_fenced(store).await;
-    events_are_a_gapless_sequence(store).await;
-    leases_fence_writes(store).await;
+/// One `#[tokio::test]` per store check, for one backend. `$make` names an
+/// async function returning `(store, guard)`: a fresh, empty store and what
+/// must outlive it (a temporary directory, a scratch database), dropped after
+/// the store. The calling crate needs `tokio` with its `macros` feature.
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($make:path) => {
+        $crate::store_conformance_tests!(@each $make;
+            jobs_and_idempotency,
+            transcripts_are_ordered_per_session,
+            task_attempts_are_fenced,
+            a_claim_after_a_finish_answers_already_finished,
+            a_stale_claim_answers_superseded,
+            a_claim_racing_a_finish_answers_consistently,
+            cancelled_tasks_are_reported_in_dispatch_order,
+            events_are_a_gapless_sequence,
+            leases_fence_writes,
+        );
+    };
+    (@each $make:path; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let (store, guard) = $make().await;
+                $crate::conformance::$check(&store).await;
+                drop(store);
+                drop(guard);
+            }
+        )*
+    };
+}
+
+/// One `#[tokio::test]` per workbench check, for one object store. `$make`
+/// names an async function returning `(objects, guard)`: an empty
+/// `Arc<dyn ObjectStore>` and what must outlive it.
+#[macro_export]
+macro_rules! workbench_conformance_tests {
+    ($make:path) => {
+        $crate::workbench_conformance_tests!(@each $make;
+            workbench_paths_sync_and_isolation,
+            workspace_snapshots_and_changesets,
+        );
+    };
+    (@each $make:path; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let (objects, guard) = $make().await;
+                $crate::conformance::$check(objects).await;
+                drop(guard);
+            }
+        )*
+    };
 }
 
 async fn new_job(store: &dyn Store, key: Option<&str>) -> JobId {
@@ -40,7 +91,7 @@ fn task(job: JobId, session: SessionId, tool_use: &str) -> Task {
     Task::queued(job, session, tool_use, "w", "d", "do it")
 }
 
-async fn jobs_and_idempotency(store: &dyn Store) {
+pub async fn jobs_and_idempotency(store: &dyn Store) {
     let id = new_job(store, Some("key-1")).await;
     let (again, created) = store
         .create_job(NewJob {
@@ -63,13 +114,18 @@ async fn jobs_and_idempotency(store: &dyn Store) {
     let job = store.get_job(id).await.unwrap();
     assert_eq!((job.state, job.final_answer.as_deref()), (JobState::Succeeded, Some("42")));
     assert!(
-        matches!(store.set_job_state(id, JobState::Running, None, None, None).await, Err(StoreError::Conflict(_))),
+        matches!(
+            store.set_job_state(id, JobState::Running, None, None, None).await,
+            Err(StoreError::JobEnded { job, state: JobState::Succeeded }) if job == id
+        ),
         "a finished job stays finished"
     );
+    store.set_job_state(id, JobState::Failed, None, None, None).await.unwrap_err();
+    assert_eq!(store.get_job(id).await.unwrap().final_answer.as_deref(), Some("42"), "the first end stands");
     assert!(store.list_jobs(10).await.unwrap().iter().any(|j| j.id == id));
 }
 
-async fn transcripts_are_ordered_per_session(store: &dyn Store) {
+pub async fn transcripts_are_ordered_per_session(store: &dyn Store) {
     let job = new_job(store, None).await;
     let (a, b) = (SessionId::random(), SessionId::random());
     for (s, role) in [(a, Role::Coordinator), (b, Role::Worker)] {
@@ -110,7 +166,7 @@ async fn transcripts_are_ordered_per_session(store: &dyn Store) {
     assert_eq!(store.get_session(b).await.unwrap().role, Role::Worker);
 }
 
-async fn task_attempts_are_fenced(store: &dyn Store) {
+pub async fn task_attempts_are_fenced(store: &dyn Store) {
     let job = new_job(store, None).await;
     let session = SessionId::random();
     let t = task(job, session, "toolu_a");
@@ -137,12 +193,18 @@ async fn task_attempts_are_fenced(store: &dyn Store) {
     assert!(store.get_task(t.id).await.unwrap().updated_at > before, "a heartbeat moves updated_at on");
     assert!(!store.heartbeat_task(t.id, 1).await.unwrap(), "a superseded attempt's heartbeat is refused");
     let stale = store.finish_task(t.id, 1, TaskOutcome::Succeeded { report: "old".into() }, Usage::default()).await;
-    assert!(matches!(stale, Err(StoreError::Conflict(_))), "a superseded attempt cannot finish");
+    assert!(
+        matches!(stale, Err(StoreError::Superseded { task, attempt: 1, current_attempt: 2 }) if task == t.id),
+        "a superseded attempt cannot finish: {stale:?}"
+    );
     let usage = Usage { input_tokens: 7, ..Default::default() };
     let (done, _) = store.finish_task(t.id, 2, TaskOutcome::Succeeded { report: "ok".into() }, usage).await.unwrap();
     assert_eq!((done.state, done.report.as_deref()), (TaskState::Succeeded, Some("ok")));
     let twice = store.finish_task(t.id, 2, TaskOutcome::Succeeded { report: "again".into() }, usage).await;
-    assert!(matches!(twice, Err(StoreError::Conflict(_))), "a task completes once");
+    assert!(
+        matches!(twice, Err(StoreError::AlreadyFinished { state: TaskState::Succeeded, .. })),
+        "a task completes once: {twice:?}"
+    );
     assert!(matches!(store.claim_task(t.id, 3, "w3").await.unwrap(), Claim::AlreadyFinished(_)));
     assert!(!store.heartbeat_task(t.id, 2).await.unwrap(), "a finished task does not beat");
     assert_eq!(store.get_task(t.id).await.unwrap().report.as_deref(), Some("ok"));
@@ -162,7 +224,142 @@ async fn task_attempts_are_fenced(store: &dyn Store) {
     assert_eq!(store.tasks(job).await.unwrap().len(), 2);
 }
 
-async fn events_are_a_gapless_sequence(store: &dyn Store) {
+/// Ended beats stale: a delivery of an ended task, of any attempt, hears
+/// that the task is done (and is acked as such), whether it succeeded,
+/// failed or was cancelled.
+pub async fn a_claim_after_a_finish_answers_already_finished(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let session = SessionId::random();
+    let outcomes = [TaskOutcome::Succeeded { report: "ok".into() }, TaskOutcome::Failed { error: "no".into() }];
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        let t = task(job, session, &format!("toolu_{i}"));
+        store.create_task(t.clone(), None).await.unwrap();
+        assert!(matches!(store.claim_task(t.id, 1, "w1").await.unwrap(), Claim::Claimed { .. }));
+        assert!(matches!(store.claim_task(t.id, 2, "w2").await.unwrap(), Claim::Claimed { .. }));
+        let (done, _) = store.finish_task(t.id, 2, outcome, Usage::default()).await.unwrap();
+        for attempt in [1, 2, 3] {
+            assert_eq!(
+                store.claim_task(t.id, attempt, "late").await.unwrap(),
+                Claim::AlreadyFinished(done.clone()),
+                "attempt {attempt} after a finish"
+            );
+        }
+        let stale = store.finish_task(t.id, 1, TaskOutcome::Failed { error: "late".into() }, Usage::default()).await;
+        assert!(matches!(stale, Err(StoreError::AlreadyFinished { .. })), "{stale:?}");
+    }
+    let pending = task(job, session, "toolu_cancelled");
+    store.create_task(pending.clone(), None).await.unwrap();
+    store.cancel_tasks(job, "stop").await.unwrap();
+    let cancelled = store.get_task(pending.id).await.unwrap();
+    assert_eq!(store.claim_task(pending.id, 1, "w").await.unwrap(), Claim::AlreadyFinished(cancelled));
+    let events = store.events(job, 0, 1000).await.unwrap().len();
+    store.claim_task(pending.id, 5, "w").await.unwrap();
+    assert_eq!(store.events(job, 0, 1000).await.unwrap().len(), events, "a refused claim writes nothing");
+}
+
+/// A claim of an attempt not newer than the one holding the task is stale,
+/// and says which attempt holds it; so is a finish or heartbeat from it.
+pub async fn a_stale_claim_answers_superseded(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let t = task(job, SessionId::random(), "toolu_s");
+    store.create_task(t.clone(), None).await.unwrap();
+    let Claim::Claimed { task: held, events } = store.claim_task(t.id, 3, "w3").await.unwrap() else {
+        panic!("a first claim may start past attempt 1 (a requeued task's base)")
+    };
+    assert_eq!((held.attempt, held.claimed_by.as_deref()), (3, Some("w3")));
+    assert_eq!(held, store.get_task(t.id).await.unwrap(), "the claim answers the row as stored");
+    assert!(matches!(&events[..], [e] if matches!(&e.kind, EventKind::TaskStarted { attempt: 3, .. })));
+    for attempt in [1, 2, 3] {
+        assert_eq!(
+            store.claim_task(t.id, attempt, "late").await.unwrap(),
+            Claim::Superseded { current_attempt: 3 },
+            "attempt {attempt} after attempt 3"
+        );
+    }
+    let after = store.get_task(t.id).await.unwrap();
+    assert_eq!((after.attempt, after.claimed_by.as_deref()), (3, Some("w3")), "a refused claim changes nothing");
+    let finish = store.finish_task(t.id, 2, TaskOutcome::Failed { error: "x".into() }, Usage::default()).await;
+    assert!(matches!(finish, Err(StoreError::Superseded { attempt: 2, current_attempt: 3, .. })), "{finish:?}");
+    let unclaimed = store.finish_task(t.id, 4, TaskOutcome::Failed { error: "x".into() }, Usage::default()).await;
+    assert!(matches!(unclaimed, Err(StoreError::NotClaimed { attempt: 4, current_attempt: 3, .. })), "{unclaimed:?}");
+    let queued = task(job, SessionId::random(), "toolu_q");
+    store.create_task(queued.clone(), None).await.unwrap();
+    let never = store.finish_task(queued.id, 0, TaskOutcome::Failed { error: "x".into() }, Usage::default()).await;
+    assert!(matches!(never, Err(StoreError::NotClaimed { attempt: 0, current_attempt: 0, .. })), "{never:?}");
+    assert!(!store.heartbeat_task(queued.id, 0).await.unwrap(), "a queued task does not beat");
+    assert!(!store.heartbeat_task(TaskId::random(), 1).await.unwrap(), "nor does an unknown one");
+    assert!(matches!(store.claim_task(TaskId::random(), 1, "w").await, Err(StoreError::NotFound(_))));
+}
+
+/// A claim and a finish racing on one task: whichever commits first, the
+/// answers agree — the claim wins and the finish is superseded, or the finish
+/// wins and the claim hears the task is done. A claim never answers
+/// "superseded" because of a finish.
+pub async fn a_claim_racing_a_finish_answers_consistently(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let session = SessionId::random();
+    for i in 0..12 {
+        let t = task(job, session, &format!("toolu_race_{i}"));
+        store.create_task(t.clone(), None).await.unwrap();
+        assert!(matches!(store.claim_task(t.id, 1, "w1").await.unwrap(), Claim::Claimed { .. }));
+        let finish = store.finish_task(t.id, 1, TaskOutcome::Succeeded { report: "r".into() }, Usage::default());
+        let claim = store.claim_task(t.id, 2, "w2");
+        let (finished, claimed) = futures::join!(finish, claim);
+        match (finished, claimed.unwrap()) {
+            (Err(StoreError::Superseded { current_attempt: 2, .. }), Claim::Claimed { .. }) => {
+                assert_eq!(store.get_task(t.id).await.unwrap().state, TaskState::Running);
+            }
+            (Ok((done, _)), Claim::AlreadyFinished(seen)) => {
+                assert_eq!(done, seen);
+                assert_eq!(store.get_task(t.id).await.unwrap().state, TaskState::Succeeded);
+            }
+            other => panic!("inconsistent answers: {other:?}"),
+        }
+    }
+}
+
+/// Cancelling a job's tasks ends every unfinished one, and reports them in
+/// dispatch order (creation time, then task id) on every backend, with the
+/// attempt each had reached.
+pub async fn cancelled_tasks_are_reported_in_dispatch_order(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let session = SessionId::random();
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        let t = task(job, session, &format!("toolu_{i}"));
+        store.create_task(t.clone(), None).await.unwrap();
+        ids.push(t.id);
+        if i % 3 == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+    store.claim_task(ids[2], 2, "w").await.unwrap();
+    store.claim_task(ids[5], 1, "w").await.unwrap();
+    store.finish_task(ids[5], 1, TaskOutcome::Succeeded { report: "r".into() }, Usage::default()).await.unwrap();
+    let mut open: Vec<Task> = store.tasks(job).await.unwrap().into_iter().filter(|t| !t.state.is_terminal()).collect();
+    open.sort_by_key(|t| (t.created_at, t.id));
+    let before = store.events(job, 0, 1000).await.unwrap().len();
+
+    let written = store.cancel_tasks(job, "stop").await.unwrap();
+    let reported: Vec<(TaskId, u32)> = written
+        .events
+        .iter()
+        .map(|e| match &e.kind {
+            EventKind::TaskFinished { task, attempt, succeeded: false, .. } => (*task, *attempt),
+            other => panic!("not a cancelled task's event: {other:?}"),
+        })
+        .collect();
+    assert_eq!(reported, open.iter().map(|t| (t.id, t.attempt)).collect::<Vec<_>>());
+    let stored = store.events(job, before as i64, 1000).await.unwrap();
+    assert_eq!(stored, written.events, "the events are stored as answered, in order");
+    for t in store.tasks(job).await.unwrap() {
+        let want = if t.id == ids[5] { TaskState::Succeeded } else { TaskState::Cancelled };
+        assert_eq!(t.state, want, "{}", t.id);
+    }
+    assert!(store.cancel_tasks(job, "again").await.unwrap().events.is_empty(), "cancelling twice is a no-op");
+}
+
+pub async fn events_are_a_gapless_sequence(store: &dyn Store) {
     let job = new_job(store, None).await;
     store.set_job_state(job, JobState::Running, None, None, None).await.unwrap();
     store.create_task(task(job, SessionId::random(), "x"), None).await.unwrap();
@@ -174,7 +371,7 @@ async fn events_are_a_gapless_sequence(store: &dyn Store) {
     assert_eq!(store.events(job, 0, 2).await.unwrap().len(), 2, "limit is honoured");
 }
 
-async fn leases_fence_writes(store: &dyn Store) {
+pub async fn leases_fence_writes(store: &dyn Store) {
     let job = new_job(store, None).await;
     assert!(store.orphaned_jobs(now_ms(), 1000).await.unwrap().contains(&job), "a queued job without an owner");
     let a = store.acquire_lease(job, "coordinator-a", 60_000).await.unwrap().expect("a free lease is taken");
@@ -231,15 +428,17 @@ async fn leases_fence_writes(store: &dyn Store) {
     assert!(store.orphaned_jobs(now_ms(), 1000).await.unwrap().contains(&job), "a released lease orphans the job");
 }
 
-/// Run the workbench checks against an empty object store.
-pub async fn workbench_suite(objects: Arc<dyn ObjectStore>) {
+/// Workbench paths, materialising and syncing a task directory, one
+/// workbench per job.
+pub async fn workbench_paths_sync_and_isolation(objects: Arc<dyn ObjectStore>) {
     let job = JobId::random();
     let wb = Workbench::new(objects.clone(), job);
     wb.put("notes/a.md", "decided".as_bytes().to_vec()).await.unwrap();
     assert_eq!(&wb.get("notes/a.md").await.unwrap()[..], b"decided");
     assert!(matches!(wb.get("notes/none.md").await, Err(StoreError::NotFound(_))));
-    assert!(wb.put("../escape", Vec::new()).await.is_err(), "paths stay beneath the workbench");
-    assert!(wb.put("/abs", Vec::new()).await.is_err());
+    let escape = wb.put("../escape", Vec::new()).await;
+    assert!(matches!(escape, Err(StoreError::BadPath { .. })), "paths stay beneath the workbench: {escape:?}");
+    assert!(matches!(wb.put("/abs", Vec::new()).await, Err(StoreError::BadPath { .. })));
 
     let dir = tempfile::tempdir().unwrap();
     let mut base = wb.materialize(dir.path()).await.unwrap();
@@ -256,11 +455,10 @@ pub async fn workbench_suite(objects: Arc<dyn ObjectStore>) {
     assert!(wb.sync(dir.path(), &mut base).await.unwrap() == Default::default(), "nothing changed, nothing sent");
     let other = Workbench::new(objects.clone(), JobId::random());
     assert!(other.list().await.unwrap().is_empty(), "workbenches are per job");
-    workspace_suite(objects).await;
 }
 
 /// Workspace snapshots and changesets on an object store.
-async fn workspace_suite(objects: Arc<dyn ObjectStore>) {
+pub async fn workspace_snapshots_and_changesets(objects: Arc<dyn ObjectStore>) {
     use crate::workspace::{Workspace, apply};
     let job = JobId::random();
     let ws = Workspace::new(objects, job);
@@ -271,7 +469,14 @@ async fn workspace_suite(objects: Arc<dyn ObjectStore>) {
     std::fs::write(src.path().join("b.txt"), "beta").unwrap();
     std::fs::create_dir_all(src.path().join(".flower")).unwrap();
     std::fs::write(src.path().join(".flower/x"), "never uploaded").unwrap();
-    assert!(ws.upload_dir(src.path(), 3).await.is_err(), "the size limit is enforced");
+    let over = ws.upload_dir(src.path(), 3).await;
+    assert!(
+        matches!(over, Err(StoreError::TooLarge { size: 9, limit: 3, .. })),
+        "the size limit is enforced: {over:?}"
+    );
+    assert!(ws.load().await.unwrap().is_empty(), "nothing is uploaded past the limit");
+    let files = vec![("../x".to_string(), bytes::Bytes::from_static(b"x"))];
+    assert!(matches!(ws.upload_files(files, 1 << 20).await, Err(StoreError::BadPath { .. })));
     let base = ws.upload_dir(src.path(), 1 << 20).await.unwrap();
     assert_eq!(base.keys().cloned().collect::<Vec<_>>(), vec!["b.txt".to_string(), "d/a.txt".to_string()]);
     assert_eq!(&ws.read("d/a.txt").await.unwrap()[..], b"alpha");

@@ -4,11 +4,14 @@
 //!
 //! # Layout
 //! - [`Store`] (this file): the boundary trait every backend implements
+//! - [`rules`]: the task, job, lease and fence rules both backends run
 //! - [`sqlite`]: the embedded backend (one file under the run directory)
+//! - [`postgres`]: the distributed backend
+//! - [`migrations`]: each backend's versioned schema, applied in order at start
 //! - [`workbench`]: `scripts/`, `artifacts/`, `notes/`, `spill/` of a job on object storage
 //! - [`workspace`]: content-addressed workspace snapshots and task changesets
 //! - [`prune`]: the pruning loader (layer 4): what a resumed session is fed
-//! - [`conformance`]: the one test suite every backend must pass
+//! - `conformance` (feature `testsuite`): the one test suite every backend must pass
 //!
 //! Rules every backend keeps: entries are append-only (a stored row is never
 //! rewritten); an event is written in the same transaction as the change it
@@ -18,14 +21,17 @@
 
 use async_trait::async_trait;
 use flower_model::{
-    Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, Usage,
+    Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, TaskState, Usage,
 };
 
+#[cfg(any(test, feature = "testsuite"))]
 pub mod conformance;
 pub mod localfs;
+pub mod migrations;
 pub mod objects;
 pub mod postgres;
 pub mod prune;
+pub mod rules;
 #[cfg(feature = "s3-test-server")]
 pub mod s3test;
 pub mod sqlite;
@@ -36,19 +42,39 @@ pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use workbench::Workbench;
 
-/// Errors of this crate. None is retryable by blind repetition except
-/// [`StoreError::Backend`], which may be transient (connection loss).
+/// Errors of this crate, each saying what happened (docs/design.md section 9). None
+/// is retryable by blind repetition except [`StoreError::Backend`], which may
+/// be transient (connection loss).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The referenced job, task or session does not exist.
+    /// The referenced job, task or session does not exist. Not retryable.
     #[error("{0} not found")]
     NotFound(String),
-    /// A job id prefix matched several jobs.
+    /// A job id prefix matched several jobs. Not retryable: give more of the id.
     #[error("`{0}` matches several jobs; give more of the id")]
     Ambiguous(String),
-    /// The write conflicts with the current state (e.g. a superseded attempt).
-    #[error("conflict: {0}")]
-    Conflict(String),
+    /// A later attempt holds the task: this attempt's write is refused. Not
+    /// retryable; the stale attempt stops and its delivery settles.
+    #[error("task {task} attempt {attempt} is superseded by attempt {current_attempt}")]
+    Superseded { task: TaskId, attempt: u32, current_attempt: u32 },
+    /// The attempt never claimed the task (no claim, or a newer attempt than
+    /// the one claimed). Not retryable: only a claimed attempt may finish.
+    #[error("task {task} attempt {attempt} has not claimed the task (attempt {current_attempt} holds it)")]
+    NotClaimed { task: TaskId, attempt: u32, current_attempt: u32 },
+    /// The task already ended; a task completes once. Not retryable.
+    #[error("task {task} already {}", state.as_str())]
+    AlreadyFinished { task: TaskId, state: TaskState },
+    /// The job already ended; its first end stands. Not retryable.
+    #[error("job {job} already {state}")]
+    JobEnded { job: JobId, state: JobState },
+    /// More bytes than a limit allows (a workspace over
+    /// `runtime.workspace_limit`). Not retryable with the same input.
+    #[error("{what} holds {size} bytes, more than the limit of {limit} ({setting})")]
+    TooLarge { what: &'static str, size: u64, limit: u64, setting: &'static str },
+    /// A workbench or workspace path that does not stay beneath its root
+    /// (absolute, `..`, empty, or not a valid object key). Not retryable.
+    #[error("`{path}`: {why}")]
+    BadPath { path: String, why: String },
     /// The data can never be stored as given (a NUL byte in text, a value
     /// over a backend limit). Not retryable: the caller must fail what wrote it.
     #[error("cannot be stored: {0}")]
@@ -147,7 +173,8 @@ pub trait Store: Send + Sync + 'static {
     async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId>;
     /// Newest first.
     async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>>;
-    /// Move a job to `state`, with its event, in one transaction (fenced when `fence` is given).
+    /// Move a job to `state`, with its event, in one transaction (fenced when
+    /// `fence` is given); an ended job refuses with [`StoreError::JobEnded`].
     async fn set_job_state(
         &self,
         id: JobId,
@@ -177,11 +204,14 @@ pub trait Store: Send + Sync + 'static {
     async fn get_task(&self, id: TaskId) -> Result<Task>;
     async fn tasks(&self, job: JobId) -> Result<Vec<Task>>;
     /// Claim `attempt` of a task for `worker_id` (compare-and-set): succeeds only
-    /// if the task has not ended and no later attempt holds it.
+    /// if the task has not ended and no later attempt holds it ([`rules::claim`]).
     async fn claim_task(&self, id: TaskId, attempt: u32, worker_id: &str) -> Result<Claim>;
     /// End the task from `attempt`, recording its usage on the task (the job's
-    /// total already counted it turn by turn). Rejected with [`StoreError::Conflict`] if that
-    /// attempt no longer holds the task (superseded) or the task already ended.
+    /// total already counted it turn by turn). Rejected with
+    /// [`StoreError::Superseded`] if a later attempt holds the task,
+    /// [`StoreError::NotClaimed`] if this attempt never claimed it, and
+    /// [`StoreError::AlreadyFinished`] if the task already ended
+    /// ([`rules::finish`]).
     async fn finish_task(
         &self,
         id: TaskId,
@@ -194,7 +224,8 @@ pub trait Store: Send + Sync + 'static {
     /// a running task. The owning coordinator's sweeper requeues a running or
     /// queued task whose `updated_at` is too old: its message is gone.
     async fn heartbeat_task(&self, id: TaskId, attempt: u32) -> Result<bool>;
-    /// Cancel every task of a job that has not ended.
+    /// Cancel every task of a job that has not ended; their events come in
+    /// dispatch order ([`rules::cancel`]).
     async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written>;
 
     // ---- leases

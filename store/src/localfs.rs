@@ -30,7 +30,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 pub fn check_relative(rel: &str) -> Result<()> {
     let p = Path::new(rel);
     let ok = !rel.is_empty() && p.components().all(|c| matches!(c, Component::Normal(_)));
-    if ok { Ok(()) } else { Err(StoreError::Conflict(format!("`{rel}` is not a relative path beneath the root"))) }
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::BadPath { path: rel.to_string(), why: "not a relative path beneath the root".into() })
+    }
 }
 
 /// Walk `root` (blocking), skipping the top-level names in `skip`.

@@ -7,23 +7,23 @@
 //! lock serialises writers of one job without a table lock. A batch of entries
 //! is one multi-row insert (`UNNEST`), not one round trip per entry.
 //! A fenced write takes the lease row `FOR SHARE`, so a takeover cannot commit
-//! in the middle of it.
+//! in the middle of it. Every decision about tasks, jobs and leases is
+//! [`rules`]'s, made on rows loaded `FOR UPDATE` in the writing transaction, so
+//! it still holds when its rows are stored.
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use flower_model::{
-    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, TaskState,
-    Usage, now_ms,
+    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, Usage, now_ms,
 };
 use tokio_postgres::{GenericClient, NoTls, Row, Transaction};
 use uuid::Uuid;
 
-use crate::{Batch, Claim, Fence, Lease, NewJob, Result, Store, StoreError, Written};
+use crate::rules::{self, ClaimDecision, TaskChange};
+use crate::{Batch, Claim, Fence, Lease, NewJob, Result, Store, StoreError, Written, migrations};
 
-/// Embedded migrations, applied in order; never edit one that has shipped.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_initial.sql"))];
 /// Advisory lock key serialising migrations across replicas.
 const MIGRATION_LOCK: i64 = 0x666c_6f77_6572;
 
@@ -76,18 +76,14 @@ impl PostgresStore {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS flower_migrations (version integer PRIMARY KEY, applied_at bigint NOT NULL)",
-        )
-        .await?;
+        tx.batch_execute(migrations::VERSION_TABLE).await?;
         let applied: Vec<i32> =
             tx.query("SELECT version FROM flower_migrations", &[]).await?.iter().map(|r| r.get(0)).collect();
-        for (version, sql) in MIGRATIONS {
-            if !applied.contains(version) {
-                tx.batch_execute(sql).await?;
-                tx.execute("INSERT INTO flower_migrations VALUES ($1, $2)", &[version, &now_ms()]).await?;
-                tracing::info!(version, "migration applied");
-            }
+        for (version, sql) in migrations::pending(migrations::POSTGRES, &applied)? {
+            tx.batch_execute(sql).await?;
+            tx.execute("INSERT INTO flower_migrations (version, applied_at) VALUES ($1, $2)", &[&version, &now_ms()])
+                .await?;
+            tracing::info!(version, "migration applied");
         }
         tx.commit().await?;
         Ok(())
@@ -121,11 +117,70 @@ where
     s.parse().map_err(corrupt)
 }
 
+/// Reject the transaction unless `fence` still owns its job ([`rules::check_fence`]).
 async fn check_fence(tx: &Transaction<'_>, fence: Option<Fence>) -> Result<()> {
     let Some(f) = fence else { return Ok(()) };
     let row = tx.query_opt("SELECT epoch FROM leases WHERE job_id = $1 FOR SHARE", &[&f.job.0]).await?;
-    let current: i64 = row.map(|r| r.get(0)).unwrap_or(0);
-    if current == f.epoch { Ok(()) } else { Err(StoreError::Fenced { job: f.job, given: f.epoch, current }) }
+    rules::check_fence(f, row.map_or(0, |r| r.get(0)))
+}
+
+/// The job's lease row, locked for the decision about it.
+async fn lock_lease(tx: &Transaction<'_>, job: JobId) -> Result<Option<Lease>> {
+    let row =
+        tx.query_opt("SELECT owner, epoch, expires_at FROM leases WHERE job_id = $1 FOR UPDATE", &[&job.0]).await?;
+    Ok(row.map(|r| Lease { job, owner: r.get(0), epoch: r.get(1), expires_at: r.get(2) }))
+}
+
+/// Store a lease row over the one [`lock_lease`] found.
+async fn update_lease(tx: &Transaction<'_>, lease: &Lease) -> Result<()> {
+    tx.execute(
+        "UPDATE leases SET owner = $2, epoch = $3, expires_at = $4 WHERE job_id = $1",
+        &[&lease.job.0, &lease.owner, &lease.epoch, &lease.expires_at],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Store the mutable columns of task rows as [`rules`] decided them, in one statement.
+async fn write_tasks(tx: &Transaction<'_>, tasks: &[&Task]) -> Result<()> {
+    if tasks.is_empty() {
+        return Ok(());
+    }
+    let (mut ids, mut states, mut attempts, mut claimed, mut reports, mut errors, mut usages, mut ats) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    for t in tasks {
+        ids.push(t.id.0);
+        states.push(t.state.as_str());
+        attempts.push(i32::try_from(t.attempt).map_err(|_| StoreError::Invalid(format!("attempt {}", t.attempt)))?);
+        claimed.push(t.claimed_by.as_deref());
+        reports.push(t.report.as_deref());
+        errors.push(t.error.as_deref());
+        usages.push(json(&t.usage)?);
+        ats.push(t.updated_at);
+    }
+    tx.execute(
+        "UPDATE tasks AS t SET state = u.state, attempt = u.attempt, claimed_by = u.claimed_by, report = u.report,
+           error = u.error, usage = u.usage, updated_at = u.updated_at
+         FROM UNNEST($1::uuid[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bigint[])
+           AS u (id, state, attempt, claimed_by, report, error, usage, updated_at)
+         WHERE t.id = u.id",
+        &[&ids, &states, &attempts, &claimed, &reports, &errors, &usages, &ats],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Store task changes and number their events, in the changes' order.
+async fn apply_task_changes(tx: &Transaction<'_>, changes: Vec<TaskChange>) -> Result<Vec<Event>> {
+    write_tasks(tx, &changes.iter().map(|c| &c.task).collect::<Vec<_>>()).await?;
+    write_events(tx, changes.into_iter().map(|c| (c.task.job_id, c.event)).collect()).await
+}
+
+/// Store one task change; the stored row and its numbered event.
+async fn apply_task_change(tx: &Transaction<'_>, change: TaskChange) -> Result<(Task, Vec<Event>)> {
+    write_tasks(tx, &[&change.task]).await?;
+    let events = write_events(tx, vec![(change.task.job_id, change.event)]).await?;
+    Ok((change.task, events))
 }
 
 /// Append events, numbering them from the job's counter (one round trip for
@@ -235,6 +290,13 @@ async fn load_task(c: &impl GenericClient, id: TaskId) -> Result<Task> {
     decode_task(&row)
 }
 
+/// A task row, locked until the transaction ends: the decision made on it
+/// stands until it is stored.
+async fn lock_task(tx: &Transaction<'_>, id: TaskId) -> Result<Option<Task>> {
+    let row = tx.query_opt(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1 FOR UPDATE"), &[&id.0]).await?;
+    row.as_ref().map(decode_task).transpose()
+}
+
 fn decode_session(r: &Row) -> Result<Session> {
     Ok(Session {
         id: SessionId(r.get(0)),
@@ -269,7 +331,7 @@ impl Store for PostgresStore {
                         tx.query_one("SELECT id FROM jobs WHERE idempotency_key = $1", &[&job.idempotency_key]).await?;
                     return Ok((load_job(tx, JobId(row.get(0))).await?, false));
                 }
-                write_events(tx, vec![(job.id, EventKind::JobState { state: JobState::Queued, reason: None })]).await?;
+                write_events(tx, vec![(job.id, rules::job_created())]).await?;
                 Ok((load_job(tx, job.id).await?, true))
             })
         })
@@ -314,20 +376,17 @@ impl Store for PostgresStore {
             Box::pin(async move {
                 check_fence(tx, fence).await?;
                 let row = tx
-                    .query_opt("SELECT state FROM jobs WHERE id = $1 FOR UPDATE", &[&id.0])
+                    .query_opt(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = $1 FOR UPDATE"), &[&id.0])
                     .await?
                     .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
-                let current: JobState = parse(row.get::<_, &str>(0))?;
-                if current.is_terminal() {
-                    return Err(StoreError::Conflict(format!("job {id} already {current}")));
-                }
+                let change = rules::set_job_state(&decode_job(&row)?, state, reason, final_answer, now_ms())?;
+                let job = &change.job;
                 tx.execute(
-                    "UPDATE jobs SET state = $2, reason = $3, final_answer = COALESCE($4, final_answer), updated_at = $5
-                     WHERE id = $1",
-                    &[&id.0, &state.as_str(), &reason, &final_answer, &now_ms()],
+                    "UPDATE jobs SET state = $2, reason = $3, final_answer = $4, updated_at = $5 WHERE id = $1",
+                    &[&id.0, &job.state.as_str(), &job.reason, &job.final_answer, &job.updated_at],
                 )
                 .await?;
-                Ok(written(write_events(tx, vec![(id, EventKind::JobState { state, reason })]).await?))
+                Ok(written(write_events(tx, vec![(id, change.event)]).await?))
             })
         })
         .await
@@ -366,9 +425,7 @@ impl Store for PostgresStore {
                 if n == 0 {
                     return Ok(Written::default());
                 }
-                let kind =
-                    EventKind::SessionStarted { session: session.id, role: session.role.as_str().into(), label: session.label };
-                Ok(written(write_events(tx, vec![(session.job_id, kind)]).await?))
+                Ok(written(write_events(tx, vec![(session.job_id, rules::session_started(&session))]).await?))
             })
         })
         .await
@@ -493,12 +550,7 @@ impl Store for PostgresStore {
                 if n == 0 {
                     return Ok((load_task(tx, task.id).await?, false, Written::default()));
                 }
-                let kind = EventKind::TaskQueued {
-                    task: task.id,
-                    worker: task.worker.clone(),
-                    description: task.description.clone(),
-                };
-                let events = write_events(tx, vec![(task.job_id, kind)]).await?;
+                let events = write_events(tx, vec![(task.job_id, rules::task_queued(&task))]).await?;
                 Ok((load_task(tx, task.id).await?, true, written(events)))
             })
         })
@@ -521,29 +573,14 @@ impl Store for PostgresStore {
         let worker_id = worker_id.to_string();
         self.tx(move |tx| {
             Box::pin(async move {
-                let task = load_task(tx, id).await?;
-                if task.state.is_terminal() {
-                    return Ok(Claim::AlreadyFinished(task));
+                let task = lock_task(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+                match rules::claim(&task, attempt, &worker_id, now_ms()) {
+                    ClaimDecision::Answer(answer) => Ok(answer),
+                    ClaimDecision::Take(change) => {
+                        let (task, events) = apply_task_change(tx, change).await?;
+                        Ok(Claim::Claimed { task, events })
+                    }
                 }
-                let n = tx
-                    .execute(
-                        "UPDATE tasks SET state = 'running', attempt = $2, claimed_by = $3, updated_at = $4
-                         WHERE id = $1 AND attempt < $2 AND state IN ('queued', 'running')",
-                        &[&id.0, &(attempt as i32), &worker_id, &now_ms()],
-                    )
-                    .await?;
-                if n == 0 {
-                    let current = load_task(tx, id).await?;
-                    return Ok(if current.state.is_terminal() {
-                        Claim::AlreadyFinished(current)
-                    } else {
-                        Claim::Superseded { current_attempt: current.attempt }
-                    });
-                }
-                let events =
-                    write_events(tx, vec![(task.job_id, EventKind::TaskStarted { task: id, attempt, worker_id })])
-                        .await?;
-                Ok(Claim::Claimed { task: load_task(tx, id).await?, events })
             })
         })
         .await
@@ -558,28 +595,9 @@ impl Store for PostgresStore {
     ) -> Result<(Task, Written)> {
         self.tx(move |tx| {
             Box::pin(async move {
-                let (state, report, error) = match &outcome {
-                    TaskOutcome::Succeeded { report } => (TaskState::Succeeded, Some(report.clone()), None),
-                    TaskOutcome::Failed { error } => (TaskState::Failed, None, Some(error.clone())),
-                };
-                let n = tx
-                    .execute(
-                        "UPDATE tasks SET state = $3, report = $4, error = $5, usage = $6, updated_at = $7
-                         WHERE id = $1 AND attempt = $2 AND state = 'running'",
-                        &[&id.0, &(attempt as i32), &state.as_str(), &report, &error, &json(&usage)?, &now_ms()],
-                    )
-                    .await?;
-                let task = load_task(tx, id).await?;
-                if n == 0 {
-                    return Err(StoreError::Conflict(format!(
-                        "task {id} attempt {attempt} cannot finish: task is {} at attempt {}",
-                        task.state.as_str(),
-                        task.attempt
-                    )));
-                }
-                let kind =
-                    EventKind::TaskFinished { task: id, attempt, succeeded: state == TaskState::Succeeded, usage };
-                let events = write_events(tx, vec![(task.job_id, kind)]).await?;
+                let task = lock_task(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+                let change = rules::finish(&task, attempt, outcome, usage, now_ms())?;
+                let (task, events) = apply_task_change(tx, change).await?;
                 Ok((task, written(events)))
             })
         })
@@ -587,42 +605,35 @@ impl Store for PostgresStore {
     }
 
     async fn heartbeat_task(&self, id: TaskId, attempt: u32) -> Result<bool> {
-        let client = self.pool.get().await?;
-        let n = client
-            .execute(
-                "UPDATE tasks SET updated_at = $3 WHERE id = $1 AND attempt = $2 AND state = 'running'",
-                &[&id.0, &(attempt as i32), &now_ms()],
-            )
-            .await?;
-        Ok(n == 1)
+        self.tx(move |tx| {
+            Box::pin(async move {
+                let Some(task) = lock_task(tx, id).await? else { return Ok(false) };
+                let Some(beat) = rules::heartbeat(&task, attempt, now_ms()) else { return Ok(false) };
+                write_tasks(tx, &[&beat]).await?;
+                Ok(true)
+            })
+        })
+        .await
     }
 
     async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written> {
         let reason = reason.to_string();
         self.tx(move |tx| {
             Box::pin(async move {
+                // Only unfinished rows are worth loading; which of them to
+                // cancel, and in what order, is the rule's. Locked in id order,
+                // so two cancels of one job cannot deadlock.
                 let rows = tx
                     .query(
-                        "UPDATE tasks SET state = 'cancelled', error = $2, updated_at = $3
-                         WHERE job_id = $1 AND state IN ('queued', 'running') RETURNING id, attempt",
-                        &[&job.0, &reason, &now_ms()],
+                        &format!(
+                            "SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 AND state IN ('queued', 'running')
+                             ORDER BY id FOR UPDATE"
+                        ),
+                        &[&job.0],
                     )
                     .await?;
-                let mut ids: Vec<(Uuid, i32)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-                ids.sort();
-                let events = ids
-                    .into_iter()
-                    .map(|(id, attempt)| {
-                        let kind = EventKind::TaskFinished {
-                            task: TaskId(id),
-                            attempt: attempt as u32,
-                            succeeded: false,
-                            usage: Usage::default(),
-                        };
-                        (job, kind)
-                    })
-                    .collect();
-                Ok(written(write_events(tx, events).await?))
+                let open = rows.iter().map(decode_task).collect::<Result<Vec<_>>>()?;
+                Ok(written(apply_task_changes(tx, rules::cancel(&open, &reason, now_ms())).await?))
             })
         })
         .await
@@ -632,47 +643,62 @@ impl Store for PostgresStore {
         let owner = owner.to_string();
         self.tx(move |tx| {
             Box::pin(async move {
-                let now = now_ms();
-                // Insert, or take over when expired, or renew when already ours;
-                // a live lease of someone else's matches no branch.
-                let row = tx
-                    .query_opt(
-                        "INSERT INTO leases (job_id, owner, epoch, expires_at) VALUES ($1, $2, 1, $3)
-                         ON CONFLICT (job_id) DO UPDATE SET
-                           epoch = CASE WHEN leases.owner = EXCLUDED.owner THEN leases.epoch ELSE leases.epoch + 1 END,
-                           owner = EXCLUDED.owner,
-                           expires_at = EXCLUDED.expires_at
-                         WHERE leases.owner = EXCLUDED.owner OR leases.expires_at < $4
-                         RETURNING epoch",
-                        &[&job.0, &owner, &(now + ttl_ms), &now],
-                    )
-                    .await?;
-                Ok(row.map(|r| Lease { job, owner, epoch: r.get(0), expires_at: now + ttl_ms }))
+                // Two replicas may both find no lease row; the second insert
+                // then waits for the first and finds its row, and the decision
+                // is made again on that row, locked.
+                for _ in 0..2 {
+                    let current = lock_lease(tx, job).await?;
+                    let Some(lease) = rules::acquire_lease(current.as_ref(), job, &owner, now_ms(), ttl_ms) else {
+                        return Ok(None);
+                    };
+                    if current.is_some() {
+                        update_lease(tx, &lease).await?;
+                        return Ok(Some(lease));
+                    }
+                    let inserted = tx
+                        .execute(
+                            "INSERT INTO leases (job_id, owner, epoch, expires_at) VALUES ($1, $2, $3, $4)
+                             ON CONFLICT (job_id) DO NOTHING",
+                            &[&job.0, &lease.owner, &lease.epoch, &lease.expires_at],
+                        )
+                        .await?;
+                    if inserted == 1 {
+                        return Ok(Some(lease));
+                    }
+                }
+                Err(StoreError::Backend(format!("the lease of job {job} kept changing while being taken")))
             })
         })
         .await
     }
 
     async fn renew_lease(&self, lease: &Lease, ttl_ms: i64) -> Result<bool> {
-        let client = self.pool.get().await?;
-        let n = client
-            .execute(
-                "UPDATE leases SET expires_at = $4 WHERE job_id = $1 AND owner = $2 AND epoch = $3",
-                &[&lease.job.0, &lease.owner, &lease.epoch, &(now_ms() + ttl_ms)],
-            )
-            .await?;
-        Ok(n == 1)
+        let held = lease.clone();
+        self.tx(move |tx| {
+            Box::pin(async move {
+                let current = lock_lease(tx, held.job).await?;
+                let Some(renewed) = rules::renew_lease(current.as_ref(), &held, now_ms(), ttl_ms) else {
+                    return Ok(false);
+                };
+                update_lease(tx, &renewed).await?;
+                Ok(true)
+            })
+        })
+        .await
     }
 
     async fn release_lease(&self, lease: &Lease) -> Result<()> {
-        let client = self.pool.get().await?;
-        client
-            .execute(
-                "UPDATE leases SET expires_at = 0 WHERE job_id = $1 AND owner = $2 AND epoch = $3",
-                &[&lease.job.0, &lease.owner, &lease.epoch],
-            )
-            .await?;
-        Ok(())
+        let held = lease.clone();
+        self.tx(move |tx| {
+            Box::pin(async move {
+                let current = lock_lease(tx, held.job).await?;
+                if let Some(released) = rules::release_lease(current.as_ref(), &held) {
+                    update_lease(tx, &released).await?;
+                }
+                Ok(())
+            })
+        })
+        .await
     }
 
     async fn events(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<Event>> {

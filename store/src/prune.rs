@@ -1,18 +1,25 @@
-//! The pruning loader (layer 4): what a resumed session is fed. It works on a
-//! copy — stored rows are never changed — in this order:
+//! The pruning loader (docs/design.md section 7): what a resumed session is
+//! fed. It owns the rules below and nothing else: it works on a copy and
+//! never changes a stored row, and it does no I/O — the bodies a trim moves
+//! out are returned for the caller to write. Rules, in this order, one
+//! function each:
 //!
-//! 1. **expire** results of calls recorded as ephemeral (≤ `max_chars`), older
-//!    than the `keep_recent` most recent ones: their body becomes a notice to
-//!    run the command again. A `Bash` result recorded without a verdict (an
-//!    imported session) is judged now, by the same judge that allows glances
-//!    (passed in: the judge lives with the agent); a recorded verdict always
-//!    wins, so a newer allowlist never re-judges what a run recorded;
-//! 2. **trim** (off by default) older large text results: the text goes to the
-//!    workbench, content-addressed (written only if absent), behind a pointer;
-//! 3. **prune** denied calls by their structural marker (keeping the most
-//!    recent `keep_denials`), drop synthetic API-error entries, neutralise
-//!    results left by an interruption, heal calls left without a result, and
-//!    drop results whose call is gone.
+//! 1. `expire` results of calls recorded as ephemeral (≤ `max_chars`),
+//!    older than the `keep_recent` most recent ones: their body becomes a
+//!    notice to run the command again. A `Bash` result recorded without a
+//!    verdict (an imported session) is judged now, by the same judge that
+//!    allows glances (passed in: the judge lives with the agent); a recorded
+//!    verdict always wins, so a newer allowlist never re-judges what a run
+//!    recorded;
+//! 2. `trim` (off by default) older large text results: the text goes to
+//!    the workbench, content-addressed (written only if absent), behind a
+//!    pointer;
+//! 3. `denials`: denied calls leave by their structural marker (keeping the
+//!    most recent `keep_denials`);
+//! 4. `residue`: synthetic API-error entries are dropped, results left by an
+//!    interruption neutralised; then `pair` drops results whose call is gone
+//!    and heals calls left without a result;
+//! 5. `relink` the parent chain.
 //!
 //! Red lines: a `tool_use` and its `tool_result` leave together; other calls
 //! of the same assistant message stay; the parent chain is relinked to the
@@ -21,7 +28,7 @@
 use std::collections::{HashMap, HashSet};
 
 use flower_model::content::result_text;
-use flower_model::spec::PruningOptions;
+use flower_model::spec::{EphemeralOptions, PruningOptions, TrimOptions};
 use flower_model::{ContentBlock, Entry, EntryKind, ResultBlock};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -86,97 +93,124 @@ fn ephemeral(e: &Entry, calls: &Calls, judge: &dyn Fn(&str) -> bool) -> bool {
 /// whether a command is a glance (`flower_agent::glance::allows`); it is
 /// asked only about `Bash` calls whose result records no verdict.
 pub fn prune(stored: &[Entry], opts: &PruningOptions, judge: &dyn Fn(&str) -> bool) -> Pruned {
-    let mut out = Pruned { entries: stored.to_vec(), ..Default::default() };
-    let entries = &mut out.entries;
-    let changes = &mut out.changes;
+    let mut entries = stored.to_vec();
+    let mut changes = Vec::new();
+    let calls = index_calls(&entries);
+    if opts.ephemeral.enabled {
+        expire(&mut entries, &calls, &opts.ephemeral, judge, &mut changes);
+    }
+    let trims = if opts.trim.enabled { trim(&mut entries, &opts.trim, &mut changes) } else { Vec::new() };
+    let drop_ids = denials(&entries, &calls, opts.keep_denials, &mut changes);
+    let removed = residue(&mut entries, &drop_ids, &mut changes);
+    let mut kept = pair(entries, &removed, &mut changes);
+    relink(&mut kept, stored);
+    Pruned { entries: kept, changes, trims }
+}
 
-    // Where each call was made: tool_use id → (assistant index, tool, input).
+/// Where each call was made: tool_use id → (assistant index, tool, input).
+fn index_calls(entries: &[Entry]) -> Calls {
     let mut calls: Calls = HashMap::new();
     for (i, e) in entries.iter().enumerate() {
         for (id, name, input) in e.tool_uses() {
             calls.insert(id.to_string(), (i, name.to_string(), input.clone()));
         }
     }
+    calls
+}
+
+/// 1. Expire: glance results of at most `max_chars`, older than the
+///    `keep_recent` most recent, become a notice to run the command again.
+fn expire(
+    entries: &mut [Entry],
+    calls: &Calls,
+    opts: &EphemeralOptions,
+    judge: &dyn Fn(&str) -> bool,
+    changes: &mut Vec<Change>,
+) {
     // Assistant turns after each position (how many turns ago a result is), in one pass.
     let mut assistants_after = vec![0usize; entries.len() + 1];
     for i in (0..entries.len()).rev() {
         assistants_after[i] = assistants_after[i + 1] + usize::from(entries[i].kind == EntryKind::Assistant);
     }
+    let candidates: Vec<usize> = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| {
+            e.kind == EntryKind::ToolResult
+                && e.markers.denial_kind.is_none()
+                && ephemeral(e, calls, judge)
+                && e.content.iter().any(|b| matches!(b, ContentBlock::ToolResult { content, .. } if result_text(content).chars().count() <= opts.max_chars))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let expire = candidates.len().saturating_sub(opts.keep_recent);
+    for &i in &candidates[..expire] {
+        let id = result_id(&entries[i]).unwrap_or_default().to_string();
+        let command =
+            calls.get(&id).and_then(|(_, _, input)| input["command"].as_str()).unwrap_or("the command").to_string();
+        let ago = assistants_after[i];
+        let uuid = entries[i].uuid;
+        set_result_text(
+            &mut entries[i],
+            format!(
+                "[`{command}` result expired ({ago} turns ago); the state may have changed — run it again if needed]"
+            ),
+        );
+        changes.push(Change {
+            rule: "ephemeral",
+            entry: uuid,
+            detail: format!("`{command}` expired ({ago} turns ago)"),
+        });
+    }
+}
 
-    // 1. Ephemeral expiry.
-    if opts.ephemeral.enabled {
-        let candidates: Vec<usize> = entries
+/// 2. Trim: text results of at least `min_chars`, older than the
+///    `keep_recent` most recent, move behind a pointer; the bodies to write
+///    (once per path: they are content-addressed) are returned.
+fn trim(entries: &mut [Entry], opts: &TrimOptions, changes: &mut Vec<Change>) -> Vec<TrimWrite> {
+    let mut trims = Vec::new();
+    let mut trimmed: HashSet<String> = HashSet::new();
+    let results: Vec<usize> =
+        entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::ToolResult).map(|(i, _)| i).collect();
+    let old = results.len().saturating_sub(opts.keep_recent);
+    for &i in &results[..old] {
+        if entries[i].markers.denial_kind.is_some() {
+            continue;
+        }
+        let text = entries[i]
+            .content
             .iter()
-            .enumerate()
-            .filter(|(_, e)| {
-                e.kind == EntryKind::ToolResult
-                    && e.markers.denial_kind.is_none()
-                    && ephemeral(e, &calls, judge)
-                    && e.content.iter().any(|b| matches!(b, ContentBlock::ToolResult { content, .. } if result_text(content).chars().count() <= opts.ephemeral.max_chars))
+            .find_map(|b| match b {
+                ContentBlock::ToolResult { content, .. } => Some(result_text(content)),
+                _ => None,
             })
-            .map(|(i, _)| i)
-            .collect();
-        let expire = candidates.len().saturating_sub(opts.ephemeral.keep_recent);
-        for &i in &candidates[..expire] {
-            let id = result_id(&entries[i]).unwrap_or_default().to_string();
-            let command =
-                calls.get(&id).and_then(|(_, _, input)| input["command"].as_str()).unwrap_or("the command").to_string();
-            let ago = assistants_after[i];
-            let uuid = entries[i].uuid;
-            set_result_text(
-                &mut entries[i],
-                format!(
-                    "[`{command}` result expired ({ago} turns ago); the state may have changed — run it again if needed]"
-                ),
-            );
-            changes.push(Change {
-                rule: "ephemeral",
-                entry: uuid,
-                detail: format!("`{command}` expired ({ago} turns ago)"),
-            });
+            .unwrap_or_default();
+        let chars = text.chars().count();
+        if chars < opts.min_chars || text.contains("characters spilled to .flower/") {
+            continue;
+        }
+        let hash = hex::encode(Sha256::digest(text.as_bytes()));
+        let path = format!("spill/{}.txt", &hash[..16]);
+        let head: String = text.chars().take(400).collect();
+        let uuid = entries[i].uuid;
+        set_result_text(
+            &mut entries[i],
+            format!(
+                "[{chars} characters trimmed to .flower/{path} on resume — Read it for the full text. The first 400 follow.]\n{head}"
+            ),
+        );
+        changes.push(Change { rule: "trim", entry: uuid, detail: format!("{chars} chars → .flower/{path}") });
+        if trimmed.insert(path.clone()) {
+            trims.push(TrimWrite { path, text });
         }
     }
+    trims
+}
 
-    // 2. Trim.
-    if opts.trim.enabled {
-        let mut trimmed: HashSet<String> = HashSet::new();
-        let results: Vec<usize> =
-            entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::ToolResult).map(|(i, _)| i).collect();
-        let old = results.len().saturating_sub(opts.trim.keep_recent);
-        for &i in &results[..old] {
-            if entries[i].markers.denial_kind.is_some() {
-                continue;
-            }
-            let text = entries[i]
-                .content
-                .iter()
-                .find_map(|b| match b {
-                    ContentBlock::ToolResult { content, .. } => Some(result_text(content)),
-                    _ => None,
-                })
-                .unwrap_or_default();
-            let chars = text.chars().count();
-            if chars < opts.trim.min_chars || text.contains("characters spilled to .flower/") {
-                continue;
-            }
-            let hash = hex::encode(Sha256::digest(text.as_bytes()));
-            let path = format!("spill/{}.txt", &hash[..16]);
-            let head: String = text.chars().take(400).collect();
-            let uuid = entries[i].uuid;
-            set_result_text(
-                &mut entries[i],
-                format!(
-                    "[{chars} characters trimmed to .flower/{path} on resume — Read it for the full text. The first 400 follow.]\n{head}"
-                ),
-            );
-            changes.push(Change { rule: "trim", entry: uuid, detail: format!("{chars} chars → .flower/{path}") });
-            if trimmed.insert(path.clone()) {
-                out.trims.push(TrimWrite { path, text });
-            }
-        }
-    }
-
-    // 3. Prune: denied calls (structural marker), synthetic errors, interruption residue.
+/// 3. Denials: denied calls beyond the `keep` most recent, by their
+///    structural marker. Returns their tool_use ids: each call leaves with
+///    its result (see `residue`).
+fn denials(entries: &[Entry], calls: &Calls, keep: usize, changes: &mut Vec<Change>) -> HashSet<String> {
     let mut drop_ids: HashSet<String> = HashSet::new();
     let denied: Vec<usize> = entries
         .iter()
@@ -184,7 +218,7 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions, judge: &dyn Fn(&str) -> bo
         .filter(|(_, e)| e.kind == EntryKind::ToolResult && e.markers.denial_kind.is_some())
         .map(|(i, _)| i)
         .collect();
-    let drop_denied = denied.len().saturating_sub(opts.keep_denials);
+    let drop_denied = denied.len().saturating_sub(keep);
     for &i in &denied[..drop_denied] {
         if let Some(id) = result_id(&entries[i]) {
             drop_ids.insert(id.to_string());
@@ -197,6 +231,15 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions, judge: &dyn Fn(&str) -> bo
             });
         }
     }
+    drop_ids
+}
+
+/// 4. Residue, in one pass with the removal of the dropped (denied) calls:
+///    synthetic API-error entries are not re-sent, interrupted results get
+///    the neutral text, a dropped call leaves its message (the message too
+///    when nothing else is left of it) and its result leaves with it. Returns
+///    the entries removed.
+fn residue(entries: &mut [Entry], drop_ids: &HashSet<String>, changes: &mut Vec<Change>) -> HashSet<Uuid> {
     let mut removed: HashSet<Uuid> = HashSet::new();
     for e in entries.iter_mut() {
         if e.markers.synthetic_error {
@@ -214,17 +257,7 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions, judge: &dyn Fn(&str) -> bo
                 continue;
             }
             if e.markers.interrupted {
-                let already = e.content.iter().any(
-                    |b| matches!(b, ContentBlock::ToolResult { content, .. } if result_text(content) == NEVER_PRODUCED),
-                );
-                if !already {
-                    set_result_text(e, NEVER_PRODUCED.to_string());
-                    changes.push(Change {
-                        rule: "interrupted",
-                        entry: e.uuid,
-                        detail: "interrupted result neutralised".into(),
-                    });
-                }
+                neutralise(e, changes);
             }
         }
         if e.kind == EntryKind::Assistant && e.tool_uses().any(|(id, _, _)| drop_ids.contains(id)) {
@@ -234,8 +267,26 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions, judge: &dyn Fn(&str) -> bo
             }
         }
     }
+    removed
+}
 
-    // Pairing: results whose call is gone are dropped; calls without a result are healed.
+/// Give an interrupted result the neutral text, unless it has it already.
+fn neutralise(e: &mut Entry, changes: &mut Vec<Change>) {
+    let already = e
+        .content
+        .iter()
+        .any(|b| matches!(b, ContentBlock::ToolResult { content, .. } if result_text(content) == NEVER_PRODUCED));
+    if !already {
+        set_result_text(e, NEVER_PRODUCED.to_string());
+        changes.push(Change { rule: "interrupted", entry: e.uuid, detail: "interrupted result neutralised".into() });
+    }
+}
+
+/// Pairing: the surviving entries, without results whose call is gone, and
+/// with a healing result after each call left without one — except in the
+/// last turn: the resuming session makes idempotent calls again (an `Agent`
+/// call finds its task) and gives the others a stored neutral result.
+fn pair(entries: Vec<Entry>, removed: &HashSet<Uuid>, changes: &mut Vec<Change>) -> Vec<Entry> {
     let mut kept: Vec<Entry> = Vec::with_capacity(entries.len());
     let live_calls: HashSet<String> = entries
         .iter()
@@ -248,7 +299,7 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions, judge: &dyn Fn(&str) -> bo
         .filter_map(|e| result_id(e).map(str::to_string))
         .collect();
     let mut pending: Vec<(String, String)> = Vec::new();
-    for e in entries.drain(..) {
+    for e in entries {
         if removed.contains(&e.uuid) {
             continue;
         }
@@ -269,11 +320,12 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions, judge: &dyn Fn(&str) -> bo
         }
         kept.push(e);
     }
-    // The last turn's unanswered calls are left to the resuming session: it
-    // makes idempotent ones again (an `Agent` call finds its task) and gives
-    // the others a stored neutral result.
+    kept
+}
 
-    // Relink: each entry's parent is the nearest surviving ancestor.
+/// Relink: each kept entry's parent is its nearest surviving ancestor in
+/// the `stored` chain.
+fn relink(kept: &mut [Entry], stored: &[Entry]) {
     let original_parent: HashMap<Uuid, Option<Uuid>> = stored.iter().map(|e| (e.uuid, e.parent_uuid)).collect();
     let surviving: HashSet<Uuid> = kept.iter().map(|e| e.uuid).collect();
     for e in kept.iter_mut() {
@@ -288,8 +340,6 @@ pub fn prune(stored: &[Entry], opts: &PruningOptions, judge: &dyn Fn(&str) -> bo
             e.parent_uuid = p;
         }
     }
-    out.entries = kept;
-    out
 }
 
 /// Append healing results for `pending` calls after the last kept entry.

@@ -4,90 +4,25 @@
 //! (`spawn_blocking`) holding the one connection: SQLite serialises writers
 //! anyway, and a single connection makes the per-job sequence numbers trivially
 //! gap-free. Stored entries are protected by a trigger: an UPDATE of a
-//! transcript row aborts.
+//! transcript row aborts. The schema is [`migrations::SQLITE`], applied in
+//! order in one transaction at open. Every decision about tasks, jobs and
+//! leases is [`rules`]'s: this file loads rows, asks, and stores the answer.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use flower_model::{
-    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, TaskState,
-    Usage, now_ms,
+    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, Usage, now_ms,
 };
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
-use crate::{Batch, Claim, Fence, Lease, NewJob, Result, Store, StoreError, Written};
+use crate::rules::{self, ClaimDecision, TaskChange};
+use crate::{Batch, Claim, Fence, Lease, NewJob, Result, Store, StoreError, Written, migrations};
 
-const SCHEMA: &str = r#"
-PRAGMA journal_mode = WAL;
-PRAGMA synchronous = NORMAL;
-PRAGMA foreign_keys = ON;
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    state TEXT NOT NULL,
-    reason TEXT,
-    spec TEXT NOT NULL,
-    final_answer TEXT,
-    idempotency_key TEXT UNIQUE,
-    usage TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    job_id TEXT NOT NULL REFERENCES jobs(id),
-    role TEXT NOT NULL,
-    label TEXT NOT NULL,
-    task_id TEXT,
-    created_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sessions_by_job ON sessions(job_id, created_at);
-CREATE TABLE IF NOT EXISTS entries (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
-    seq INTEGER NOT NULL,
-    uuid TEXT NOT NULL UNIQUE,
-    job_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    body TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    PRIMARY KEY (session_id, seq)
-);
-CREATE TRIGGER IF NOT EXISTS entries_append_only BEFORE UPDATE ON entries
-BEGIN SELECT RAISE(ABORT, 'transcript entries are append-only'); END;
-CREATE TABLE IF NOT EXISTS tasks (
-    id TEXT PRIMARY KEY,
-    job_id TEXT NOT NULL REFERENCES jobs(id),
-    parent_session TEXT NOT NULL,
-    tool_use_id TEXT NOT NULL,
-    worker TEXT NOT NULL,
-    mandate TEXT NOT NULL,
-    description TEXT NOT NULL,
-    state TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    claimed_by TEXT,
-    report TEXT,
-    error TEXT,
-    usage TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks(job_id, created_at);
-CREATE TABLE IF NOT EXISTS leases (
-    job_id TEXT PRIMARY KEY REFERENCES jobs(id),
-    owner TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
-    job_id TEXT NOT NULL REFERENCES jobs(id),
-    seq INTEGER NOT NULL,
-    at INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    PRIMARY KEY (job_id, seq)
-);
-"#;
+/// Connection settings, set before the migrations run (`foreign_keys` has no
+/// effect inside a transaction, `journal_mode` cannot change inside one).
+const PRAGMAS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;";
 
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -120,9 +55,10 @@ impl SqliteStore {
         Self::init(Connection::open_in_memory()?)
     }
 
-    fn init(conn: Connection) -> Result<Self> {
+    fn init(mut conn: Connection) -> Result<Self> {
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
-        conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(PRAGMAS)?;
+        migrate(&mut conn)?;
         Ok(Self { conn: Arc::new(Mutex::new(conn)) })
     }
 
@@ -147,6 +83,24 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// Apply the migrations this database lacks, in order, in one transaction
+/// (an immediate one: two processes opening the same file apply them once).
+fn migrate(conn: &mut Connection) -> Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(migrations::VERSION_TABLE)?;
+    let applied: Vec<i32> = {
+        let mut stmt = tx.prepare("SELECT version FROM flower_migrations")?;
+        stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?
+    };
+    for (version, sql) in migrations::pending(migrations::SQLITE, &applied)? {
+        tx.execute_batch(sql)?;
+        tx.execute("INSERT INTO flower_migrations (version, applied_at) VALUES (?1, ?2)", params![version, now_ms()])?;
+        tracing::info!(version, "sqlite migration applied");
+    }
+    tx.commit()?;
+    Ok(())
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Result<String> {
@@ -179,14 +133,55 @@ fn write_event(tx: &Transaction<'_>, job: JobId, kind: EventKind) -> Result<Even
     Ok(Event { job_id: job, seq, at, kind })
 }
 
-/// Reject the transaction unless `fence` still owns its job.
+/// Reject the transaction unless `fence` still owns its job ([`rules::check_fence`]).
 fn check_fence(tx: &Transaction<'_>, fence: Option<Fence>) -> Result<()> {
     let Some(f) = fence else { return Ok(()) };
-    let current: i64 = tx
-        .query_row("SELECT epoch FROM leases WHERE job_id = ?1", params![f.job.to_string()], |r| r.get(0))
-        .optional()?
-        .unwrap_or(0);
-    if current == f.epoch { Ok(()) } else { Err(StoreError::Fenced { job: f.job, given: f.epoch, current }) }
+    let current = load_lease(tx, f.job)?.map_or(0, |l| l.epoch);
+    rules::check_fence(f, current)
+}
+
+fn load_lease(conn: &Connection, job: JobId) -> Result<Option<Lease>> {
+    Ok(conn
+        .query_row("SELECT owner, epoch, expires_at FROM leases WHERE job_id = ?1", params![job.to_string()], |r| {
+            Ok(Lease { job, owner: r.get(0)?, epoch: r.get(1)?, expires_at: r.get(2)? })
+        })
+        .optional()?)
+}
+
+/// Store a lease row as [`rules`] decided it.
+fn write_lease(tx: &Transaction<'_>, lease: &Lease) -> Result<()> {
+    tx.execute(
+        "INSERT INTO leases (job_id, owner, epoch, expires_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (job_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, expires_at = excluded.expires_at",
+        params![lease.job.to_string(), lease.owner, lease.epoch, lease.expires_at],
+    )?;
+    Ok(())
+}
+
+/// Store the mutable columns of a task row as [`rules`] decided them.
+fn write_task(tx: &Transaction<'_>, task: &Task) -> Result<()> {
+    let mut stmt = tx.prepare_cached(
+        "UPDATE tasks SET state = ?2, attempt = ?3, claimed_by = ?4, report = ?5, error = ?6, usage = ?7, updated_at = ?8
+         WHERE id = ?1",
+    )?;
+    stmt.execute(params![
+        task.id.to_string(),
+        task.state.as_str(),
+        task.attempt,
+        task.claimed_by,
+        task.report,
+        task.error,
+        json(&task.usage)?,
+        task.updated_at
+    ])?;
+    Ok(())
+}
+
+/// Store a task change and number its event.
+fn apply_task_change(tx: &Transaction<'_>, change: TaskChange) -> Result<(Task, Event)> {
+    write_task(tx, &change.task)?;
+    let event = write_event(tx, change.task.job_id, change.event)?;
+    Ok((change.task, event))
 }
 
 const JOB_COLS: &str = "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at";
@@ -298,7 +293,7 @@ impl Store for SqliteStore {
                     now
                 ],
             )?;
-            write_event(tx, job.id, EventKind::JobState { state: JobState::Queued, reason: None })?;
+            write_event(tx, job.id, rules::job_created())?;
             let created =
                 load_job(tx, &job.id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("job {}", job.id)))?;
             Ok((created, true))
@@ -349,14 +344,13 @@ impl Store for SqliteStore {
         self.tx(move |tx| {
             check_fence(tx, fence)?;
             let current = load_job(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
-            if current.state.is_terminal() {
-                return Err(StoreError::Conflict(format!("job {id} already {}", current.state)));
-            }
+            let change = rules::set_job_state(&current, state, reason, final_answer, now_ms())?;
+            let job = &change.job;
             tx.execute(
-                "UPDATE jobs SET state = ?2, reason = ?3, final_answer = COALESCE(?4, final_answer), updated_at = ?5 WHERE id = ?1",
-                params![id.to_string(), state.as_str(), reason, final_answer, now_ms()],
+                "UPDATE jobs SET state = ?2, reason = ?3, final_answer = ?4, updated_at = ?5 WHERE id = ?1",
+                params![id.to_string(), job.state.as_str(), job.reason, job.final_answer, job.updated_at],
             )?;
-            let ev = write_event(tx, id, EventKind::JobState { state, reason })?;
+            let ev = write_event(tx, id, change.event)?;
             Ok(Written { events: vec![ev], entry_seqs: vec![] })
         })
         .await
@@ -391,11 +385,7 @@ impl Store for SqliteStore {
             )?;
             let mut written = Written::default();
             if n == 1 {
-                written.events.push(write_event(
-                    tx,
-                    session.job_id,
-                    EventKind::SessionStarted { session: session.id, role: session.role.as_str().into(), label: session.label },
-                )?);
+                written.events.push(write_event(tx, session.job_id, rules::session_started(&session))?);
             }
             Ok(written)
         })
@@ -503,11 +493,7 @@ impl Store for SqliteStore {
                     now_ms()
                 ],
             )?;
-            let ev = write_event(
-                tx,
-                task.job_id,
-                EventKind::TaskQueued { task: task.id, worker: task.worker.clone(), description: task.description.clone() },
-            )?;
+            let ev = write_event(tx, task.job_id, rules::task_queued(&task))?;
             let stored = load_task(tx, &id)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
             Ok((stored, true, Written { events: vec![ev], entry_seqs: vec![] }))
         })
@@ -535,23 +521,17 @@ impl Store for SqliteStore {
 
     async fn claim_task(&self, id: TaskId, attempt: u32, worker_id: &str) -> Result<Claim> {
         let worker_id = worker_id.to_string();
+        // The immediate transaction holds the write lock from the load on, so
+        // the decision stands until it is stored.
         self.tx(move |tx| {
-            let sid = id.to_string();
-            let task = load_task(tx, &sid)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-            if task.state.is_terminal() {
-                return Ok(Claim::AlreadyFinished(task));
+            let task = load_task(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+            match rules::claim(&task, attempt, &worker_id, now_ms()) {
+                ClaimDecision::Answer(answer) => Ok(answer),
+                ClaimDecision::Take(change) => {
+                    let (task, event) = apply_task_change(tx, change)?;
+                    Ok(Claim::Claimed { task, events: vec![event] })
+                }
             }
-            let n = tx.execute(
-                "UPDATE tasks SET state = 'running', attempt = ?2, claimed_by = ?3, updated_at = ?4
-                 WHERE id = ?1 AND attempt < ?2 AND state IN ('queued', 'running')",
-                params![sid, attempt, worker_id, now_ms()],
-            )?;
-            if n == 0 {
-                return Ok(Claim::Superseded { current_attempt: task.attempt });
-            }
-            let ev = write_event(tx, task.job_id, EventKind::TaskStarted { task: id, attempt, worker_id })?;
-            let task = load_task(tx, &sid)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-            Ok(Claim::Claimed { task, events: vec![ev] })
         })
         .await
     }
@@ -564,41 +544,20 @@ impl Store for SqliteStore {
         usage: Usage,
     ) -> Result<(Task, Written)> {
         self.tx(move |tx| {
-            let sid = id.to_string();
-            let (state, report, error) = match &outcome {
-                TaskOutcome::Succeeded { report } => (TaskState::Succeeded, Some(report.clone()), None),
-                TaskOutcome::Failed { error } => (TaskState::Failed, None, Some(error.clone())),
-            };
-            let n = tx.execute(
-                "UPDATE tasks SET state = ?3, report = ?4, error = ?5, usage = ?6, updated_at = ?7
-                 WHERE id = ?1 AND attempt = ?2 AND state = 'running'",
-                params![sid, attempt, state.as_str(), report, error, json(&usage)?, now_ms()],
-            )?;
-            let task = load_task(tx, &sid)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-            if n == 0 {
-                return Err(StoreError::Conflict(format!(
-                    "task {id} attempt {attempt} cannot finish: task is {} at attempt {}",
-                    task.state.as_str(),
-                    task.attempt
-                )));
-            }
-            let ev = write_event(
-                tx,
-                task.job_id,
-                EventKind::TaskFinished { task: id, attempt, succeeded: state == TaskState::Succeeded, usage },
-            )?;
-            Ok((task, Written { events: vec![ev], entry_seqs: vec![] }))
+            let task = load_task(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+            let change = rules::finish(&task, attempt, outcome, usage, now_ms())?;
+            let (task, event) = apply_task_change(tx, change)?;
+            Ok((task, Written { events: vec![event], entry_seqs: vec![] }))
         })
         .await
     }
 
     async fn heartbeat_task(&self, id: TaskId, attempt: u32) -> Result<bool> {
         self.tx(move |tx| {
-            let n = tx.execute(
-                "UPDATE tasks SET updated_at = ?3 WHERE id = ?1 AND attempt = ?2 AND state = 'running'",
-                params![id.to_string(), attempt, now_ms()],
-            )?;
-            Ok(n == 1)
+            let Some(task) = load_task(tx, &id.to_string())? else { return Ok(false) };
+            let Some(beat) = rules::heartbeat(&task, attempt, now_ms()) else { return Ok(false) };
+            write_task(tx, &beat)?;
+            Ok(true)
         })
         .await
     }
@@ -606,28 +565,22 @@ impl Store for SqliteStore {
     async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written> {
         let reason = reason.to_string();
         self.tx(move |tx| {
-            let ids: Vec<(String, u32)> = {
-                let mut stmt =
-                    tx.prepare("SELECT id, attempt FROM tasks WHERE job_id = ?1 AND state IN ('queued', 'running')")?;
-                stmt.query_map(params![job.to_string()], |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect::<rusqlite::Result<_>>()?
+            // Only unfinished rows are worth loading; which of them to cancel,
+            // and in what order, is the rule's.
+            let open: Vec<Task> = {
+                let mut stmt = tx.prepare(&format!(
+                    "SELECT {TASK_COLS} FROM tasks WHERE job_id = ?1 AND state IN ('queued', 'running')"
+                ))?;
+                let mut rows = stmt.query(params![job.to_string()])?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next()? {
+                    out.push(decode_task(r)?);
+                }
+                out
             };
             let mut written = Written::default();
-            for (id, attempt) in ids {
-                tx.execute(
-                    "UPDATE tasks SET state = 'cancelled', error = ?2, updated_at = ?3 WHERE id = ?1",
-                    params![id, reason, now_ms()],
-                )?;
-                written.events.push(write_event(
-                    tx,
-                    job,
-                    EventKind::TaskFinished {
-                        task: parse_id(&id)?,
-                        attempt,
-                        succeeded: false,
-                        usage: Usage::default(),
-                    },
-                )?);
+            for change in rules::cancel(&open, &reason, now_ms()) {
+                written.events.push(apply_task_change(tx, change)?.1);
             }
             Ok(written)
         })
@@ -637,53 +590,34 @@ impl Store for SqliteStore {
     async fn acquire_lease(&self, job: JobId, owner: &str, ttl_ms: i64) -> Result<Option<Lease>> {
         let owner = owner.to_string();
         self.tx(move |tx| {
-            let now = now_ms();
-            let id = job.to_string();
-            let current: Option<(String, i64, i64)> = tx
-                .query_row("SELECT owner, epoch, expires_at FROM leases WHERE job_id = ?1", params![id], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })
-                .optional()?;
-            let epoch = match current {
-                None => {
-                    tx.execute(
-                        "INSERT INTO leases (job_id, owner, epoch, expires_at) VALUES (?1, ?2, 1, ?3)",
-                        params![id, owner, now + ttl_ms],
-                    )?;
-                    1
-                }
-                Some((held_by, epoch, _)) if held_by == owner => epoch,
-                Some((_, epoch, expires)) if expires < now => epoch + 1,
-                Some(_) => return Ok(None),
+            let current = load_lease(tx, job)?;
+            let Some(lease) = rules::acquire_lease(current.as_ref(), job, &owner, now_ms(), ttl_ms) else {
+                return Ok(None);
             };
-            tx.execute(
-                "UPDATE leases SET owner = ?2, epoch = ?3, expires_at = ?4 WHERE job_id = ?1",
-                params![id, owner, epoch, now + ttl_ms],
-            )?;
-            Ok(Some(Lease { job, owner, epoch, expires_at: now + ttl_ms }))
+            write_lease(tx, &lease)?;
+            Ok(Some(lease))
         })
         .await
     }
 
     async fn renew_lease(&self, lease: &Lease, ttl_ms: i64) -> Result<bool> {
-        let l = lease.clone();
+        let held = lease.clone();
         self.tx(move |tx| {
-            let n = tx.execute(
-                "UPDATE leases SET expires_at = ?4 WHERE job_id = ?1 AND owner = ?2 AND epoch = ?3",
-                params![l.job.to_string(), l.owner, l.epoch, now_ms() + ttl_ms],
-            )?;
-            Ok(n == 1)
+            let current = load_lease(tx, held.job)?;
+            let Some(renewed) = rules::renew_lease(current.as_ref(), &held, now_ms(), ttl_ms) else { return Ok(false) };
+            write_lease(tx, &renewed)?;
+            Ok(true)
         })
         .await
     }
 
     async fn release_lease(&self, lease: &Lease) -> Result<()> {
-        let l = lease.clone();
+        let held = lease.clone();
         self.tx(move |tx| {
-            tx.execute(
-                "UPDATE leases SET expires_at = 0 WHERE job_id = ?1 AND owner = ?2 AND epoch = ?3",
-                params![l.job.to_string(), l.owner, l.epoch],
-            )?;
+            let current = load_lease(tx, held.job)?;
+            if let Some(released) = rules::release_lease(current.as_ref(), &held) {
+                write_lease(tx, &released)?;
+            }
             Ok(())
         })
         .await

@@ -57,7 +57,10 @@ impl Workbench {
 
     fn key(&self, rel: &str) -> Result<ObjPath> {
         check_relative(rel)?;
-        ObjPath::parse(format!("{}/{rel}", self.prefix)).map_err(|e| StoreError::Conflict(e.to_string()))
+        ObjPath::parse(format!("{}/{rel}", self.prefix)).map_err(|_| StoreError::BadPath {
+            path: rel.to_string(),
+            why: "not a valid object key (an empty or `.` part)".into(),
+        })
     }
 
     /// Where this workbench lives, for humans (`<store>/jobs/<id>/workbench`).

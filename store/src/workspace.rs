@@ -47,6 +47,11 @@ pub struct Workspace {
     manifest_key: ObjPath,
 }
 
+/// A workspace over `runtime.workspace_limit`, refused before anything is uploaded.
+fn too_large(size: u64, limit: u64) -> StoreError {
+    StoreError::TooLarge { what: "the workspace", size, limit, setting: "runtime.workspace_limit" }
+}
+
 fn blob_key(sha: &str) -> ObjPath {
     ObjPath::from(format!("blobs/{sha}"))
 }
@@ -86,10 +91,7 @@ impl Workspace {
         let manifest = blocking(move || localfs::scan(&d, &[MOUNT])).await?;
         let total: u64 = manifest.values().map(|f| f.size).sum();
         if total > limit {
-            return Err(StoreError::Conflict(format!(
-                "workspace {} holds {total} bytes, more than the limit of {limit} (runtime.workspace_limit)",
-                dir.display()
-            )));
+            return Err(too_large(total, limit));
         }
         self.put_blobs(dir, manifest.iter().map(|(p, f)| (p.as_str(), f))).await?;
         self.save(&manifest).await?;
@@ -101,9 +103,7 @@ impl Workspace {
     pub async fn upload_files(&self, files: Vec<(String, Bytes)>, limit: u64) -> Result<Manifest> {
         let total: u64 = files.iter().map(|(_, b)| b.len() as u64).sum();
         if total > limit {
-            return Err(StoreError::Conflict(format!(
-                "the workspace holds {total} bytes, more than the limit of {limit} (runtime.workspace_limit)"
-            )));
+            return Err(too_large(total, limit));
         }
         let mut manifest = Manifest::new();
         for (rel, bytes) in files {

@@ -1,31 +1,73 @@
-//! Every backend against the one conformance suite.
+//! Every backend against the one conformance suite: one test per check per
+//! backend (`store_conformance_tests!`), so one failure hides no other.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use std::sync::Arc;
 
-use flower_store::{SqliteStore, conformance};
+use flower_store::{PostgresStore, SqliteStore, postgres::ScratchDatabase};
+use object_store::ObjectStore;
 
-#[tokio::test]
-async fn sqlite_in_memory_passes_the_store_suite() {
-    conformance::store_suite(&SqliteStore::in_memory().unwrap()).await;
+/// The admin URL tests create scratch databases through.
+fn pg_admin_url() -> String {
+    std::env::var("FLOWER_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+mod sqlite_in_memory {
+    async fn store() -> (flower_store::SqliteStore, ()) {
+        (super::SqliteStore::in_memory().unwrap(), ())
+    }
+    flower_store::store_conformance_tests!(store);
+}
+
+mod sqlite_file {
+    async fn store() -> (flower_store::SqliteStore, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        (super::SqliteStore::open(&dir.path().join("flower.db")).unwrap(), dir)
+    }
+    flower_store::store_conformance_tests!(store);
+}
+
+mod postgres {
+    async fn store() -> (super::PostgresStore, super::ScratchDatabase) {
+        let db = super::ScratchDatabase::create(&super::pg_admin_url()).await.unwrap();
+        (super::PostgresStore::connect(&db.url, 4).await.unwrap(), db)
+    }
+    flower_store::store_conformance_tests!(store);
+}
+
+mod local_filesystem {
+    async fn objects() -> (std::sync::Arc<dyn super::ObjectStore>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+        (super::Arc::new(fs), dir)
+    }
+    flower_store::workbench_conformance_tests!(objects);
+}
+
+mod in_memory_objects {
+    async fn objects() -> (std::sync::Arc<dyn super::ObjectStore>, ()) {
+        (super::Arc::new(object_store::memory::InMemory::new()), ())
+    }
+    flower_store::workbench_conformance_tests!(objects);
+}
+
+mod s3 {
+    async fn objects() -> (std::sync::Arc<dyn super::ObjectStore>, flower_store::s3test::S3TestServer) {
+        let server = flower_store::s3test::S3TestServer::start("flower-test").await.unwrap();
+        let prefix = format!("run-{}", uuid::Uuid::new_v4().simple());
+        (flower_store::objects::open(&server.url(&prefix), &server.options()).unwrap(), server)
+    }
+    flower_store::workbench_conformance_tests!(objects);
 }
 
 #[tokio::test]
-async fn sqlite_file_passes_the_store_suite() {
-    let dir = tempfile::tempdir().unwrap();
-    conformance::store_suite(&SqliteStore::open(&dir.path().join("flower.db")).unwrap()).await;
-}
-
-#[tokio::test]
-async fn local_filesystem_passes_the_workbench_suite() {
-    let dir = tempfile::tempdir().unwrap();
-    let fs = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
-    conformance::workbench_suite(Arc::new(fs)).await;
-}
-
-#[tokio::test]
-async fn in_memory_object_store_passes_the_workbench_suite() {
-    conformance::workbench_suite(Arc::new(object_store::memory::InMemory::new())).await;
+async fn postgres_migrations_are_idempotent() {
+    // A second replica starting on the same database is fine.
+    let db = ScratchDatabase::create(&pg_admin_url()).await.unwrap();
+    let store = PostgresStore::connect(&db.url, 1).await.unwrap();
+    PostgresStore::connect(&db.url, 1).await.unwrap();
+    drop(store);
+    db.drop_now().await.unwrap();
 }
 
 #[tokio::test]
@@ -45,26 +87,10 @@ async fn stored_entries_cannot_be_rewritten() {
     assert!(err.to_string().contains("append-only"), "{err}");
 }
 
-/// The admin URL tests create scratch databases through.
-fn pg_admin_url() -> String {
-    std::env::var("FLOWER_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-#[tokio::test]
-async fn postgres_passes_the_store_suite() {
-    let db = flower_store::postgres::ScratchDatabase::create(&pg_admin_url()).await.unwrap();
-    let store = flower_store::PostgresStore::connect(&db.url, 4).await.unwrap();
-    conformance::store_suite(&store).await;
-    // Migrations are idempotent: a second replica starting on the same database is fine.
-    flower_store::PostgresStore::connect(&db.url, 1).await.unwrap();
-    drop(store);
-    db.drop_now().await.unwrap();
-}
-
 #[tokio::test]
 async fn postgres_entries_cannot_be_rewritten() {
-    let db = flower_store::postgres::ScratchDatabase::create(&pg_admin_url()).await.unwrap();
-    let _store = flower_store::PostgresStore::connect(&db.url, 1).await.unwrap();
+    let db = ScratchDatabase::create(&pg_admin_url()).await.unwrap();
+    let _store = PostgresStore::connect(&db.url, 1).await.unwrap();
     let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
     client
@@ -80,12 +106,4 @@ async fn postgres_entries_cannot_be_rewritten() {
         .unwrap();
     let err = client.batch_execute("UPDATE entries SET body = 'x'").await.unwrap_err();
     assert!(format!("{err:?}").contains("append-only"), "{err:?}");
-}
-
-#[tokio::test]
-async fn s3_passes_the_workbench_suite() {
-    let server = flower_store::s3test::S3TestServer::start("flower-test").await.unwrap();
-    let prefix = format!("run-{}", uuid::Uuid::new_v4().simple());
-    let objects = flower_store::objects::open(&server.url(&prefix), &server.options()).unwrap();
-    conformance::workbench_suite(objects).await;
 }

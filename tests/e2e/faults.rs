@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::cluster::{Cluster, Options};
+use crate::pggate::REPORT_WRITE;
 use crate::support::repo;
 
 /// Completions of each task of a job (TaskFinished events), and its tasks' states.
@@ -26,9 +27,9 @@ async fn finished_counts(c: &Cluster, job: &str) -> Vec<(String, String, i64)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_down_while_a_report_is_saved_loses_nothing() {
     let mut c = Cluster::start(Options { workers: 1, pg_gate: true, ..Default::default() }).await;
-    // The worker's report write (`finish_task`) trips the gate: that statement
-    // never reaches the server, and Postgres stays away for 3 s.
-    let tripped = c.gate.as_ref().unwrap().trip_on("SET state = $3, report = $4", Duration::from_secs(3));
+    // The worker's report write trips the gate: its transaction is cut before
+    // it commits, and Postgres stays away for 3 s.
+    let tripped = c.gate.as_ref().unwrap().trip_on(REPORT_WRITE, Duration::from_secs(3));
     let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
     tokio::time::timeout(Duration::from_secs(60), tripped).await.expect("the report write was reached").unwrap();
     c.wait_job(&job, "succeeded").await;
@@ -88,5 +89,49 @@ async fn the_sweeper_requeues_a_task_whose_message_is_gone() {
     assert_eq!(row.get::<_, String>(1).trim(), "rested");
     let tasks = finished_counts(&c, &job).await;
     assert_eq!(tasks[0].2, 1, "{tasks:?}");
+    c.stop().await;
+}
+
+/// A replica shutting down hands its jobs over: SIGTERM to the owning
+/// coordinator mid-job, another replica finishes the job, and no task is
+/// cancelled (only a user's cancel cancels tasks).
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_to_the_owner_hands_the_job_over_and_cancels_nothing() {
+    let mut c = Cluster::start(Options { coordinators: 2, workers: 1, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
+    c.wait_call(&job, "sleep 5", 1).await;
+    let pg = c.pg().await;
+    let owner: String =
+        pg.query_one(&format!("SELECT owner FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
+    let victim = c.coordinators.iter_mut().find(|p| p.id() == owner).expect("the owner is one of ours");
+    let status = std::process::Command::new("kill").args(["-TERM", &victim.pid().to_string()]).status().unwrap();
+    assert!(status.success());
+    assert!(victim.wait().success(), "the replica shut down cleanly");
+    c.wait_job(&job, "succeeded").await;
+    let row = pg
+        .query_one(&format!("SELECT state, attempt, report, claimed_by FROM tasks WHERE job_id = '{job}'"), &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "succeeded", "the task was not cancelled");
+    assert_eq!(row.get::<_, i32>(1), 1, "and ran once");
+    assert_eq!(row.get::<_, String>(2).trim(), "rested");
+    let cancelled: i64 = pg
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM events WHERE job_id = '{job}' AND kind = 'task_finished'
+                 AND payload->>'succeeded' = 'false'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(cancelled, 0, "no task ended unsuccessfully");
+    let answer: String =
+        pg.query_one(&format!("SELECT final_answer FROM jobs WHERE id = '{job}'"), &[]).await.unwrap().get(0);
+    assert_eq!(answer.trim(), "slow task said: rested", "the new owner got the report, not a cancellation");
+    let new_owner: String =
+        pg.query_one(&format!("SELECT owner FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
+    assert_ne!(new_owner, owner, "another replica finished it");
     c.stop().await;
 }

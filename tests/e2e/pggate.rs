@@ -29,6 +29,11 @@ struct State {
     trip: Mutex<Option<Trip>>,
 }
 
+/// Bytes only the write of a task's end sends: its `task_finished` event,
+/// inserted in the same transaction as the report (cut there, the report is
+/// not committed).
+pub const REPORT_WRITE: &str = "task_finished";
+
 pub struct PgGate {
     pub addr: std::net::SocketAddr,
     state: Arc<State>,

@@ -17,6 +17,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 
 use crate::cluster::{Cluster, Options};
+use crate::pggate::REPORT_WRITE;
 use crate::support::repo;
 
 /// How long the long-horizon job may take under faults (it takes about a
@@ -245,7 +246,7 @@ async fn trial_postgres_down_while_reports_are_saved() {
     let mut faults = 0;
     for _ in 0..rounds() {
         let down = Duration::from_millis(rng.random_range(200..3000));
-        let tripped = c.gate.as_ref().unwrap().trip_on("SET state = $3, report = $4", down);
+        let tripped = c.gate.as_ref().unwrap().trip_on(REPORT_WRITE, down);
         let ended = async {
             loop {
                 if !live(&progress(&c, &job).await.1) {

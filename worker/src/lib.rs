@@ -10,8 +10,11 @@
 //! - [`isolation`]: how tools start (through the launcher, or directly) and the spec policy
 //! - [`launch`]: the launcher (`flower tool-exec`): namespaces, mounts, another user, Landlock
 //!
-//! A worker never writes another session's transcript and never reports for an
-//! attempt it does not hold: the store's claim decides.
+//! It owns the task consumer, the worker agent, the sandboxed tools and the
+//! tool launcher (docs/design.md section 1). A worker never writes another
+//! session's transcript and never reports for an attempt it does not hold:
+//! the store's claim decides. It never depends on the coordinator or the
+//! simulator.
 
 pub mod isolation;
 pub mod launch;

@@ -15,9 +15,9 @@ use async_trait::async_trait;
 use flower_agent::guards::{DelegateGuard, SpillGuard};
 use flower_agent::hooks::{HookContext, Hooks, PostToolHook};
 use flower_agent::provider::{ProviderSource, SystemBlock};
-use flower_agent::{AgentSession, Journal, Outcome, SessionConfig, ToolOutput};
+use flower_agent::{AgentError, AgentSession, FatalCause, Journal, Outcome, SessionConfig, ToolOutput, ToolSet};
 use flower_bus::{BusError, Delivery, Heard, Notice, TaskQueue};
-use flower_model::{JobId, JobSpec, Role, Session, Task, TaskOutcome, Usage, now_ms};
+use flower_model::{Entry, Job, JobId, JobSpec, Role, Session, Task, TaskOutcome, Usage, WorkerSpec, now_ms};
 use flower_store::localfs::Manifest;
 use flower_store::workbench::MOUNT;
 use flower_store::workspace::Workspace;
@@ -336,17 +336,28 @@ impl Worker {
         cancel: CancellationToken,
     ) -> Result<(String, Usage), (Failure, Usage)> {
         let none = Usage::default();
-        let store = self.journal.store().clone();
-        let job = store.get_job(task.job_id).await.map_err(|e| (Failure::from(e), none))?;
+        let job = self.journal.store().get_job(task.job_id).await.map_err(|e| (Failure::from(e), none))?;
         let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| (Failure::fatal(e.to_string()), none))?;
-        let workdir = self.opts.work_root.join(job.id.to_string()).join(format!("{}-{attempt}", task.id));
-        let prepared = self
-            .prepare(job.id, &workdir)
-            .await
-            .map_err(|e| (Failure::store("preparing the working directory", e), none))?;
-        let (workspace, base, workbench, wb_base) = prepared;
-        let sandbox = Sandbox::open(&workdir)
-            .map_err(|e| (Failure::fatal(format!("opening the working directory: {e}")), none))?;
+        let dir = self.open_dir(job.id, &spec, task, attempt).await.map_err(|f| (f, none))?;
+        if task.worker == flower_model::job::COMMAND_TASK {
+            return self.run_command(task, attempt, &dir, cancel).await;
+        }
+        let run = self.build_session(task, &job, &spec, &dir, cancel).await.map_err(|f| (f, none))?;
+        let outcome = run.agent.run(run.history, run.input).await;
+        run.mcp.close().await;
+        // Whatever happened, what the task wrote is kept.
+        let kept = self.close_dir(task, attempt, &dir).await;
+        report(task, outcome, kept)
+    }
+
+    /// A fresh working directory for the attempt (the workspace checked out,
+    /// the workbench mounted at `.flower/`) and the limits its tools apply.
+    async fn open_dir(&self, job: JobId, spec: &JobSpec, task: &Task, attempt: u32) -> Result<TaskDir, Failure> {
+        let path = self.opts.work_root.join(job.to_string()).join(format!("{}-{attempt}", task.id));
+        let (workspace, base, workbench, wb_base) =
+            self.prepare(job, &path).await.map_err(|e| Failure::store("preparing the working directory", e))?;
+        let sandbox =
+            Sandbox::open(&path).map_err(|e| Failure::fatal(format!("opening the working directory: {e}")))?;
         let limits = ToolLimits {
             bash_timeout: spec.runtime.bash_timeout,
             bash_output_limit: spec.runtime.bash_output_limit.as_u64() as usize,
@@ -354,46 +365,67 @@ impl Worker {
         };
         let sync = Arc::new(WorkbenchSync {
             workbench: workbench.clone(),
-            mount: workdir.join(MOUNT),
+            mount: path.join(MOUNT),
             base: tokio::sync::Mutex::new(wb_base),
         });
-        if task.worker == flower_model::job::COMMAND_TASK {
-            return self
-                .run_command(task, attempt, &sandbox, &limits, cancel, (&workspace, &base, &workdir, &sync))
-                .await;
-        }
+        Ok(TaskDir { path, sandbox, limits, workspace, base, workbench, sync })
+    }
+
+    /// The worker agent of this attempt: its tools (MCP servers connected),
+    /// guards and hooks, prompt and budget, and its history.
+    async fn build_session(
+        &self,
+        task: &Task,
+        job: &Job,
+        spec: &JobSpec,
+        dir: &TaskDir,
+        cancel: CancellationToken,
+    ) -> Result<WorkerRun, Failure> {
         let Some(wspec) = spec.workers.get(&task.worker) else {
-            return Err((Failure::fatal(format!("this job has no worker named `{}`", task.worker)), none));
+            return Err(Failure::fatal(format!("this job has no worker named `{}`", task.worker)));
         };
-        let provider = self.providers.for_job(job.id, &spec).map_err(|e| (Failure::fatal(e.to_string()), none))?;
-        let (mcp_tools, mcp_clients) = if spec.mcp_servers.is_empty() {
+        let provider = self.providers.for_job(job.id, spec).map_err(|e| Failure::fatal(e.to_string()))?;
+        let (mcp_tools, mcp) = if spec.mcp_servers.is_empty() {
             (Vec::new(), crate::mcp::McpClients::default())
         } else {
-            crate::mcp::connect(&spec.mcp_servers, &workdir, &limits).await.map_err(|e| (Failure::fatal(e), none))?
+            crate::mcp::connect(&spec.mcp_servers, &dir.path, &dir.limits).await.map_err(Failure::fatal)?
         };
-        let tools = Arc::new(worker_surface(&spec, &sandbox, &limits, mcp_tools));
-        let spill =
-            Arc::new(SpillGuard { threshold: spec.spill_threshold(), workbench, mirror: Some(workdir.join(MOUNT)) });
-        // The same guards as the coordinator's: a subagent is never denied.
-        let guard = Arc::new(DelegateGuard { glance: spec.runtime.glance });
-        let own = Arc::new(crate::tools::WorkerToolsGuard::new(&task.worker, &wspec.tools));
-        let hooks = Hooks { pre: vec![guard, own], post: vec![spill, sync.clone()], turn: vec![] };
+        let tools = Arc::new(worker_surface(spec, &dir.sandbox, &dir.limits, mcp_tools));
+        let hooks = worker_hooks(task, spec, wspec, dir);
+        let history = self.load_history(task, spec, &dir.path).await?;
+        let input = history.is_empty().then(|| vec![flower_model::ContentBlock::text(task.mandate.clone())]);
+        let config = session_config(task, spec, wspec, &tools);
+        let limits = flower_agent::limits::JobLimits::new(
+            self.journal.store().clone(),
+            job.id,
+            &spec.runtime.budget,
+            &spec.model,
+            job.created_at,
+        );
+        let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel)
+            .with_limits(limits)
+            .with_observer(self.first_stream_observer(task));
+        Ok(WorkerRun { agent, history, input, mcp })
+    }
 
+    /// The subagent's session row, and its stored history through the pruning
+    /// loader (a redelivered task resumes it); trimmed bodies are written
+    /// under the mounted workbench, where the agent's `Read` finds them.
+    async fn load_history(&self, task: &Task, spec: &JobSpec, workdir: &Path) -> Result<Vec<Entry>, Failure> {
+        let store = self.journal.store();
         let session = task.id.session();
         let written = store
             .create_session(Session {
                 id: session,
-                job_id: job.id,
+                job_id: task.job_id,
                 role: Role::Worker,
                 label: task.worker.clone(),
                 task_id: Some(task.id),
                 created_at: now_ms(),
             })
-            .await
-            .map_err(|e| (Failure::from(e), none))?;
+            .await?;
         self.journal.announce(&written).await;
-        let stored = store.entries(session, 0, u32::MAX).await.map_err(|e| (Failure::from(e), none))?;
-        // A redelivered task resumes its subagent through the pruning loader.
+        let stored = store.entries(session, 0, u32::MAX).await?;
         let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning, &flower_agent::glance::allows);
         for t in &pruned.trims {
             let local = workdir.join(MOUNT).join(&t.path);
@@ -402,36 +434,15 @@ impl Worker {
             }
             let _ = tokio::fs::write(&local, &t.text).await;
         }
-        let history = pruned.entries;
-        let input = history.is_empty().then(|| vec![flower_model::ContentBlock::text(task.mandate.clone())]);
-        let config = SessionConfig {
-            job_id: job.id,
-            session_id: session,
-            role: Role::Worker,
-            main_thread: false,
-            model: spec.worker_model(wspec),
-            system: crate::prompts::system_prompt(&task.worker, wspec, spec.runtime.workbench)
-                .into_iter()
-                .chain(flower_agent::surface::index_text(&tools))
-                .map(SystemBlock::text)
-                .collect(),
-            max_turns: spec.runtime.worker_max_turns,
-            max_tokens: spec.runtime.max_output_tokens,
-            cache: spec.runtime.prompt_cache,
-            prune_uneventful: spec.runtime.pruning.uneventful,
-        };
-        let limits = flower_agent::limits::JobLimits::new(
-            store.clone(),
-            job.id,
-            &spec.runtime.budget,
-            &spec.model,
-            job.created_at,
-        );
-        // The first streamed event of this task's first model call releases
-        // staggered siblings of its shape (a notice: they may be anywhere).
+        Ok(pruned.entries)
+    }
+
+    /// The first streamed event of this task's first model call releases
+    /// staggered siblings of its shape (a notice: they may be anywhere).
+    fn first_stream_observer(&self, task: &Task) -> flower_agent::provider::Observer {
         let first = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (notifier, job_id, task_id) = (self.journal.notifier().clone(), job.id, task.id);
-        let observer: flower_agent::provider::Observer = Arc::new(move |ev| {
+        let (notifier, job_id, task_id) = (self.journal.notifier().clone(), task.job_id, task.id);
+        Arc::new(move |ev| {
             if matches!(ev, flower_agent::provider::StreamEvent::Started)
                 && !first.swap(true, std::sync::atomic::Ordering::SeqCst)
             {
@@ -440,36 +451,7 @@ impl Worker {
                     let _ = notifier.notify(Notice::TaskStreaming { job: job_id, task: task_id }).await;
                 });
             }
-        });
-        let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel)
-            .with_limits(limits)
-            .with_observer(observer);
-        let outcome = agent.run(history, input).await;
-        mcp_clients.close().await;
-
-        // Whatever happened, what the task wrote is kept.
-        let kept = self.collect(task, attempt, &workspace, &base, &workdir, &sync).await;
-        if !self.opts.keep_workdirs {
-            let _ = tokio::fs::remove_dir_all(&workdir).await;
-        }
-        match outcome {
-            Ok(Outcome::Answered { text, usage, .. }) => match kept {
-                Ok(()) => Ok((text, usage)),
-                Err(e) => Err((Failure::store("the task's changes could not be saved", e), usage)),
-            },
-            Ok(Outcome::TurnLimit { turns, usage }) => {
-                let reason = format!("worker `{}` reached its turn limit ({turns}) without a report", task.worker);
-                Err((Failure::fatal(reason), usage))
-            }
-            Ok(Outcome::Cancelled { usage, .. }) => Err((Failure::fatal("cancelled"), usage)),
-            Ok(Outcome::Handoff { usage, .. }) => Err((Failure::fatal("the worker's context is full"), usage)),
-            Ok(Outcome::Budget { reason, usage, .. }) => {
-                Err((Failure::fatal(format!("the job's budget is spent: {reason}")), usage))
-            }
-            // The transcript could not be stored: the next delivery resumes it.
-            Err(flower_agent::AgentError::Store(e)) => Err((Failure::store("transcript store", e), none)),
-            Err(e) => Err((Failure::fatal(e.to_string()), none)),
-        }
+        })
     }
 
     /// A tool-only task: the coordinator's command, run here with no model call.
@@ -477,13 +459,11 @@ impl Worker {
         &self,
         task: &Task,
         attempt: u32,
-        sandbox: &Sandbox,
-        limits: &ToolLimits,
+        dir: &TaskDir,
         cancel: CancellationToken,
-        (workspace, base, workdir, sync): (&Workspace, &Manifest, &Path, &WorkbenchSync),
     ) -> Result<(String, Usage), (Failure, Usage)> {
         let none = Usage::default();
-        let bash = crate::tools::bash::BashTool::new(sandbox.clone(), limits);
+        let bash = crate::tools::bash::BashTool::new(dir.sandbox.clone(), &dir.limits);
         let ctx = flower_agent::ToolContext {
             job_id: task.job_id,
             session_id: task.parent_session,
@@ -492,10 +472,7 @@ impl Worker {
             cancel,
         };
         let result = flower_agent::Tool::call(&bash, serde_json::json!({"command": task.mandate}), &ctx).await;
-        let kept = self.collect(task, attempt, workspace, base, workdir, sync).await;
-        if !self.opts.keep_workdirs {
-            let _ = tokio::fs::remove_dir_all(workdir).await;
-        }
+        let kept = self.close_dir(task, attempt, dir).await;
         kept.map_err(|e| (Failure::store("the command's changes could not be saved", e), none))?;
         match result {
             Ok(out) => {
@@ -523,22 +500,108 @@ impl Worker {
         Ok((workspace, base, workbench, wb_base))
     }
 
+    /// Keep what the attempt wrote (see [`Worker::collect`]), then remove its
+    /// directory unless directories are kept for debugging.
+    async fn close_dir(&self, task: &Task, attempt: u32, dir: &TaskDir) -> Result<(), StoreError> {
+        let kept = self.collect(task, attempt, dir).await;
+        if !self.opts.keep_workdirs {
+            let _ = tokio::fs::remove_dir_all(&dir.path).await;
+        }
+        kept
+    }
+
     /// Final workbench sync, and the workspace changeset for the job's owner.
-    async fn collect(
-        &self,
-        task: &Task,
-        attempt: u32,
-        workspace: &Workspace,
-        base: &Manifest,
-        workdir: &Path,
-        sync: &WorkbenchSync,
-    ) -> Result<(), StoreError> {
-        sync.sync().await?;
-        let cs = workspace.diff(base, workdir).await?;
+    async fn collect(&self, task: &Task, attempt: u32, dir: &TaskDir) -> Result<(), StoreError> {
+        dir.sync.sync().await?;
+        let cs = dir.workspace.diff(&dir.base, &dir.path).await?;
         if !cs.is_empty() {
-            workspace.put_changeset(task.id, attempt, &cs).await?;
+            dir.workspace.put_changeset(task.id, attempt, &cs).await?;
         }
         Ok(())
+    }
+}
+
+/// An attempt's working directory and what its tools and final sync need.
+struct TaskDir {
+    path: PathBuf,
+    sandbox: Sandbox,
+    limits: ToolLimits,
+    workspace: Workspace,
+    /// The workspace as checked out, to diff the attempt's changes against.
+    base: Manifest,
+    workbench: Workbench,
+    sync: Arc<WorkbenchSync>,
+}
+
+/// A built worker agent, what it starts from, and the MCP servers to close after it.
+struct WorkerRun {
+    agent: AgentSession,
+    history: Vec<Entry>,
+    input: Option<Vec<flower_model::ContentBlock>>,
+    mcp: crate::mcp::McpClients,
+}
+
+/// The guards and hooks of a worker's session.
+fn worker_hooks(task: &Task, spec: &JobSpec, wspec: &WorkerSpec, dir: &TaskDir) -> Hooks {
+    let spill = Arc::new(SpillGuard {
+        threshold: spec.spill_threshold(),
+        workbench: dir.workbench.clone(),
+        mirror: Some(dir.path.join(MOUNT)),
+    });
+    // The same guards as the coordinator's: a subagent is never denied.
+    let guard = Arc::new(DelegateGuard { glance: spec.runtime.glance });
+    let own = Arc::new(crate::tools::WorkerToolsGuard::new(&task.worker, &wspec.tools));
+    Hooks { pre: vec![guard, own], post: vec![spill, dir.sync.clone()], turn: vec![] }
+}
+
+/// Who the worker's session is and what bounds it.
+fn session_config(task: &Task, spec: &JobSpec, wspec: &WorkerSpec, tools: &ToolSet) -> SessionConfig {
+    SessionConfig {
+        job_id: task.job_id,
+        session_id: task.id.session(),
+        role: Role::Worker,
+        main_thread: false,
+        model: spec.worker_model(wspec),
+        system: crate::prompts::system_prompt(&task.worker, wspec, spec.runtime.workbench)
+            .into_iter()
+            .chain(flower_agent::surface::index_text(tools))
+            .map(SystemBlock::text)
+            .collect(),
+        max_turns: spec.runtime.worker_max_turns,
+        max_tokens: spec.runtime.max_output_tokens,
+        cache: spec.runtime.prompt_cache,
+        prune_uneventful: spec.runtime.pruning.uneventful,
+    }
+}
+
+/// What the agent's outcome means for the task: its report, or why there is
+/// none. `kept` is whether the task's changes were saved.
+fn report(
+    task: &Task,
+    outcome: Result<Outcome, AgentError>,
+    kept: Result<(), StoreError>,
+) -> Result<(String, Usage), (Failure, Usage)> {
+    let none = Usage::default();
+    match outcome {
+        Ok(Outcome::Answered { text, usage, .. }) => match kept {
+            Ok(()) => Ok((text, usage)),
+            Err(e) => Err((Failure::store("the task's changes could not be saved", e), usage)),
+        },
+        Ok(Outcome::TurnLimit { turns, usage }) => {
+            let reason = format!("worker `{}` reached its turn limit ({turns}) without a report", task.worker);
+            Err((Failure::fatal(reason), usage))
+        }
+        Ok(Outcome::Cancelled { usage, .. }) => Err((Failure::fatal("cancelled"), usage)),
+        Ok(Outcome::Handoff { usage, .. }) => Err((Failure::fatal("the worker's context is full"), usage)),
+        Ok(Outcome::Budget { reason, usage, .. }) => {
+            Err((Failure::fatal(format!("the job's budget is spent: {reason}")), usage))
+        }
+        // The transcript could not be stored: the next delivery resumes it.
+        Err(AgentError::Store(e)) => Err((Failure::store("transcript store", e), none)),
+        // A tool's store error is judged as the transcript's: an unreachable
+        // store is retried on redelivery, a refusal (fenced) is not.
+        Err(AgentError::Tool { tool, cause: FatalCause::Store(e) }) => Err((Failure::store(&tool, e), none)),
+        Err(e) => Err((Failure::fatal(e.to_string()), none)),
     }
 }
 

@@ -1,6 +1,7 @@
 //! LLM providers. One trait, [`Provider`]; the Anthropic Messages API client
-//! ([`anthropic`]) is the first implementation. Requests and responses use the
-//! Messages API shapes (`flower_model::ContentBlock` is that shape).
+//! ([`anthropic`]) is the first implementation; [`table`] is the name →
+//! provider table a process is configured with. Requests and responses use
+//! the Messages API shapes (`flower_model::ContentBlock` is that shape).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +13,11 @@ use serde::{Deserialize, Serialize};
 pub mod anthropic;
 pub mod error;
 pub mod sse;
+pub mod table;
 
 pub use anthropic::{AnthropicClient, AnthropicConfig};
 pub use error::{ErrorClass, ProviderError};
+pub use table::{ConfiguredProviders, ProviderConfigError};
 
 /// A tool definition as sent to the model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -55,9 +58,9 @@ pub struct Request {
     pub session: Option<String>,
 }
 
-/// The breakpoints of SPEC §4: the last tool (1 h), the last system block
-/// (1 h), the previous request's tail (5 min), the current tail (5 min) —
-/// never more than 4, longer TTLs first.
+/// The cache breakpoints (docs/design.md section 6): the last tool (1 h),
+/// the last system block (1 h), the previous request's tail (5 min), the
+/// current tail (5 min) — never more than 4, longer TTLs first.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CachePlan {
     /// (message index, block index) of the previous request's last block,

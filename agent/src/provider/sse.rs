@@ -55,66 +55,9 @@ impl Accumulator {
         let v: Value = serde_json::from_str(data).map_err(|e| malformed(format!("event `{event}`: {e}")))?;
         let kind = v.get("type").and_then(Value::as_str).unwrap_or(event);
         match kind {
-            "message_start" => {
-                let m = &v["message"];
-                self.id = m["id"].as_str().unwrap_or_default().to_string();
-                self.model = m["model"].as_str().unwrap_or_default().to_string();
-                self.usage = usage_of(&m["usage"])?;
-                self.started = true;
-                return Ok(Some(StreamEvent::Started));
-            }
-            "content_block_start" => {
-                let index = index_of(&v)?;
-                let b = &v["content_block"];
-                let partial = match b["type"].as_str() {
-                    Some("text") => Partial::Text(b["text"].as_str().unwrap_or_default().to_string()),
-                    Some("tool_use") => Partial::ToolUse {
-                        id: b["id"].as_str().ok_or_else(|| malformed("tool_use without id"))?.to_string(),
-                        name: b["name"].as_str().ok_or_else(|| malformed("tool_use without name"))?.to_string(),
-                        json: String::new(),
-                    },
-                    Some("thinking") => Partial::Thinking {
-                        thinking: b["thinking"].as_str().unwrap_or_default().to_string(),
-                        signature: String::new(),
-                    },
-                    _ => Partial::Other(b.clone()),
-                };
-                if self.blocks.len() <= index {
-                    self.blocks.resize_with(index + 1, || None);
-                }
-                self.blocks[index] = Some(partial);
-            }
-            "content_block_delta" => {
-                let index = index_of(&v)?;
-                let d = &v["delta"];
-                let block = self
-                    .blocks
-                    .get_mut(index)
-                    .and_then(Option::as_mut)
-                    .ok_or_else(|| malformed("delta for an unknown block"))?;
-                let piece = |k: &str| d[k].as_str().unwrap_or_default();
-                let chars = match (d["type"].as_str(), block) {
-                    (Some("text_delta"), Partial::Text(t)) => {
-                        t.push_str(piece("text"));
-                        piece("text").len()
-                    }
-                    (Some("input_json_delta"), Partial::ToolUse { json, .. }) => {
-                        json.push_str(piece("partial_json"));
-                        piece("partial_json").len()
-                    }
-                    (Some("thinking_delta"), Partial::Thinking { thinking, .. }) => {
-                        thinking.push_str(piece("thinking"));
-                        piece("thinking").len()
-                    }
-                    (Some("signature_delta"), Partial::Thinking { signature, .. }) => {
-                        signature.push_str(piece("signature"));
-                        0
-                    }
-                    // citations_delta and future delta types: nothing to assemble.
-                    _ => 0,
-                };
-                return Ok(Some(StreamEvent::Delta { chars }));
-            }
+            "message_start" => return self.message_start(&v).map(Some),
+            "content_block_start" => self.block_start(&v)?,
+            "content_block_delta" => return self.block_delta(&v).map(Some),
             "message_delta" => {
                 if let Some(r) = v["delta"]["stop_reason"].as_str() {
                     self.stop_reason = Some(r.to_string());
@@ -138,6 +81,74 @@ impl Accumulator {
             _ => {}
         }
         Ok(None)
+    }
+
+    /// `message_start`: the response's id, model and first usage.
+    fn message_start(&mut self, v: &Value) -> Result<StreamEvent, ProviderError> {
+        let m = &v["message"];
+        self.id = m["id"].as_str().unwrap_or_default().to_string();
+        self.model = m["model"].as_str().unwrap_or_default().to_string();
+        self.usage = usage_of(&m["usage"])?;
+        self.started = true;
+        Ok(StreamEvent::Started)
+    }
+
+    /// `content_block_start`: a new block at its index.
+    fn block_start(&mut self, v: &Value) -> Result<(), ProviderError> {
+        let index = index_of(v)?;
+        let b = &v["content_block"];
+        let partial = match b["type"].as_str() {
+            Some("text") => Partial::Text(b["text"].as_str().unwrap_or_default().to_string()),
+            Some("tool_use") => Partial::ToolUse {
+                id: b["id"].as_str().ok_or_else(|| malformed("tool_use without id"))?.to_string(),
+                name: b["name"].as_str().ok_or_else(|| malformed("tool_use without name"))?.to_string(),
+                json: String::new(),
+            },
+            Some("thinking") => Partial::Thinking {
+                thinking: b["thinking"].as_str().unwrap_or_default().to_string(),
+                signature: String::new(),
+            },
+            _ => Partial::Other(b.clone()),
+        };
+        if self.blocks.len() <= index {
+            self.blocks.resize_with(index + 1, || None);
+        }
+        self.blocks[index] = Some(partial);
+        Ok(())
+    }
+
+    /// `content_block_delta`: a piece of a started block; observers hear how
+    /// many characters arrived.
+    fn block_delta(&mut self, v: &Value) -> Result<StreamEvent, ProviderError> {
+        let index = index_of(v)?;
+        let d = &v["delta"];
+        let block = self
+            .blocks
+            .get_mut(index)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| malformed("delta for an unknown block"))?;
+        let piece = |k: &str| d[k].as_str().unwrap_or_default();
+        let chars = match (d["type"].as_str(), block) {
+            (Some("text_delta"), Partial::Text(t)) => {
+                t.push_str(piece("text"));
+                piece("text").len()
+            }
+            (Some("input_json_delta"), Partial::ToolUse { json, .. }) => {
+                json.push_str(piece("partial_json"));
+                piece("partial_json").len()
+            }
+            (Some("thinking_delta"), Partial::Thinking { thinking, .. }) => {
+                thinking.push_str(piece("thinking"));
+                piece("thinking").len()
+            }
+            (Some("signature_delta"), Partial::Thinking { signature, .. }) => {
+                signature.push_str(piece("signature"));
+                0
+            }
+            // citations_delta and future delta types: nothing to assemble.
+            _ => 0,
+        };
+        Ok(StreamEvent::Delta { chars })
     }
 
     /// The assembled response; a stream that never reached `message_stop` was dropped.

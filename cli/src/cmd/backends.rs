@@ -2,16 +2,11 @@
 //! worker`): where the database, the bus, object storage and the providers are.
 //! Every flag has an environment variable; bad values fail at start, named.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
-use flower_bus::{NatsBus, NatsConfig};
-use flower_coordinator::providers::ConfiguredProviders;
-use flower_coordinator::service::Backends;
-use flower_store::PostgresStore;
-use flower_store::objects::{self, S3Options};
+use flower_runtime::{ConnectError, Connected, DistributedConfig};
+use flower_store::objects::S3Options;
 
 #[derive(Args, Clone, Debug)]
 pub struct BackendArgs {
@@ -49,30 +44,33 @@ pub struct BackendArgs {
 }
 
 impl BackendArgs {
-    pub async fn connect(&self) -> anyhow::Result<(Backends, NatsBus)> {
-        anyhow::ensure!(self.max_attempts >= 1, "--max-attempts: must be at least 1");
-        anyhow::ensure!(self.ack_wait >= Duration::from_secs(1), "--ack-wait: must be at least 1s");
-        let providers = ConfiguredProviders::parse(&self.providers, self.provider_concurrency.max(1))
-            .context("--provider / FLOWER_PROVIDERS")?;
-        let tool_policy = self.tool_policy()?;
-        let store = PostgresStore::connect(&self.database_url, self.database_pool)
-            .await
-            .context("--database-url / FLOWER_DATABASE_URL")?;
-        let mut nats = NatsConfig::new(self.nats_url.clone(), self.nats_prefix.clone());
-        nats.ack_wait = self.ack_wait;
-        nats.max_attempts = self.max_attempts;
-        let bus = NatsBus::connect(nats).await.context("--nats-url / FLOWER_NATS_URL")?;
-        let objects = objects::open(&self.object_store, &S3Options::from_env())
-            .context("--object-store / FLOWER_OBJECT_STORE")?;
-        let backends = Backends {
-            store: Arc::new(store),
-            queue: Arc::new(bus.clone()),
-            notifier: Arc::new(bus.clone()),
-            objects,
-            providers: Arc::new(providers),
-            tool_policy: Arc::new(tool_policy),
+    /// Connect every backend (`flower_runtime::distributed`), naming the
+    /// flag of whichever fails.
+    pub async fn connect(&self) -> anyhow::Result<Connected> {
+        let config = DistributedConfig {
+            database_url: self.database_url.clone(),
+            database_pool: self.database_pool,
+            nats_url: self.nats_url.clone(),
+            nats_prefix: self.nats_prefix.clone(),
+            object_store: self.object_store.clone(),
+            s3: S3Options::from_env(),
+            providers: self.providers.clone(),
+            provider_concurrency: self.provider_concurrency,
+            max_attempts: self.max_attempts,
+            ack_wait: self.ack_wait,
+            tool_policy: self.tool_policy()?,
         };
-        Ok((backends, bus))
+        config.connect().await.map_err(|e| {
+            let flag = match &e {
+                ConnectError::MaxAttempts => "--max-attempts",
+                ConnectError::AckWait => "--ack-wait",
+                ConnectError::Providers(_) => "--provider / FLOWER_PROVIDERS",
+                ConnectError::Database(_) => "--database-url / FLOWER_DATABASE_URL",
+                ConnectError::Nats(_) => "--nats-url / FLOWER_NATS_URL",
+                ConnectError::Objects(_) => "--object-store / FLOWER_OBJECT_STORE",
+            };
+            anyhow::Error::new(e).context(flag)
+        })
     }
 
     /// The spec policy (--mcp-allow, --env-allow), refusing the variables

@@ -18,17 +18,17 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use async_trait::async_trait;
 use clap::{Args, Subcommand};
-use flower_agent::Journal;
+use flower_agent::provider::ConfiguredProviders;
 use flower_agent::provider::{AnthropicClient, AnthropicConfig, Observer, Provider, ProviderError, Request, Response};
 use flower_bus::{NatsBus, NatsConfig};
-use flower_coordinator::providers::ConfiguredProviders;
-use flower_coordinator::service::{self, Backends, ServiceConfig};
+use flower_coordinator::service::{self, ServiceConfig};
 use flower_model::{ContentBlock, JobState};
+use flower_runtime::DistributedConfig;
 use flower_sim::Scenario;
 use flower_sim::scenario::{RoleScript, Step, ToolCall};
 use flower_store::postgres::ScratchDatabase;
 use flower_store::{PostgresStore, Store};
-use flower_worker::{Worker, WorkerOptions};
+use flower_worker::WorkerOptions;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -464,28 +464,34 @@ async fn measure(
         let p: Arc<dyn Provider> = Arc::new(Timed { inner, coordinator, t: timings.clone() });
         Ok(Arc::new(ConfiguredProviders::from_map(BTreeMap::from([("sim".to_string(), p)]))))
     };
-    let store: Arc<dyn Store> = Arc::new(PostgresStore::connect(&db.url, 16).await?);
-    let objects = flower_store::objects::open(&format!("file://{}", objects_dir.display()), &Default::default())?;
-    let bus = NatsBus::connect(NatsConfig::new(a.nats_url.clone(), prefix)).await?;
-    let backends = Backends {
-        store: store.clone(),
-        queue: Arc::new(bus.clone()),
-        notifier: Arc::new(bus.clone()),
-        objects: objects.clone(),
-        providers: providers(true)?,
+    // The same builder as `flower coordinator` and `flower worker`; only the
+    // provider tables differ (timed, to split the overhead by side).
+    let config = DistributedConfig {
+        database_url: db.url.clone(),
+        database_pool: 16,
+        nats_url: a.nats_url.clone(),
+        nats_prefix: prefix.to_string(),
+        object_store: format!("file://{}", objects_dir.display()),
+        s3: Default::default(),
+        providers: Vec::new(),
+        provider_concurrency: 64,
+        max_attempts: 3,
+        ack_wait: Duration::from_secs(30),
         tool_policy: Default::default(),
     };
+    let coordinator = config.connect().await?.with_providers(providers(true)?);
+    let store: Arc<dyn Store> = coordinator.store.clone();
+    let backends = coordinator.backends();
     let shutdown = CancellationToken::new();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let server = tokio::spawn(service::serve(listener, ServiceConfig::default(), backends, shutdown.clone()));
+    let service = ServiceConfig { sweep: coordinator.sweep(), ..Default::default() };
+    let server = tokio::spawn(service::serve(listener, service, backends, shutdown.clone()));
     let work = tempfile::tempdir()?;
     let mut pools = Vec::new();
     for i in 0..a.workers {
-        let wbus = NatsBus::connect(NatsConfig::new(a.nats_url.clone(), prefix)).await?;
-        let journal = Journal::new(store.clone(), Arc::new(wbus.clone()));
         let opts = WorkerOptions::new(format!("bench-worker-{i}"), work.path().join(i.to_string()));
-        let w = Worker::new(opts, journal, Arc::new(wbus), objects.clone(), providers(false)?);
+        let w = config.connect().await?.with_providers(providers(false)?).worker(opts);
         pools.push(tokio::spawn(w.run(a.concurrency, shutdown.clone())));
     }
 

@@ -27,6 +27,11 @@ pub struct ContextArgs {
     /// would cost, system prompt, history, loads, spills
     #[arg(long, conflicts_with = "baseline")]
     pub session: Option<String>,
+    /// The `flower sim` server the job ran against (distributed mode): its
+    /// cache audit is joined with the job's recorded rewrites, as `flower run`
+    /// does with its in-process simulator
+    #[arg(long, env = "FLOWER_SIM_AUDIT", value_name = "URL")]
+    pub sim_audit: Option<String>,
     #[command(flatten)]
     pub server: super::client::ServerArgs,
 }
@@ -73,11 +78,18 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    let audit = match &args.sim_audit {
+        Some(url) => Some(sim_audit(url, &main).await?),
+        None => None,
+    };
     if args.json {
-        let v = match &base {
+        let mut v = match &base {
             Some(b) => serde_json::json!({"run": main, "baseline": b}),
             None => serde_json::to_value(&main)?,
         };
+        if let Some(a) = &audit {
+            v["cache_audit"] = serde_json::to_value(a)?;
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -112,6 +124,12 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
     row("tools loaded / search misses / rewrites", &|r| {
         format!("{} / {} / {}", r.tools_loaded, r.search_misses, r.cache_rewrites.len())
     });
+    if let Some(a) = &audit {
+        println!("{}", super::run::audit_line(a));
+        for u in &a.unexplained {
+            println!("  unexplained miss: {u}");
+        }
+    }
     if base.is_none() {
         println!("\nsessions (flower context {} --session ID for one in detail):", &main.job[..8.min(main.job.len())]);
         println!(
@@ -134,6 +152,13 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The simulator's audit of this job's sessions, joined with its rewrites.
+async fn sim_audit(url: &str, report: &ContextReport) -> anyhow::Result<flower_sim::audit::CacheAudit> {
+    let mut records = flower_runtime::audit::fetch(url).await.map_err(|e| anyhow::anyhow!("--sim-audit {url}: {e}"))?;
+    records.retain(|session, _| report.sessions.iter().any(|s| &s.session == session));
+    Ok(flower_sim::audit::join(&records, &report.rewrites()))
 }
 
 fn truncate(s: &str, n: usize) -> String {

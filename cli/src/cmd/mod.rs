@@ -42,14 +42,14 @@ pub fn human_count(n: u64) -> String {
 /// Settings that override a spec's `runtime` for this run (flags or environment).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct SpecOverrides {
-    /// Tool deferral (SPEC §4): `off` makes every admitted tool resident and
+    /// Tool deferral (docs/design.md, section 6): `off` makes every admitted tool resident and
     /// the requests those of a build without deferral
     #[arg(long, env = "FLOWER_TOOL_DEFERRAL", value_parser = on_off)]
     pub tool_deferral: Option<bool>,
     /// Fan-out staggering: siblings of one shape wait for the first one's first streamed event
     #[arg(long, env = "FLOWER_FANOUT_STAGGER", value_parser = on_off)]
     pub fanout_stagger: Option<bool>,
-    /// Prompt-cache breakpoints: full (SPEC §4), tail-only (a naive builder, to compare), off
+    /// Prompt-cache breakpoints: full (docs/design.md, section 6), tail-only (a naive builder, to compare), off
     #[arg(long, env = "FLOWER_PROMPT_CACHE", value_parser = cache_mode)]
     pub prompt_cache: Option<flower_model::spec::CacheMode>,
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use flower_bus::{Heard, Notifier};
-use flower_coordinator::{EmbeddedRuntime, RunSummary};
 use flower_model::{EventKind, JobId, JobSpec, JobState};
+use flower_runtime::{EmbeddedRuntime, RunSummary};
 use flower_store::Store;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio_util::sync::CancellationToken;
@@ -196,14 +196,7 @@ fn print_summary(s: &RunSummary, took: Duration) {
         c.cache_rewrites.len()
     );
     if let Some(a) = &s.cache_audit {
-        println!(
-            "  cache audit (simulator): {} requests, {} append-only, {} misses, {} at recorded rewrites, {} unexplained",
-            a.requests,
-            a.append_only,
-            a.misses,
-            a.explained,
-            a.unexplained.len()
-        );
+        println!("  {}", audit_line(a));
     }
     println!(
         "  transcripts: flower transcript show {short}   (database {}; flower context {short} for the context report)",
@@ -312,4 +305,16 @@ impl Progress {
             _ => {}
         }
     }
+}
+
+/// The cache audit in one line (`flower run`, `flower context --sim-audit`).
+pub fn audit_line(a: &flower_sim::audit::CacheAudit) -> String {
+    format!(
+        "cache audit (simulator): {} requests, {} append-only, {} misses, {} at recorded rewrites, {} unexplained",
+        a.requests,
+        a.append_only,
+        a.misses,
+        a.explained,
+        a.unexplained.len()
+    )
 }

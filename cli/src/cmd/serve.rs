@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use flower_agent::Journal;
 use flower_coordinator::service::{self, ServiceConfig};
-use flower_worker::{Worker, WorkerOptions};
+use flower_worker::WorkerOptions;
 use tokio_util::sync::CancellationToken;
 
 use super::backends::{BackendArgs, terminated};
@@ -47,7 +46,8 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         )),
         _ => None,
     };
-    let (backends, _bus) = args.backends.connect().await?;
+    let connected = args.backends.connect().await?;
+    let backends = connected.backends();
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("--listen {}", args.listen))?;
     let addr = listener.local_addr()?;
@@ -56,10 +56,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         max_request_bytes: args.max_request_bytes.as_u64() as usize,
         lease_ttl: args.lease_ttl,
         tls,
-        sweep: flower_coordinator::dispatch::Sweep {
-            stale_after: args.backends.ack_wait * (args.backends.max_attempts + 1),
-            max_attempts: args.backends.max_attempts,
-        },
+        sweep: connected.sweep(),
         ..Default::default()
     };
     println!(
@@ -97,7 +94,7 @@ pub struct WorkerArgs {
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.concurrency >= 1, "--concurrency: must be at least 1");
-    let (backends, _bus) = args.backends.connect().await?;
+    let connected = args.backends.connect().await?;
     let id = args.worker_id.unwrap_or_else(|| {
         format!("worker-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
     });
@@ -109,13 +106,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         &[&args.backends.database_url, &args.backends.nats_url],
         args.backends.tool_policy()?,
     )?;
-    let mut opts = WorkerOptions::new(id.clone(), work);
-    opts.max_attempts = args.backends.max_attempts;
-    // Heartbeats well inside the ack wait.
-    opts.heartbeat = args.backends.ack_wait / 3;
-    let journal = Journal::new(backends.store.clone(), backends.notifier.clone());
-    let worker =
-        Worker::new(opts, journal, backends.queue.clone(), backends.objects.clone(), backends.providers.clone());
+    let worker = connected.worker(WorkerOptions::new(id.clone(), work));
     println!("flower worker {id} consuming tasks (concurrency {})", args.concurrency);
     println!("{isolation}");
     let shutdown = CancellationToken::new();

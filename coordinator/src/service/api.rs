@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 
 use super::Backends;
 use super::owner::Owner;
-use super::status::{MAX_IDEMPOTENCY_KEY, MAX_REASON, check_path, check_text, from_store, parse_id};
+use super::status::{self, MAX_IDEMPOTENCY_KEY, MAX_REASON, check_path, check_text, from_store, parse_id};
 
 const CHUNK: usize = 64 * 1024;
 const MAX_PAGE: u32 = 1000;
@@ -83,29 +83,25 @@ impl Flower for Api {
         let r = req.into_inner();
         let size = r.spec.len() + r.workspace.iter().map(|f| f.path.len() + f.content.len()).sum::<usize>();
         if size > self.max_request_bytes {
-            return Err(Status::resource_exhausted(format!(
+            return Err(status::too_large(format!(
                 "the request is {size} bytes, over this service's limit of {} bytes (spec and workspace together)",
                 self.max_request_bytes
             )));
         }
         if r.spec.trim().is_empty() {
-            return Err(Status::invalid_argument("spec: required (the job spec, YAML or JSON)"));
+            return Err(status::invalid("spec", "required (the job spec, YAML or JSON)"));
         }
         check_text("idempotency_key", &r.idempotency_key, MAX_IDEMPOTENCY_KEY)?;
         check_workspace_paths(&r.workspace)?;
-        let spec = JobSpec::parse(&r.spec)
-            .map_err(|e| Status::invalid_argument(format!("spec: {}: {}", e.field, e.message)))?;
-        self.b.providers.check(&spec).map_err(|m| Status::invalid_argument(format!("spec: {m}")))?;
+        let spec = JobSpec::parse(&r.spec).map_err(|e| status::bad_spec(&e))?;
+        self.b.providers.check(&spec).map_err(|m| status::invalid("spec", m))?;
         // MCP servers and credential variables come from the operator's allowlist only.
-        self.b
-            .tool_policy
-            .check(&spec)
-            .map_err(|e| Status::invalid_argument(format!("spec: {}: {}", e.field, e.message)))?;
+        self.b.tool_policy.check(&spec).map_err(|e| status::bad_spec(&e))?;
         let mut files = Vec::with_capacity(r.workspace.len());
         for f in r.workspace {
             files.push((f.path, Bytes::from(f.content)));
         }
-        let value = serde_json::to_value(&spec).map_err(|e| Status::internal(e.to_string()))?;
+        let value = serde_json::to_value(&spec).map_err(|e| status::internal("the spec could not be encoded", e))?;
         let key = Some(r.idempotency_key).filter(|k| !k.is_empty());
         let (job, created) = self
             .b
@@ -118,10 +114,7 @@ impl Flower for Api {
             if let Err(e) = ws.upload_files(files, spec.runtime.workspace_limit.as_u64()).await {
                 let reason = format!("workspace upload failed: {e}");
                 let _ = self.b.store.set_job_state(job.id, JobState::Failed, Some(reason.clone()), None, None).await;
-                return Err(match e {
-                    StoreError::Conflict(m) => Status::resource_exhausted(m),
-                    other => from_store(other),
-                });
+                return Err(from_store(e));
             }
         }
         if created {
@@ -138,9 +131,7 @@ impl Flower for Api {
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
         let r = req.into_inner();
         if !r.page_token.is_empty() {
-            return Err(Status::invalid_argument(
-                "page_token: this service lists the most recent jobs only; give a limit",
-            ));
+            return Err(status::invalid("page_token", "this service lists the most recent jobs only; give a limit"));
         }
         let limit = if r.limit == 0 { 50 } else { r.limit.min(MAX_PAGE) };
         let jobs = self.b.store.list_jobs(limit).await.map_err(from_store)?;
@@ -156,7 +147,7 @@ impl Flower for Api {
         let r = req.into_inner();
         let job = self.job("job_id", &r.job_id).await?.id;
         if r.after_seq < 0 {
-            return Err(Status::invalid_argument("after_seq: must be 0 or a sequence number already seen"));
+            return Err(status::invalid("after_seq", "must be 0 or a sequence number already seen"));
         }
         let (tx, rx) = mpsc::channel(256);
         let store = self.b.store.clone();
@@ -224,7 +215,7 @@ impl Flower for Api {
         check_text("reason", &r.reason, MAX_REASON)?;
         let job = self.job("job_id", &r.job_id).await?;
         if job.state.is_terminal() {
-            return Err(Status::failed_precondition(format!("job {} already {}", job.id, job.state)));
+            return Err(status::job_ended(&job));
         }
         let reason = if r.reason.trim().is_empty() { "cancelled by the user".to_string() } else { r.reason };
         let store = &self.b.store;
@@ -245,14 +236,14 @@ impl Flower for Api {
         let r = req.into_inner();
         let job = self.job("job_id", &r.job_id).await?;
         if r.message.trim().is_empty() {
-            return Err(Status::invalid_argument("message: required"));
+            return Err(status::invalid("message", "required"));
         }
         if r.message.len() > self.max_request_bytes {
-            return Err(Status::resource_exhausted("message: over the request size limit"));
+            return Err(status::too_large("message: over the request size limit"));
         }
         check_text("message", &r.message, flower_model::spec::MAX_MESSAGE_BYTES)?;
         if job.state.is_terminal() {
-            return Err(Status::failed_precondition(format!("job {} already {}", job.id, job.state)));
+            return Err(status::job_ended(&job));
         }
         let batch = Batch { events: vec![(job.id, EventKind::UserMessage { text: r.message })], ..Default::default() };
         let written = self.b.store.append(batch).await.map_err(from_store)?;
@@ -286,10 +277,10 @@ impl Flower for Api {
         }
         let session: SessionId = parse_id("session_id", &r.session_id)?;
         if !sessions.iter().any(|s| s.id == session) {
-            return Err(Status::not_found(format!("session {session} of job {}", job.id)));
+            return Err(status::not_found(format_args!("session {session} of job {}", job.id)));
         }
         if r.after_seq < 0 {
-            return Err(Status::invalid_argument("after_seq: must be 0 or more"));
+            return Err(status::invalid("after_seq", "must be 0 or more"));
         }
         let limit = if r.limit == 0 { 200 } else { r.limit.min(MAX_PAGE) };
         let entries = store.entries(session, r.after_seq, limit).await.map_err(from_store)?;
@@ -315,7 +306,8 @@ impl Flower for Api {
     ) -> Result<Response<pb::GetContextResponse>, Status> {
         let job = self.job("job_id", &req.into_inner().job_id).await?;
         let report = crate::context::report(self.b.store.as_ref(), job.id).await.map_err(from_store)?;
-        let report_json = serde_json::to_string(&report).map_err(|e| Status::internal(e.to_string()))?;
+        let report_json = serde_json::to_string(&report)
+            .map_err(|e| status::internal("the context report could not be encoded", e))?;
         Ok(Response::new(pb::GetContextResponse { report_json }))
     }
 
@@ -330,7 +322,7 @@ impl Flower for Api {
         let path = r.path.trim_start_matches(".flower/");
         check_path("path", path)?;
         let bytes = Workbench::new(self.b.objects.clone(), job.id).get(path).await.map_err(|e| match e {
-            StoreError::NotFound(_) => Status::not_found(format!("{path} in the workbench of job {}", job.id)),
+            StoreError::NotFound(_) => status::not_found(format_args!("{path} in the workbench of job {}", job.id)),
             other => from_store(other),
         })?;
         let (tx, rx) = mpsc::channel(8);
@@ -353,17 +345,20 @@ fn check_workspace_paths(files: &[pb::WorkspaceFile]) -> Result<(), Status> {
     for (i, f) in files.iter().enumerate() {
         check_path(&format!("workspace[{i}].path"), &f.path)?;
         if let Some(j) = seen.insert(f.path.as_str(), i) {
-            return Err(Status::invalid_argument(format!("workspace[{i}].path: `{}` is also workspace[{j}]", f.path)));
+            return Err(status::invalid(
+                &format!("workspace[{i}].path"),
+                format_args!("`{}` is also workspace[{j}]", f.path),
+            ));
         }
     }
     for (i, f) in files.iter().enumerate() {
         let mut parent = f.path.as_str();
         while let Some((dir, _)) = parent.rsplit_once('/') {
             if let Some(j) = seen.get(dir) {
-                return Err(Status::invalid_argument(format!(
-                    "workspace[{i}].path: `{}` is beneath `{dir}`, which workspace[{j}] makes a file",
-                    f.path
-                )));
+                return Err(status::invalid(
+                    &format!("workspace[{i}].path"),
+                    format_args!("`{}` is beneath `{dir}`, which workspace[{j}] makes a file", f.path),
+                ));
             }
             parent = dir;
         }

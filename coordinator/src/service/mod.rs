@@ -13,7 +13,7 @@ use object_store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Status};
 
-use crate::providers::ConfiguredProviders;
+use flower_agent::provider::ConfiguredProviders;
 
 pub mod api;
 pub mod owner;
@@ -119,8 +119,8 @@ fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, 
         req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     match given {
         Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(req),
-        Some(_) => Err(Status::unauthenticated("the bearer token is not valid")),
-        None => Err(Status::unauthenticated("this service needs `authorization: Bearer <token>`")),
+        Some(_) => Err(status::unauthenticated("the bearer token is not valid")),
+        None => Err(status::unauthenticated("this service needs `authorization: Bearer <token>`")),
     }
 }
 

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Backends;
 use crate::runner::{JobContext, run_job};
+use crate::stop::{Stop, StopCause};
 
 /// First and longest pause before a run interrupted by a store error resumes.
 const RESUME_FIRST: Duration = Duration::from_millis(200);
@@ -23,7 +24,7 @@ const RESUME_MAX: Duration = Duration::from_secs(2);
 
 struct Running {
     lease: Lease,
-    cancel: CancellationToken,
+    stop: Stop,
     inbox: Inbox,
     /// Events of this job already looked at (for interrupts and cancels).
     cursor: i64,
@@ -89,7 +90,7 @@ impl Owner {
         follower.abort();
         let held: Vec<Running> = self.lock().drain().map(|(_, r)| r).collect();
         for r in held {
-            r.cancel.cancel();
+            r.stop.stop(StopCause::Shutdown);
             let _ = self.backends.store.release_lease(&r.lease).await;
         }
     }
@@ -103,7 +104,7 @@ impl Owner {
                 Ok(false) => {
                     tracing::warn!(job = %lease.job, epoch = lease.epoch, "lease lost; stopping the run");
                     if let Some(r) = self.lock().remove(&lease.job) {
-                        r.cancel.cancel();
+                        r.stop.stop(StopCause::LeaseLost);
                     }
                 }
                 Err(e) => tracing::warn!(job = %lease.job, error = %e, "lease not renewed; retrying"),
@@ -133,9 +134,8 @@ impl Owner {
                 }
             };
             let cursor = store.events(job, 0, u32::MAX).await.ok().and_then(|e| e.last().map(|e| e.seq)).unwrap_or(0);
-            let running =
-                Running { lease: lease.clone(), cancel: CancellationToken::new(), inbox: Inbox::default(), cursor };
-            let (cancel, inbox) = (running.cancel.clone(), running.inbox.clone());
+            let running = Running { lease: lease.clone(), stop: Stop::default(), inbox: Inbox::default(), cursor };
+            let (stop, inbox) = (running.stop.clone(), running.inbox.clone());
             self.lock().insert(job, running);
             tracing::info!(job = %job, epoch = lease.epoch, replica = %self.replica, "job owned");
             let span = tracing::info_span!("job", job = %job, epoch = lease.epoch);
@@ -143,11 +143,11 @@ impl Owner {
                 flower_bus::trace::continue_trace(&span, &tp);
             }
             let me = self.clone();
-            tokio::spawn(tracing::Instrument::instrument(async move { me.run_one(lease, cancel, inbox).await }, span));
+            tokio::spawn(tracing::Instrument::instrument(async move { me.run_one(lease, stop, inbox).await }, span));
         }
     }
 
-    async fn run_one(self: Arc<Self>, lease: Lease, cancel: CancellationToken, inbox: Inbox) {
+    async fn run_one(self: Arc<Self>, lease: Lease, stop: Stop, inbox: Inbox) {
         let job = lease.job;
         let b = &self.backends;
         let journal = Journal::new(b.store.clone(), b.notifier.clone()).fenced(lease.fence());
@@ -170,16 +170,17 @@ impl Owner {
                 provider,
                 epoch: lease.epoch,
                 inbox,
-                cancel,
+                stop,
             };
             // A store error is not a lost lease: while the lease holds (the
-            // renewal loop cancels `ctx.cancel` when it is lost), the run is
+            // renewal loop stops the run when it is lost), the run is
             // resumed from the store after a pause, so a database restart
             // stalls the job for the restart plus a retry, not a lease TTL.
             let mut pause = RESUME_FIRST;
             loop {
                 match run_job(&ctx, job).await {
-                    Ok(f) => tracing::info!(job = %job, state = %f.state, "job ended"),
+                    Ok(Some(f)) => tracing::info!(job = %job, state = %f.state, "job ended"),
+                    Ok(None) => tracing::info!(job = %job, cause = ?ctx.stop.cause(), "job handed over"),
                     Err(StoreError::Fenced { .. }) => tracing::warn!(job = %job, "job taken over by another replica"),
                     // Retrying cannot help a job whose stored data cannot be read,
                     // or that must write what cannot be stored: end it.
@@ -188,11 +189,11 @@ impl Owner {
                         let _ =
                             b.store.set_job_state(job, JobState::Failed, Some(reason), None, Some(lease.fence())).await;
                     }
-                    Err(e) if !ctx.cancel.is_cancelled() => {
+                    Err(e) if !ctx.stop.is_stopped() => {
                         tracing::warn!(job = %job, error = %e, pause_ms = pause.as_millis() as u64, "job run interrupted by the store; resuming");
                         tokio::select! {
                             _ = tokio::time::sleep(pause) => {}
-                            _ = ctx.cancel.cancelled() => {}
+                            _ = ctx.stop.token().cancelled() => {}
                         }
                         pause = (pause * 2).min(RESUME_MAX);
                         continue;
@@ -239,7 +240,7 @@ impl Owner {
                 EventKind::UserMessage { text } => r.inbox.push(format!(
                     "[a message from the user, sent while the job runs: adjust and continue — don't start over]\n{text}"
                 )),
-                EventKind::JobState { state: JobState::Cancelled, .. } => r.cancel.cancel(),
+                EventKind::JobState { state: JobState::Cancelled, .. } => r.stop.stop(StopCause::User),
                 _ => {}
             }
         }

@@ -23,9 +23,14 @@ pub const MAX_PATH_COMPONENT: usize = 255;
 
 pub fn from_store(e: StoreError) -> Status {
     match e {
-        StoreError::NotFound(what) => Status::not_found(format!("{what} not found")),
+        StoreError::NotFound(what) => not_found(what),
         StoreError::Ambiguous(what) => Status::invalid_argument(format!("`{what}` matches several jobs")),
-        StoreError::Conflict(m) => Status::failed_precondition(m),
+        StoreError::Superseded { .. }
+        | StoreError::NotClaimed { .. }
+        | StoreError::AlreadyFinished { .. }
+        | StoreError::JobEnded { .. } => Status::failed_precondition(e.to_string()),
+        StoreError::TooLarge { .. } => Status::resource_exhausted(e.to_string()),
+        StoreError::BadPath { .. } => Status::invalid_argument(e.to_string()),
         StoreError::Fenced { .. } => Status::aborted(e.to_string()),
         StoreError::Invalid(m) => {
             tracing::warn!(error = %m, "request refused by the store");
@@ -42,6 +47,41 @@ pub fn from_store(e: StoreError) -> Status {
             Status::internal("stored data could not be read")
         }
     }
+}
+
+/// A field that is missing, malformed or over its own limit: `InvalidArgument` naming it.
+pub fn invalid(field: &str, message: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {message}"))
+}
+
+/// A job spec refused (parse, validation, the provider table, the tool policy).
+pub fn bad_spec(e: &flower_model::SpecError) -> Status {
+    invalid("spec", format_args!("{}: {}", e.field, e.message))
+}
+
+/// The request is over this service's size limit.
+pub fn too_large(message: impl Into<String>) -> Status {
+    Status::resource_exhausted(message)
+}
+
+/// Acting on a job that already ended.
+pub fn job_ended(job: &flower_model::Job) -> Status {
+    Status::failed_precondition(format!("job {} already {}", job.id, job.state))
+}
+
+/// No token, or not the service's.
+pub fn unauthenticated(message: &'static str) -> Status {
+    Status::unauthenticated(message)
+}
+
+pub fn not_found(what: impl std::fmt::Display) -> Status {
+    Status::not_found(format!("{what} not found"))
+}
+
+/// A fault of this service (logged; the client gets no internals).
+pub fn internal(context: &str, e: impl std::fmt::Display) -> Status {
+    tracing::error!(error = %e, "{context}");
+    Status::internal(context.to_string())
 }
 
 /// A required id field, parsed, or `InvalidArgument` naming the field.

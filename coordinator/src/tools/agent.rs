@@ -92,7 +92,7 @@ impl Tool for AgentTool {
             mandate: prompt,
             shape: self.shapes.get(worker).cloned(),
         };
-        let fatal = |e: DispatchError| ToolError::Fatal(e.to_string());
+        let fatal = |e: DispatchError| ToolError::from(e);
         let Some(task) = self.dispatcher.delegate(d, &ctx.cancel).await.map_err(fatal)? else {
             return Ok(ToolOutput::error("[cancelled before the worker reported]"));
         };

@@ -64,7 +64,7 @@ impl Tool for CommandTool {
             mandate: command,
             shape: None,
         };
-        let fatal = |e: DispatchError| ToolError::Fatal(e.to_string());
+        let fatal = |e: DispatchError| ToolError::from(e);
         let Some(task) = self.dispatcher.delegate(d, &ctx.cancel).await.map_err(fatal)? else {
             return Ok(ToolOutput::error("[cancelled before the command ran]"));
         };

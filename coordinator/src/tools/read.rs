@@ -3,12 +3,12 @@
 //! its own; both are read from object storage.
 
 use async_trait::async_trait;
+use flower_agent::tool::read::{number_lines, read_schema};
 use flower_agent::tool::{str_field, uint_field};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
 use flower_store::workbench::MOUNT;
 use flower_store::workspace::Workspace;
 use flower_store::{StoreError, Workbench};
-use flower_worker::tools::read::{number_lines, read_schema};
 use serde_json::Value;
 
 pub struct CoordinatorRead {
@@ -49,7 +49,6 @@ impl Tool for CoordinatorRead {
         };
         let bytes = got.map_err(|e| match e {
             StoreError::NotFound(_) => ToolError::RespondToModel(format!("{given}: no such file")),
-            StoreError::Conflict(m) => ToolError::RespondToModel(format!("{given}: {m}")),
             other => ToolError::RespondToModel(format!("{given}: {other}")),
         })?;
         if bytes.contains(&0) {

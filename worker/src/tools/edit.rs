@@ -73,7 +73,7 @@ impl Tool for EditTool {
             Ok(ToolOutput::text(format!("edited {given}: {n} replacement(s)")))
         })
         .await
-        .map_err(|e| ToolError::Fatal(e.to_string()))?
+        .map_err(|e| ToolError::fatal(e.to_string()))?
     }
 }
 

@@ -123,6 +123,6 @@ impl Tool for GrepTool {
             Ok(ToolOutput::text(text))
         })
         .await
-        .map_err(|e| ToolError::Fatal(e.to_string()))?
+        .map_err(|e| ToolError::fatal(e.to_string()))?
     }
 }

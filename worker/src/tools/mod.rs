@@ -46,8 +46,8 @@ pub fn toolset(names: &[String], sandbox: &Sandbox, limits: &ToolLimits) -> Tool
 /// The worker role's surface, shared by every subagent of a job whatever
 /// its worker spec (one cache prefix): the built-in tools any of the job's
 /// workers was given, the MCP tools (deferred unless listed as resident),
-/// then deferral (SPEC §4). Each worker's own list is enforced at call time
-/// by [`WorkerToolsGuard`].
+/// then deferral (docs/design.md section 6). Each worker's own list is
+/// enforced at call time by [`WorkerToolsGuard`].
 pub fn worker_surface(
     spec: &flower_model::JobSpec,
     sandbox: &Sandbox,

@@ -3,16 +3,13 @@
 use std::io::Read as _;
 
 use async_trait::async_trait;
+use flower_agent::tool::read::{DEFAULT_LIMIT, number_lines, read_schema};
 use flower_agent::tool::{str_field, uint_field};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::sandbox::Sandbox;
 
-/// Lines returned when the call sets no `limit`.
-const DEFAULT_LIMIT: usize = 2000;
-/// Longer lines are cut.
-const MAX_LINE: usize = 2000;
 /// Largest file read whole (bigger ones need offset/limit over a prefix).
 const MAX_BYTES: u64 = 16 * 1024 * 1024;
 
@@ -24,45 +21,6 @@ impl ReadTool {
     pub fn new(sandbox: Sandbox) -> Self {
         Self { sandbox }
     }
-}
-
-/// `cat -n` style numbering from line `offset` (1-based), `limit` lines.
-pub fn number_lines(text: &str, offset: usize, limit: usize) -> String {
-    let mut out = String::new();
-    let total = text.lines().count();
-    for (i, line) in text.lines().enumerate().skip(offset.saturating_sub(1)).take(limit) {
-        let line = if line.len() > MAX_LINE {
-            let mut end = MAX_LINE;
-            while !line.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{}… [line cut at {MAX_LINE} chars]", &line[..end])
-        } else {
-            line.to_string()
-        };
-        out.push_str(&format!("{:>6}\t{line}\n", i + 1));
-    }
-    let shown_to = (offset.saturating_sub(1) + limit).min(total);
-    if shown_to < total {
-        out.push_str(&format!("[{} more lines; read on with offset={}]\n", total - shown_to, shown_to + 1));
-    }
-    if total == 0 {
-        out.push_str("[empty file]\n");
-    }
-    out
-}
-
-/// The input schema of every `Read` (workers' and the coordinator's).
-pub fn read_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "file_path": {"type": "string", "description": "The file to read"},
-            "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
-            "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to read"}
-        },
-        "required": ["file_path"]
-    })
 }
 
 #[async_trait]
@@ -105,7 +63,7 @@ impl Tool for ReadTool {
             Ok(ToolOutput::text(number_lines(&text, offset, limit)))
         })
         .await
-        .map_err(|e| ToolError::Fatal(e.to_string()))?
+        .map_err(|e| ToolError::fatal(e.to_string()))?
     }
 }
 

@@ -68,6 +68,6 @@ impl Tool for WriteTool {
             Ok(ToolOutput::text(format!("wrote {} bytes to {given}", content.len())))
         })
         .await
-        .map_err(|e| ToolError::Fatal(e.to_string()))?
+        .map_err(|e| ToolError::fatal(e.to_string()))?
     }
 }

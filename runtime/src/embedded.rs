@@ -24,7 +24,7 @@ use object_store::local::LocalFileSystem;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::runner::{JobContext, run_job};
+use flower_coordinator::runner::{JobContext, run_job};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -38,6 +38,8 @@ pub enum RunError {
     Simulator(std::io::Error),
     #[error("provider: {0}")]
     Provider(#[from] flower_agent::provider::ProviderError),
+    #[error("the run stopped before the job ended")]
+    HandedOver,
     #[error("home directory {path}: {source}")]
     Home { path: PathBuf, source: std::io::Error },
 }
@@ -60,9 +62,9 @@ pub struct RunSummary {
     pub workbench: PathBuf,
     pub artifacts: Vec<(String, u64)>,
     /// What entered the main thread versus the subagents (`flower context`).
-    pub context: crate::context::ContextReport,
+    pub context: flower_coordinator::context::ContextReport,
     /// With the in-process simulator: its cache audit against the recorded rewrites.
-    pub cache_audit: Option<crate::context::CacheAudit>,
+    pub cache_audit: Option<flower_sim::audit::CacheAudit>,
 }
 
 pub struct EmbeddedRuntime {
@@ -121,7 +123,7 @@ impl EmbeddedRuntime {
     pub async fn resume(&self, job_id: JobId, cancel: CancellationToken) -> Result<RunSummary, RunError> {
         let job = self.store.get_job(job_id).await?;
         if job.state.is_terminal() {
-            return Err(RunError::Store(StoreError::Conflict(format!("job {job_id} already {}", job.state))));
+            return Err(RunError::Store(StoreError::JobEnded { job: job_id, state: job.state }));
         }
         for t in self.store.tasks(job_id).await? {
             if !t.state.is_terminal() {
@@ -172,7 +174,8 @@ impl EmbeddedRuntime {
             provider,
             epoch: 1,
             inbox: Inbox::default(),
-            cancel,
+            // Ctrl-C in a local run is the user's cancel.
+            stop: flower_coordinator::stop::Stop::from_token(cancel),
         };
         let finished = run_job(&ctx, job_id).await;
         shutdown.cancel();
@@ -183,9 +186,9 @@ impl EmbeddedRuntime {
         if let Some(sim) = sim {
             sim.shutdown().await;
         }
-        let finished = finished?;
+        let finished = finished?.ok_or(RunError::HandedOver)?;
         let mut summary = self.summary(job_id, finished.session, finished.turns).await?;
-        summary.cache_audit = records.map(|r| crate::context::audit(&r, &summary.context.cache_rewrites));
+        summary.cache_audit = records.map(|r| flower_sim::audit::join(&r, &summary.context.rewrites()));
         Ok(summary)
     }
 
@@ -254,7 +257,7 @@ impl EmbeddedRuntime {
             database: self.home.join("flower.db"),
             workbench: self.workbench_dir(job_id),
             artifacts,
-            context: crate::context::report(self.store.as_ref(), job_id).await?,
+            context: flower_coordinator::context::report(self.store.as_ref(), job_id).await?,
             cache_audit: None,
         })
     }

@@ -1,4 +1,4 @@
-//! Providers configured on a service: a name → an Anthropic-compatible
+//! The provider table a service or worker process is configured with: a name → an Anthropic-compatible
 //! endpoint, keys from the environment (`<NAME>_API_KEY`), a cap on
 //! concurrent model calls per provider. Jobs name a provider; they never
 //! carry endpoints or keys.
@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use flower_agent::provider::{AnthropicClient, AnthropicConfig, Provider, ProviderError, ProviderSource};
+use super::{AnthropicClient, AnthropicConfig, Provider, ProviderError, ProviderSource};
 use flower_model::{JobId, JobSpec};
 
 #[derive(Clone, Default)]

@@ -1,0 +1,24 @@
+//! The runtime: how flower's parts are wired into processes. The roles
+//! (`coordinator`, `worker`) never import each other; this crate is the one
+//! place that puts them together, with the backends and the simulator.
+//!
+//! # Layout
+//! - [`embedded`]: a whole job in one process — SQLite, local objects, the
+//!   in-process bus, a worker pool, the in-process simulator when a spec names
+//!   `sim` (`flower run`, `flower demo`)
+//! - [`distributed`]: the builder from configuration to connected Postgres,
+//!   NATS, object storage and providers (`flower coordinator`, `flower
+//!   worker`, `flower bench`)
+//! - [`home`]: the embedded mode's home directory
+//! - [`audit`]: the simulator's cache audit fetched from a `flower sim` server
+//!
+//! It holds no policy of its own: rules live in the crates it wires (see
+//! docs/design.md, section 1).
+
+pub mod audit;
+pub mod distributed;
+pub mod embedded;
+pub mod home;
+
+pub use distributed::{ConnectError, Connected, DistributedConfig};
+pub use embedded::{EmbeddedRuntime, RunError, RunSummary};
