@@ -145,101 +145,10 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
     let mut all = flower_model::Usage::default();
     for s in &sessions {
         let entries = store.entries(s.id, 0, u32::MAX).await?;
-        let mut view = SessionView {
-            session: s.id.to_string(),
-            role: s.role.as_str().into(),
-            label: s.label.clone(),
-            ..Default::default()
-        };
-        for e in entries.iter().filter(|e| e.kind == EntryKind::Assistant) {
-            let Some(u) = &e.usage else { continue };
-            view.turns += 1;
-            view.usage.add(u);
-            view.history_tokens = u.context_tokens();
-            let model = e.model.clone().unwrap_or_default();
-            let price = match &spec {
-                Some(sp) => sp.runtime.budget.price(&model),
-                None => flower_model::spec::builtin_price(&model),
-            };
-            if let Some(p) = price {
-                *cost.get_or_insert(0.0) += p.cost(u);
-            }
-        }
+        let view = session_view(s, &entries, spec.as_ref(), &mut cost);
         all.add(&view.usage);
-        view.cache_rate = view.usage.cache_rate();
         r.sessions.push(view);
-        let main = s.role == Role::Coordinator;
-        let side = if main { &mut r.main } else { &mut r.subagents };
-        side.sessions += 1;
-        let mut tool_names: BTreeMap<String, String> = BTreeMap::new();
-        // Characters the model, the goal, mandates and reports wrote, so far.
-        let mut authored = 0usize;
-        let mut harness_sum = 0.0;
-        for e in &entries {
-            side.body_chars += e.body_chars();
-            match e.kind {
-                EntryKind::Assistant => {
-                    side.turns += 1;
-                    if let Some(u) = &e.usage {
-                        side.usage.add(u);
-                    }
-                    for (id, name, input) in e.tool_uses() {
-                        side.tool_calls += 1;
-                        // A deliberate read of a spilled file is exempt: it passes the guard by design.
-                        let exempt = input.to_string().contains("spill/");
-                        tool_names.insert(id.to_string(), if exempt { String::new() } else { name.to_string() });
-                        if main && name == "Agent" {
-                            r.mandate_chars.push(input["prompt"].as_str().map_or(0, |p| p.chars().count()));
-                        }
-                        if main && name == "Bash" {
-                            r.glances += 1;
-                        }
-                        if name == "Write"
-                            && let Some(p) = input["file_path"].as_str()
-                            && p.contains(".flower/scripts/")
-                        {
-                            r.script_writes += 1;
-                        }
-                        if name == "Bash"
-                            && let Some(c) = input["command"].as_str()
-                            && c.contains(".flower/scripts/")
-                            && !c.trim_start().starts_with("ls")
-                        {
-                            r.script_runs += 1;
-                        }
-                    }
-                    if main {
-                        let tokens = e.usage.map_or(0, |u| u.context_tokens());
-                        let turn = side.turns;
-                        r.main_turns.push(MainTurn { turn, step: step_of(e), context_tokens: tokens });
-                        harness_sum += (tokens as f64 - authored as f64 / 4.0).max(0.0);
-                    }
-                    authored += e.body_chars();
-                }
-                EntryKind::User => authored += e.body_chars(),
-                EntryKind::ToolResult => {
-                    if e.markers.denial_kind.is_some() {
-                        r.denials += usize::from(main);
-                    }
-                    for b in &e.content {
-                        if let ContentBlock::ToolResult { tool_use_id, content, .. } = b {
-                            let tool = tool_names.get(tool_use_id).cloned().unwrap_or_default();
-                            let chars = result_text(content).chars().count();
-                            if spill_matches(&tool) {
-                                r.largest_spill_matched_result = r.largest_spill_matched_result.max(chars);
-                            }
-                            if e.markers.denial_kind.is_none() {
-                                authored += chars;
-                            }
-                        }
-                    }
-                }
-                EntryKind::Notice => {}
-            }
-        }
-        if main && !r.main_turns.is_empty() {
-            r.harness_tokens_per_turn_estimate = harness_sum / r.main_turns.len() as f64;
-        }
+        count_entries(&mut r, s.role == Role::Coordinator, &entries);
     }
     r.cost_usd = cost;
     r.cache_rate = all.cache_rate();
@@ -249,6 +158,155 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
     r.main_slope_tokens_per_turn = slope(&points);
     r.main_first_tokens = r.main_turns.first().map_or(0, |t| t.context_tokens);
     r.main_last_tokens = r.main_turns.last().map_or(0, |t| t.context_tokens);
+    count_events(&mut r, store, job, &sessions).await?;
+    Ok(r)
+}
+
+/// One session's turns, usage and cache rate; its cost is added to `cost`
+/// (priced by the spec's table, else the built-in one).
+fn session_view(
+    s: &flower_model::Session,
+    entries: &[Entry],
+    spec: Option<&flower_model::JobSpec>,
+    cost: &mut Option<f64>,
+) -> SessionView {
+    let mut view = SessionView {
+        session: s.id.to_string(),
+        role: s.role.as_str().into(),
+        label: s.label.clone(),
+        ..Default::default()
+    };
+    for e in entries.iter().filter(|e| e.kind == EntryKind::Assistant) {
+        let Some(u) = &e.usage else { continue };
+        view.turns += 1;
+        view.usage.add(u);
+        view.history_tokens = u.context_tokens();
+        let model = e.model.clone().unwrap_or_default();
+        let price = match spec {
+            Some(sp) => sp.runtime.budget.price(&model),
+            None => flower_model::spec::builtin_price(&model),
+        };
+        if let Some(p) = price {
+            *cost.get_or_insert(0.0) += p.cost(u);
+        }
+    }
+    view.cache_rate = view.usage.cache_rate();
+    view
+}
+
+/// What one session's entries add to the main-thread or subagent side.
+fn count_entries(r: &mut ContextReport, main: bool, entries: &[Entry]) {
+    if main {
+        r.main.sessions += 1;
+    } else {
+        r.subagents.sessions += 1;
+    }
+    let mut tool_names: BTreeMap<String, String> = BTreeMap::new();
+    // Characters the model, the goal, mandates and reports wrote, so far.
+    let mut authored = 0usize;
+    let mut harness_sum = 0.0;
+    for e in entries {
+        if main {
+            r.main.body_chars += e.body_chars();
+        } else {
+            r.subagents.body_chars += e.body_chars();
+        }
+        match e.kind {
+            EntryKind::Assistant => {
+                let side = if main { &mut r.main } else { &mut r.subagents };
+                side.turns += 1;
+                if let Some(u) = &e.usage {
+                    side.usage.add(u);
+                }
+                let turn = side.turns;
+                for (id, name, input) in e.tool_uses() {
+                    count_call(r, main, &mut tool_names, id, name, input);
+                }
+                if main {
+                    let tokens = e.usage.map_or(0, |u| u.context_tokens());
+                    r.main_turns.push(MainTurn { turn, step: step_of(e), context_tokens: tokens });
+                    harness_sum += (tokens as f64 - authored as f64 / 4.0).max(0.0);
+                }
+                authored += e.body_chars();
+            }
+            EntryKind::User => authored += e.body_chars(),
+            EntryKind::ToolResult => authored += count_result(r, main, &tool_names, e),
+            EntryKind::Notice => {}
+        }
+    }
+    if main && !r.main_turns.is_empty() {
+        r.harness_tokens_per_turn_estimate = harness_sum / r.main_turns.len() as f64;
+    }
+}
+
+/// One tool call: counted on its side, remembered by id for its result, and
+/// the mandates, glances and workbench scripts it shows.
+fn count_call(
+    r: &mut ContextReport,
+    main: bool,
+    tool_names: &mut BTreeMap<String, String>,
+    id: &str,
+    name: &str,
+    input: &serde_json::Value,
+) {
+    if main {
+        r.main.tool_calls += 1;
+    } else {
+        r.subagents.tool_calls += 1;
+    }
+    // A deliberate read of a spilled file is exempt: it passes the guard by design.
+    let exempt = input.to_string().contains("spill/");
+    tool_names.insert(id.to_string(), if exempt { String::new() } else { name.to_string() });
+    if main && name == "Agent" {
+        r.mandate_chars.push(input["prompt"].as_str().map_or(0, |p| p.chars().count()));
+    }
+    if main && name == "Bash" {
+        r.glances += 1;
+    }
+    if name == "Write"
+        && let Some(p) = input["file_path"].as_str()
+        && p.contains(".flower/scripts/")
+    {
+        r.script_writes += 1;
+    }
+    if name == "Bash"
+        && let Some(c) = input["command"].as_str()
+        && c.contains(".flower/scripts/")
+        && !c.trim_start().starts_with("ls")
+    {
+        r.script_runs += 1;
+    }
+}
+
+/// One tool-result entry: denials, the largest result a spill would have
+/// caught; returns the characters it brought into the context.
+fn count_result(r: &mut ContextReport, main: bool, tool_names: &BTreeMap<String, String>, e: &Entry) -> usize {
+    if e.markers.denial_kind.is_some() {
+        r.denials += usize::from(main);
+    }
+    let mut authored = 0;
+    for b in &e.content {
+        if let ContentBlock::ToolResult { tool_use_id, content, .. } = b {
+            let tool = tool_names.get(tool_use_id).cloned().unwrap_or_default();
+            let chars = result_text(content).chars().count();
+            if spill_matches(&tool) {
+                r.largest_spill_matched_result = r.largest_spill_matched_result.max(chars);
+            }
+            if e.markers.denial_kind.is_none() {
+                authored += chars;
+            }
+        }
+    }
+    authored
+}
+
+/// Spills, tool surfaces, loads, search misses and rewrites, from the job's events.
+async fn count_events(
+    r: &mut ContextReport,
+    store: &dyn Store,
+    job: JobId,
+    sessions: &[flower_model::Session],
+) -> Result<(), StoreError> {
     // Each session's place in `r.sessions`, for the events that name one.
     let index: std::collections::HashMap<flower_model::SessionId, usize> =
         sessions.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
@@ -258,58 +316,65 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
         let Some(last) = events.last() else { break };
         after = last.seq;
         for e in &events {
-            match &e.kind {
-                EventKind::Spill { chars, session, .. } => {
-                    r.spills += 1;
-                    r.spilled_chars += chars;
-                    if let Some(i) = index.get(session).copied() {
-                        r.sessions[i].spills += 1;
-                    }
-                }
-                EventKind::ToolSurface {
-                    session,
-                    deferral,
-                    resident,
-                    deferred,
-                    tool_tokens,
-                    index_tokens,
-                    system_tokens,
-                    ..
-                } => {
-                    if let Some(i) = index.get(session).copied() {
-                        let v = &mut r.sessions[i];
-                        v.deferral = *deferral;
-                        v.resident = resident.clone();
-                        v.deferred = deferred.clone();
-                        (v.tool_tokens, v.index_tokens, v.system_tokens) =
-                            (*tool_tokens, *index_tokens, *system_tokens);
-                    }
-                }
-                EventKind::ToolsLoaded { session, trigger, tools, .. } => {
-                    r.tools_loaded += tools.len();
-                    if let Some(i) = index.get(session).copied() {
-                        r.sessions[i].loaded.extend(tools.iter().map(|t| (t.clone(), trigger.clone())));
-                    }
-                }
-                EventKind::ToolSearchMiss { session, query, .. } => {
-                    r.search_misses += 1;
-                    if let Some(i) = index.get(session).copied() {
-                        r.sessions[i].search_misses.push(query.clone());
-                    }
-                }
-                EventKind::CacheRewrite { session, turn, reason, cache_write_tokens, .. } => {
-                    r.cache_rewrites.push(Rewrite {
-                        session: session.to_string(),
-                        turn: *turn,
-                        reason: reason.clone(),
-                        cache_write_tokens: *cache_write_tokens,
-                    });
-                }
-                _ => {}
-            }
+            count_event(r, &index, &e.kind);
         }
     }
-    Ok(r)
+    Ok(())
+}
+
+fn count_event(
+    r: &mut ContextReport,
+    index: &std::collections::HashMap<flower_model::SessionId, usize>,
+    kind: &EventKind,
+) {
+    match kind {
+        EventKind::Spill { chars, session, .. } => {
+            r.spills += 1;
+            r.spilled_chars += chars;
+            if let Some(i) = index.get(session).copied() {
+                r.sessions[i].spills += 1;
+            }
+        }
+        EventKind::ToolSurface {
+            session,
+            deferral,
+            resident,
+            deferred,
+            tool_tokens,
+            index_tokens,
+            system_tokens,
+            ..
+        } => {
+            if let Some(i) = index.get(session).copied() {
+                let v = &mut r.sessions[i];
+                v.deferral = *deferral;
+                v.resident = resident.clone();
+                v.deferred = deferred.clone();
+                (v.tool_tokens, v.index_tokens, v.system_tokens) = (*tool_tokens, *index_tokens, *system_tokens);
+            }
+        }
+        EventKind::ToolsLoaded { session, trigger, tools, .. } => {
+            r.tools_loaded += tools.len();
+            if let Some(i) = index.get(session).copied() {
+                r.sessions[i].loaded.extend(tools.iter().map(|t| (t.clone(), trigger.clone())));
+            }
+        }
+        EventKind::ToolSearchMiss { session, query, .. } => {
+            r.search_misses += 1;
+            if let Some(i) = index.get(session).copied() {
+                r.sessions[i].search_misses.push(query.clone());
+            }
+        }
+        EventKind::CacheRewrite { session, turn, reason, cache_write_tokens, .. } => {
+            r.cache_rewrites.push(Rewrite {
+                session: session.to_string(),
+                turn: *turn,
+                reason: reason.clone(),
+                cache_write_tokens: *cache_write_tokens,
+            });
+        }
+        _ => {}
+    }
 }
 
 /// An SVG of the main thread's context per scenario step (or turn), with a

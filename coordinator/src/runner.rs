@@ -61,73 +61,120 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Option<Finished>
         let written = store.set_job_state(job_id, JobState::Running, None, None, ctx.journal.fence()).await?;
         ctx.journal.announce(&written).await;
     }
-    let coordinator_sessions: Vec<Session> =
-        store.sessions(job_id).await?.into_iter().filter(|s| s.role == Role::Coordinator).collect();
-    let mut generation = coordinator_sessions.len().max(1) as u32;
-    let existing = coordinator_sessions.last().cloned();
-    let (mut session, history) = match existing {
-        Some(s) => {
-            let stored = store.entries(s.id, 0, u32::MAX).await?;
-            (s.id, load_pruned(&stored, &spec, &Workbench::new(ctx.objects.clone(), job_id)).await?)
-        }
-        None => {
-            let id = SessionId::random();
-            let written = store
-                .create_session(Session {
-                    id,
-                    job_id,
-                    role: Role::Coordinator,
-                    label: spec.coordinator.name.clone(),
-                    task_id: None,
-                    created_at: now_ms(),
-                })
-                .await?;
-            ctx.journal.announce(&written).await;
-            (id, Vec::new())
-        }
-    };
-    if !history.is_empty() {
-        tracing::info!(job = %job_id, entries = history.len(), epoch = ctx.epoch, "resuming the coordinator session");
-    }
-    let mut input = history.is_empty().then(|| vec![ContentBlock::text(spec.goal.clone())]);
-    let mut history = history;
+    let start = open_session(ctx, &spec, job_id).await?;
     let limits =
         flower_agent::limits::JobLimits::new(store.clone(), job_id, &spec.runtime.budget, &spec.model, job.created_at);
+    let driven = drive(ctx, &spec, job_id, start, limits).await?;
+    if ctx.stop.handing_over() {
+        tracing::info!(job = %job_id, cause = ?ctx.stop.cause(), "run stopped; the job is left for the next owner");
+        return Ok(None);
+    }
+    let (state, reason, answer, turns) = decide_end(driven.outcome)?;
+    let (state, reason) = match state {
+        JobState::Succeeded => match all_tasks_failed(store.as_ref(), job_id).await? {
+            Some(why) => (JobState::Failed, Some(why)),
+            None => (state, reason),
+        },
+        _ => (state, reason),
+    };
+    record_end(ctx, job_id, state, reason.clone(), answer.clone()).await?;
+    Ok(Some(Finished { state, reason, answer, session: driven.session, turns: driven.earlier_turns + turns }))
+}
+
+/// Where a run starts: the latest coordinator session resumed through the
+/// pruning loader, or a new one fed the goal.
+struct Start {
+    session: SessionId,
+    history: Vec<flower_model::Entry>,
+    input: Option<Vec<ContentBlock>>,
+    generation: u32,
+}
+
+async fn open_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId) -> Result<Start, StoreError> {
+    let store = ctx.journal.store();
+    let coordinator_sessions: Vec<Session> =
+        store.sessions(job_id).await?.into_iter().filter(|s| s.role == Role::Coordinator).collect();
+    let generation = coordinator_sessions.len().max(1) as u32;
+    if let Some(s) = coordinator_sessions.last() {
+        let stored = store.entries(s.id, 0, u32::MAX).await?;
+        let history = load_pruned(&stored, spec, &Workbench::new(ctx.objects.clone(), job_id)).await?;
+        if !history.is_empty() {
+            tracing::info!(job = %job_id, entries = history.len(), epoch = ctx.epoch, "resuming the coordinator session");
+        }
+        let input = history.is_empty().then(|| vec![ContentBlock::text(spec.goal.clone())]);
+        return Ok(Start { session: s.id, history, input, generation });
+    }
+    let id = SessionId::random();
+    let written = store
+        .create_session(Session {
+            id,
+            job_id,
+            role: Role::Coordinator,
+            label: spec.coordinator.name.clone(),
+            task_id: None,
+            created_at: now_ms(),
+        })
+        .await?;
+    ctx.journal.announce(&written).await;
+    Ok(Start { session: id, history: Vec::new(), input: Some(vec![ContentBlock::text(spec.goal.clone())]), generation })
+}
+
+/// How the main thread ended: its outcome (or the generation cap's
+/// diagnosis), the last session, the turns of the sessions before it.
+struct Driven {
+    outcome: Result<Result<Outcome, AgentError>, String>,
+    session: SessionId,
+    earlier_turns: u32,
+}
+
+/// Run the main thread, handing off to a new session each time its context
+/// fills, up to `runtime.handoff.max_generations`.
+async fn drive(
+    ctx: &JobContext,
+    spec: &JobSpec,
+    job_id: JobId,
+    start: Start,
+    limits: Option<Arc<flower_agent::limits::JobLimits>>,
+) -> Result<Driven, StoreError> {
+    let Start { mut session, mut history, mut input, mut generation } = start;
     let ho = &spec.runtime.handoff;
     let thresholds = ho.enabled.then(|| ho.thresholds(&spec.model));
     let mut earlier_turns = 0;
-    let outcome = loop {
+    loop {
         let agent =
-            coordinator_session(ctx, &spec, job_id, session).with_limits(limits.clone()).with_handoff(thresholds);
+            coordinator_session(ctx, spec, job_id, session).with_limits(limits.clone()).with_handoff(thresholds);
         match agent.run(std::mem::take(&mut history), input.take()).await {
             Ok(Outcome::Handoff { forced, turns, .. }) => {
                 if generation >= ho.max_generations {
-                    break Err(format!(
+                    let diagnosis = format!(
                         "the coordinator's main thread filled {generation} sessions (runtime.handoff.max_generations): \
                          each reached the handoff threshold{}; the goal needs a larger window, more headroom or fewer turns",
                         if forced { " or the provider's prompt limit" } else { "" }
-                    ));
+                    );
+                    return Ok(Driven { outcome: Err(diagnosis), session, earlier_turns });
                 }
-                let next = crate::handoff::hand_off(ctx, &spec, job_id, session, generation, forced).await?;
+                let next = crate::handoff::hand_off(ctx, spec, job_id, session, generation, forced).await?;
                 tracing::info!(job = %job_id, generation, turns, forced, "handoff to a new coordinator session");
                 earlier_turns += turns;
                 session = next.session;
                 input = Some(vec![ContentBlock::text(next.first_message)]);
                 generation += 1;
             }
-            other => break Ok(other),
+            other => return Ok(Driven { outcome: Ok(other), session, earlier_turns }),
         }
-    };
-    if ctx.stop.handing_over() {
-        tracing::info!(job = %job_id, cause = ?ctx.stop.cause(), "run stopped; the job is left for the next owner");
-        return Ok(None);
     }
-    let (outcome, cap) = match outcome {
-        Ok(o) => (o, None),
-        Err(diagnosis) => (Ok(Outcome::TurnLimit { turns: 0, usage: Default::default() }), Some(diagnosis)),
+}
+
+/// The job's end state, reason, answer and last session's turns; the
+/// store's own failures are returned instead (they are not the job's).
+type End = (JobState, Option<String>, Option<String>, u32);
+
+fn decide_end(outcome: Result<Result<Outcome, AgentError>, String>) -> Result<End, StoreError> {
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(diagnosis) => return Ok((JobState::Failed, Some(diagnosis), None, 0)),
     };
-    let (state, reason, answer, turns) = match outcome {
-        _ if cap.is_some() => (JobState::Failed, cap.clone(), None, 0),
+    Ok(match outcome {
         Ok(Outcome::Answered { text, turns, .. }) => (JobState::Succeeded, None, Some(text), turns),
         Ok(Outcome::TurnLimit { turns, .. }) => (
             JobState::Failed,
@@ -140,8 +187,7 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Option<Finished>
         Ok(Outcome::Handoff { turns, .. }) => {
             (JobState::Failed, Some("handoff loop ended unexpectedly".into()), None, turns)
         }
-        // The store's own failures are not the job's: a newer owner (fenced)
-        // or an outage the owner rides out by resuming the run.
+        // A newer owner (fenced), or an outage the owner rides out by resuming the run.
         Err(
             AgentError::Store(e @ (StoreError::Fenced { .. } | StoreError::Backend(_)))
             | AgentError::Tool {
@@ -149,26 +195,31 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Option<Finished>
             },
         ) => return Err(e),
         Err(e) => (JobState::Failed, Some(e.to_string()), None, 0),
-    };
-    let (state, reason) = match state {
-        JobState::Succeeded => match all_tasks_failed(store.as_ref(), job_id).await? {
-            Some(why) => (JobState::Failed, Some(why)),
-            None => (state, reason),
-        },
-        _ => (state, reason),
-    };
+    })
+}
+
+/// Write the end: a job that did not succeed takes its unfinished tasks
+/// with it (workers hear the cancel notice); a job already ended elsewhere
+/// (a user's cancel) keeps that end.
+async fn record_end(
+    ctx: &JobContext,
+    job_id: JobId,
+    state: JobState,
+    reason: Option<String>,
+    answer: Option<String>,
+) -> Result<(), StoreError> {
+    let store = ctx.journal.store();
     if state != JobState::Succeeded {
         let written = store.cancel_tasks(job_id, reason.as_deref().unwrap_or("job ended")).await?;
         ctx.journal.announce(&written).await;
         let _ = ctx.journal.notifier().notify(Notice::Cancel { job: job_id }).await;
     }
-    match store.set_job_state(job_id, state, reason.clone(), answer.clone(), ctx.journal.fence()).await {
+    match store.set_job_state(job_id, state, reason, answer, ctx.journal.fence()).await {
         Ok(written) => ctx.journal.announce(&written).await,
-        // Already ended elsewhere (a cancel): that end stands.
         Err(StoreError::JobEnded { .. }) => {}
         Err(e) => return Err(e),
     }
-    Ok(Some(Finished { state, reason, answer, session, turns: earlier_turns + turns }))
+    Ok(())
 }
 
 /// A job whose delegated tasks all failed has not achieved its goal, whatever

@@ -59,6 +59,16 @@ async fn demo_on_a_cluster(s3: bool) {
     let t = c.flower(&["transcript", "show", &job, "--json"]);
     let t: serde_json::Value = serde_json::from_slice(&t.stdout).unwrap();
     assert_eq!(t["sessions"].as_array().unwrap().len(), 4);
+
+    // The simulator's cache audit, joined with the job's recorded rewrites as
+    // the embedded mode does: every request of the job's sessions audited.
+    let demo_sim = c.sims[1].url();
+    let ctx = c.flower(&["context", &job, "--json", "--sim-audit", &demo_sim]);
+    assert!(ctx.status.success(), "{}", String::from_utf8_lossy(&ctx.stderr));
+    let ctx: serde_json::Value = serde_json::from_slice(&ctx.stdout).unwrap();
+    let audit = &ctx["cache_audit"];
+    assert!(audit["requests"].as_u64().unwrap() >= 5, "{audit}");
+    assert_eq!(audit["unexplained"], serde_json::json!([]), "{audit}");
     c.stop().await;
 }
 

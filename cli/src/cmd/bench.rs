@@ -56,7 +56,6 @@ pub struct ResumeArgs {
 }
 
 async fn resume(a: ResumeArgs) -> anyhow::Result<ExitCode> {
-    use flower_model::{Entry, EntryKind, JobId, Role, Session, SessionId};
     let dir = tempfile::tempdir()?;
     let db = ScratchDatabase::create(&a.database_url).await.context("--database-url")?;
     let backends: Vec<(&str, Arc<dyn Store>)> = vec![
@@ -64,75 +63,8 @@ async fn resume(a: ResumeArgs) -> anyhow::Result<ExitCode> {
         ("postgres", Arc::new(PostgresStore::connect(&db.url, 4).await?)),
     ];
     for (name, store) in backends {
-        let spec = flower_model::JobSpec::parse(&spec("resume"))?;
-        let (job, _) = store
-            .create_job(flower_store::NewJob {
-                id: JobId::random(),
-                name: "resume".into(),
-                spec: serde_json::to_value(&spec)?,
-                idempotency_key: None,
-            })
-            .await?;
-        let session = SessionId::random();
-        store
-            .create_session(Session {
-                id: session,
-                job_id: job.id,
-                role: Role::Coordinator,
-                label: "c".into(),
-                task_id: None,
-                created_at: 0,
-            })
-            .await?;
-        let mut parent = None;
-        let mut batch = Vec::new();
-        for n in 0..a.entries / 2 {
-            let id = format!("toolu_{n}");
-            let call = Entry::new(
-                job.id,
-                session,
-                parent,
-                EntryKind::Assistant,
-                vec![ContentBlock::ToolUse {
-                    id: id.clone(),
-                    name: "Agent".into(),
-                    input: json!({"subagent_type": "w", "prompt": "x".repeat(170)}),
-                }],
-            );
-            let result = Entry::new(
-                job.id,
-                session,
-                Some(call.uuid),
-                EntryKind::ToolResult,
-                vec![ContentBlock::tool_result(id, "r".repeat(600), false)],
-            );
-            parent = Some(result.uuid);
-            batch.push(call);
-            batch.push(result);
-            if batch.len() >= 1000 {
-                store.append(flower_store::Batch { entries: std::mem::take(&mut batch), ..Default::default() }).await?;
-            }
-        }
-        store.append(flower_store::Batch { entries: batch, ..Default::default() }).await?;
-        let mut times = Vec::new();
-        for _ in 0..a.runs.max(1) {
-            let started = Instant::now();
-            let stored = store.entries(session, 0, u32::MAX).await?;
-            let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning, &flower_agent::glance::allows);
-            let request = flower_agent::provider::Request {
-                model: spec.model.clone(),
-                max_tokens: 1024,
-                system: vec![],
-                messages: flower_agent::history::to_messages(&pruned.entries),
-                tools: vec![],
-                stream: true,
-                cache: None,
-                ..Default::default()
-            };
-            let body = serde_json::to_vec(&request)?;
-            times.push(started.elapsed().as_secs_f64() * 1e3);
-            anyhow::ensure!(!body.is_empty());
-        }
+        let (spec, session) = seed_main_thread(store.as_ref(), a.entries).await?;
+        let mut times = time_resume(store.as_ref(), session, &spec, a.runs).await?;
         times.sort_by(|x, y| x.total_cmp(y));
         println!(
             "{name:>8}: restart → first resumed request for a {}-entry main thread: median {:.1} ms (min {:.1}, max {:.1}; load + prune + build)",
@@ -144,6 +76,98 @@ async fn resume(a: ResumeArgs) -> anyhow::Result<ExitCode> {
     }
     db.drop_now().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A stored job whose coordinator main thread holds `entries` entries (`Agent`
+/// calls and their results, appended in batches of 1000), as a restarted
+/// coordinator finds it. Returns the job's spec and the main thread's session.
+async fn seed_main_thread(
+    store: &dyn Store,
+    entries: usize,
+) -> anyhow::Result<(flower_model::JobSpec, flower_model::SessionId)> {
+    use flower_model::{Entry, EntryKind, JobId, Role, Session, SessionId};
+    let spec = flower_model::JobSpec::parse(&spec("resume"))?;
+    let (job, _) = store
+        .create_job(flower_store::NewJob {
+            id: JobId::random(),
+            name: "resume".into(),
+            spec: serde_json::to_value(&spec)?,
+            idempotency_key: None,
+        })
+        .await?;
+    let session = SessionId::random();
+    store
+        .create_session(Session {
+            id: session,
+            job_id: job.id,
+            role: Role::Coordinator,
+            label: "c".into(),
+            task_id: None,
+            created_at: 0,
+        })
+        .await?;
+    let mut parent = None;
+    let mut batch = Vec::new();
+    for n in 0..entries / 2 {
+        let id = format!("toolu_{n}");
+        let call = Entry::new(
+            job.id,
+            session,
+            parent,
+            EntryKind::Assistant,
+            vec![ContentBlock::ToolUse {
+                id: id.clone(),
+                name: "Agent".into(),
+                input: json!({"subagent_type": "w", "prompt": "x".repeat(170)}),
+            }],
+        );
+        let result = Entry::new(
+            job.id,
+            session,
+            Some(call.uuid),
+            EntryKind::ToolResult,
+            vec![ContentBlock::tool_result(id, "r".repeat(600), false)],
+        );
+        parent = Some(result.uuid);
+        batch.push(call);
+        batch.push(result);
+        if batch.len() >= 1000 {
+            store.append(flower_store::Batch { entries: std::mem::take(&mut batch), ..Default::default() }).await?;
+        }
+    }
+    store.append(flower_store::Batch { entries: batch, ..Default::default() }).await?;
+    Ok((spec, session))
+}
+
+/// What a restarted coordinator does before its first request, timed `runs`
+/// times (in ms, unsorted): load the main thread, prune it, build and
+/// serialize the request.
+async fn time_resume(
+    store: &dyn Store,
+    session: flower_model::SessionId,
+    spec: &flower_model::JobSpec,
+    runs: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let mut times = Vec::new();
+    for _ in 0..runs.max(1) {
+        let started = Instant::now();
+        let stored = store.entries(session, 0, u32::MAX).await?;
+        let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning, &flower_agent::glance::allows);
+        let request = flower_agent::provider::Request {
+            model: spec.model.clone(),
+            max_tokens: 1024,
+            system: vec![],
+            messages: flower_agent::history::to_messages(&pruned.entries),
+            tools: vec![],
+            stream: true,
+            cache: None,
+            ..Default::default()
+        };
+        let body = serde_json::to_vec(&request)?;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(!body.is_empty());
+    }
+    Ok(times)
 }
 
 #[derive(Args)]
@@ -168,55 +192,12 @@ fn peak_rss_kib() -> Option<u64> {
 }
 
 fn pruning(a: PruningArgs) -> anyhow::Result<ExitCode> {
-    use flower_model::{Entry, EntryKind, JobId, SessionId};
-    let (job, session) = (JobId::random(), SessionId::random());
+    // Peak memory is read before and after each phase: what the transcript
+    // itself costs, then what pruning adds on top.
     let before = peak_rss_kib();
-    // A long session: tool calls with results of mixed sizes, glances, denials, interruptions.
-    let mut entries: Vec<Entry> = Vec::with_capacity(a.entries);
-    let mut parent = None;
-    let mut n = 0usize;
-    while entries.len() < a.entries {
-        n += 1;
-        let id = format!("toolu_{n}");
-        let mut call = Entry::new(
-            job,
-            session,
-            parent,
-            EntryKind::Assistant,
-            vec![ContentBlock::ToolUse {
-                id: id.clone(),
-                name: "Bash".into(),
-                input: json!({"command": if n.is_multiple_of(3) { "ls -la" } else { "sh .flower/scripts/run.sh" }}),
-            }],
-        );
-        call.seq = entries.len() as i64 + 1;
-        parent = Some(call.uuid);
-        entries.push(call);
-        let body = "x".repeat(if n.is_multiple_of(10) { 6000 } else { 300 });
-        let mut result =
-            Entry::new(job, session, parent, EntryKind::ToolResult, vec![ContentBlock::tool_result(id, body, false)]);
-        result.seq = entries.len() as i64 + 1;
-        result.markers.ephemeral = Some(n.is_multiple_of(3));
-        if n.is_multiple_of(97) {
-            result.markers.denial_kind = Some("delegate_guard".into());
-        }
-        if n.is_multiple_of(211) {
-            result.markers.interrupted = true;
-        }
-        parent = Some(result.uuid);
-        entries.push(result);
-    }
+    let entries = synthetic_transcript(a.entries);
     let built = peak_rss_kib();
-    let mut opts = flower_model::spec::PruningOptions::default();
-    opts.trim.enabled = true;
-    let mut times = Vec::new();
-    let mut kept = 0;
-    for _ in 0..a.runs.max(1) {
-        let started = Instant::now();
-        let p = flower_store::prune::prune(&entries, &opts, &flower_agent::glance::allows);
-        times.push(started.elapsed().as_secs_f64() * 1e3);
-        kept = p.entries.len();
-    }
+    let (mut times, kept) = time_pruning(&entries, a.runs);
     let after = peak_rss_kib();
     times.sort_by(|x, y| x.total_cmp(y));
     let median = times[times.len() / 2];
@@ -247,6 +228,64 @@ fn pruning(a: PruningArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A long session of at least `len` entries: `Bash` calls with results of
+/// mixed sizes, glances, denials, interruptions.
+fn synthetic_transcript(len: usize) -> Vec<flower_model::Entry> {
+    use flower_model::{Entry, EntryKind, JobId, SessionId};
+    let (job, session) = (JobId::random(), SessionId::random());
+    let mut entries: Vec<Entry> = Vec::with_capacity(len);
+    let mut parent = None;
+    let mut n = 0usize;
+    while entries.len() < len {
+        n += 1;
+        let id = format!("toolu_{n}");
+        let mut call = Entry::new(
+            job,
+            session,
+            parent,
+            EntryKind::Assistant,
+            vec![ContentBlock::ToolUse {
+                id: id.clone(),
+                name: "Bash".into(),
+                input: json!({"command": if n.is_multiple_of(3) { "ls -la" } else { "sh .flower/scripts/run.sh" }}),
+            }],
+        );
+        call.seq = entries.len() as i64 + 1;
+        parent = Some(call.uuid);
+        entries.push(call);
+        let body = "x".repeat(if n.is_multiple_of(10) { 6000 } else { 300 });
+        let mut result =
+            Entry::new(job, session, parent, EntryKind::ToolResult, vec![ContentBlock::tool_result(id, body, false)]);
+        result.seq = entries.len() as i64 + 1;
+        result.markers.ephemeral = Some(n.is_multiple_of(3));
+        if n.is_multiple_of(97) {
+            result.markers.denial_kind = Some("delegate_guard".into());
+        }
+        if n.is_multiple_of(211) {
+            result.markers.interrupted = true;
+        }
+        parent = Some(result.uuid);
+        entries.push(result);
+    }
+    entries
+}
+
+/// The pruning loader (trimming on) over `entries`, timed `runs` times: the
+/// times in ms, unsorted, and how many entries the last run kept.
+fn time_pruning(entries: &[flower_model::Entry], runs: usize) -> (Vec<f64>, usize) {
+    let mut opts = flower_model::spec::PruningOptions::default();
+    opts.trim.enabled = true;
+    let mut times = Vec::new();
+    let mut kept = 0;
+    for _ in 0..runs.max(1) {
+        let started = Instant::now();
+        let p = flower_store::prune::prune(entries, &opts, &flower_agent::glance::allows);
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+        kept = p.entries.len();
+    }
+    (times, kept)
 }
 
 #[derive(Args)]
@@ -438,7 +477,22 @@ async fn measure(
     prefix: &str,
     objects_dir: &std::path::Path,
 ) -> anyhow::Result<serde_json::Value> {
-    let scenario = Scenario {
+    let sim = flower_sim::start(scenario(a), ([127, 0, 0, 1], 0).into()).await?;
+    let timings = Arc::new(Mutex::new(Timings::default()));
+    let cluster = Cluster::start(a, db, prefix, objects_dir, &sim.base_url(), &timings).await?;
+    let raw = raw_jetstream(&a.nats_url, prefix).await?;
+    let took = run_phases(a, cluster.addr, &cluster.store).await?;
+    cluster.stop().await;
+    sim.shutdown().await;
+    let t = timings.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(figures(a, &t, took, raw))
+}
+
+/// The simulator's script: the latency coordinator (`seq`, one delegation a
+/// turn), the throughput one (`fan`, `--fan-out` a turn, markers from
+/// 1 000 000 on so they never collide), and the `echo` worker that replies at once.
+fn scenario(a: &OrchestrationArgs) -> Scenario {
+    Scenario {
         roles: vec![
             script("seq", 0, a.sequential, 1),
             script("fan", 1_000_000, a.turns, a.fan_out),
@@ -452,59 +506,108 @@ async fn measure(
             },
         ],
         ..Default::default()
-    };
-    let sim = flower_sim::start(scenario, ([127, 0, 0, 1], 0).into()).await?;
-    let timings = Arc::new(Mutex::new(Timings::default()));
-    let providers = |coordinator: bool| -> anyhow::Result<Arc<ConfiguredProviders>> {
-        let inner = AnthropicClient::new(AnthropicConfig {
-            base_url: sim.base_url(),
-            max_concurrent: 64,
-            ..Default::default()
-        })?;
-        let p: Arc<dyn Provider> = Arc::new(Timed { inner, coordinator, t: timings.clone() });
-        Ok(Arc::new(ConfiguredProviders::from_map(BTreeMap::from([("sim".to_string(), p)]))))
-    };
-    // The same builder as `flower coordinator` and `flower worker`; only the
-    // provider tables differ (timed, to split the overhead by side).
-    let config = DistributedConfig {
-        database_url: db.url.clone(),
-        database_pool: 16,
-        nats_url: a.nats_url.clone(),
-        nats_prefix: prefix.to_string(),
-        object_store: format!("file://{}", objects_dir.display()),
-        s3: Default::default(),
-        providers: Vec::new(),
-        provider_concurrency: 64,
-        max_attempts: 3,
-        ack_wait: Duration::from_secs(30),
-        tool_policy: Default::default(),
-    };
-    let coordinator = config.connect().await?.with_providers(providers(true)?);
-    let store: Arc<dyn Store> = coordinator.store.clone();
-    let backends = coordinator.backends();
-    let shutdown = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let service = ServiceConfig { sweep: coordinator.sweep(), ..Default::default() };
-    let server = tokio::spawn(service::serve(listener, service, backends, shutdown.clone()));
-    let work = tempfile::tempdir()?;
-    let mut pools = Vec::new();
-    for i in 0..a.workers {
-        let opts = WorkerOptions::new(format!("bench-worker-{i}"), work.path().join(i.to_string()));
-        let w = config.connect().await?.with_providers(providers(false)?).worker(opts);
-        pools.push(tokio::spawn(w.run(a.concurrency, shutdown.clone())));
+    }
+}
+
+/// A provider table whose only provider, `sim`, talks to the simulator and
+/// records its instants in `timings` for the coordinator's side or a worker's.
+fn timed_providers(
+    base_url: &str,
+    coordinator: bool,
+    timings: &Arc<Mutex<Timings>>,
+) -> anyhow::Result<Arc<ConfiguredProviders>> {
+    let inner = AnthropicClient::new(AnthropicConfig {
+        base_url: base_url.to_string(),
+        max_concurrent: 64,
+        ..Default::default()
+    })?;
+    let p: Arc<dyn Provider> = Arc::new(Timed { inner, coordinator, t: timings.clone() });
+    Ok(Arc::new(ConfiguredProviders::from_map(BTreeMap::from([("sim".to_string(), p)]))))
+}
+
+/// The coordinator service and its worker pools, running until [`Cluster::stop`].
+struct Cluster {
+    store: Arc<dyn Store>,
+    /// Where the coordinator's gRPC API listens.
+    addr: std::net::SocketAddr,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    pools: Vec<tokio::task::JoinHandle<()>>,
+    /// The workers' working directories, removed once they have stopped.
+    _work: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(
+        a: &OrchestrationArgs,
+        db: &ScratchDatabase,
+        prefix: &str,
+        objects_dir: &std::path::Path,
+        sim_url: &str,
+        timings: &Arc<Mutex<Timings>>,
+    ) -> anyhow::Result<Cluster> {
+        // The same builder as `flower coordinator` and `flower worker`; only the
+        // provider tables differ (timed, to split the overhead by side).
+        let config = DistributedConfig {
+            database_url: db.url.clone(),
+            database_pool: 16,
+            nats_url: a.nats_url.clone(),
+            nats_prefix: prefix.to_string(),
+            object_store: format!("file://{}", objects_dir.display()),
+            s3: Default::default(),
+            providers: Vec::new(),
+            provider_concurrency: 64,
+            max_attempts: 3,
+            ack_wait: Duration::from_secs(30),
+            tool_policy: Default::default(),
+        };
+        let coordinator = config.connect().await?.with_providers(timed_providers(sim_url, true, timings)?);
+        let store: Arc<dyn Store> = coordinator.store.clone();
+        let backends = coordinator.backends();
+        let shutdown = CancellationToken::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let service = ServiceConfig { sweep: coordinator.sweep(), ..Default::default() };
+        let server = tokio::spawn(service::serve(listener, service, backends, shutdown.clone()));
+        let work = tempfile::tempdir()?;
+        let mut pools = Vec::new();
+        for i in 0..a.workers {
+            let opts = WorkerOptions::new(format!("bench-worker-{i}"), work.path().join(i.to_string()));
+            let w = config.connect().await?.with_providers(timed_providers(sim_url, false, timings)?).worker(opts);
+            pools.push(tokio::spawn(w.run(a.concurrency, shutdown.clone())));
+        }
+        Ok(Cluster { store, addr, shutdown, server, pools, _work: work })
     }
 
-    let raw = {
-        let mut v = Vec::new();
-        let probe = NatsBus::connect(NatsConfig::new(a.nats_url.clone(), format!("{prefix}_raw"))).await?;
-        for _ in 0..200 {
-            v.push(probe.raw_round_trip().await?.as_secs_f64() * 1e3);
+    /// Cancel everything and wait for the worker pools, then the service.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        for p in self.pools {
+            let _ = p.await;
         }
-        probe.destroy().await?;
-        v
-    };
+        let _ = self.server.await;
+    }
+}
 
+/// 200 raw JetStream publish → consume → ack round trips (ms), on a stream of
+/// their own, as the floor the orchestration figures are read against.
+async fn raw_jetstream(nats_url: &str, prefix: &str) -> anyhow::Result<Vec<f64>> {
+    let mut v = Vec::new();
+    let probe = NatsBus::connect(NatsConfig::new(nats_url.to_string(), format!("{prefix}_raw"))).await?;
+    for _ in 0..200 {
+        v.push(probe.raw_round_trip().await?.as_secs_f64() * 1e3);
+    }
+    probe.destroy().await?;
+    Ok(v)
+}
+
+/// Submits the latency job (`seq`) and waits for it, then the throughput job
+/// (`fan`), timed from its submission to its end.
+async fn run_phases(
+    a: &OrchestrationArgs,
+    addr: std::net::SocketAddr,
+    store: &Arc<dyn Store>,
+) -> anyhow::Result<Duration> {
     let mut api = flower_proto::v1::flower_client::FlowerClient::connect(format!("http://{addr}")).await?;
     let mut submit = async |name: &'static str| {
         let req = flower_proto::v1::SubmitRequest { spec: spec(name), ..Default::default() };
@@ -533,15 +636,13 @@ async fn measure(
     wait(submit("fan").await?).await?;
     let took = started.elapsed();
     pb.finish_and_clear();
+    Ok(took)
+}
 
-    shutdown.cancel();
-    for p in pools {
-        let _ = p.await;
-    }
-    let _ = server.await;
-    sim.shutdown().await;
-
-    let t = timings.lock().unwrap_or_else(|p| p.into_inner());
+/// The figures `flower bench orchestration` prints: overheads from the
+/// latency phase's markers (`task-0` … `task-<sequential - 1>`), throughput
+/// from the fan-out phase's duration.
+fn figures(a: &OrchestrationArgs, t: &Timings, took: Duration, raw: Vec<f64>) -> serde_json::Value {
     let ms = |from: &HashMap<String, Instant>, to: &HashMap<String, Instant>| -> Vec<f64> {
         (0..a.sequential)
             .filter_map(|k| {
@@ -550,11 +651,11 @@ async fn measure(
             })
             .collect()
     };
-    Ok(json!({
+    json!({
         "dispatch": summary(ms(&t.call, &t.first_request)),
         "return": summary(ms(&t.report, &t.result)),
         "tasks_per_second": (a.turns * a.fan_out) as f64 / took.as_secs_f64(),
         "throughput_tasks": a.turns * a.fan_out,
         "raw_jetstream": summary(raw),
-    }))
+    })
 }

@@ -60,17 +60,9 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.svg {
         std::fs::write(path, svg(&main, base.as_ref()))?;
     }
+    // `--session` shows one session and nothing else (it conflicts with `--baseline`).
     if let Some(wanted) = &args.session {
-        let found: Vec<&SessionView> = main
-            .sessions
-            .iter()
-            .filter(|s| if wanted == "main" { s.role == "coordinator" } else { s.session.starts_with(wanted.as_str()) })
-            .collect();
-        let view = match found.as_slice() {
-            [one] => *one,
-            [] => anyhow::bail!("no session `{wanted}` in job {}", main.job),
-            _ => anyhow::bail!("`{wanted}` names {} sessions: give more of the id", found.len()),
-        };
+        let view = find_session(&main, wanted)?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(view)?);
         } else {
@@ -83,18 +75,66 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     if args.json {
-        let mut v = match &base {
-            Some(b) => serde_json::json!({"run": main, "baseline": b}),
-            None => serde_json::to_value(&main)?,
-        };
-        if let Some(a) = &audit {
-            v["cache_audit"] = serde_json::to_value(a)?;
-        }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        print_json(&main, base.as_ref(), audit.as_ref())?;
         return Ok(ExitCode::SUCCESS);
     }
+    print_table(&main, base.as_ref());
+    if let Some(a) = &audit {
+        println!("{}", super::run::audit_line(a));
+        for u in &a.unexplained {
+            println!("  unexplained miss: {u}");
+        }
+    }
+    // The per-session list only makes sense for one run; with a baseline the
+    // table is the comparison.
+    if base.is_none() {
+        print_sessions(&main);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The one session `wanted` names: `main` is the coordinator's thread,
+/// anything else an id prefix that must match exactly one session.
+fn find_session<'a>(main: &'a ContextReport, wanted: &str) -> anyhow::Result<&'a SessionView> {
+    let found: Vec<&SessionView> = main
+        .sessions
+        .iter()
+        .filter(|s| if wanted == "main" { s.role == "coordinator" } else { s.session.starts_with(wanted) })
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(*one),
+        [] => anyhow::bail!("no session `{wanted}` in job {}", main.job),
+        _ => anyhow::bail!("`{wanted}` names {} sessions: give more of the id", found.len()),
+    }
+}
+
+/// `--json`: the report itself, or `{"run", "baseline"}` when comparing, with
+/// the simulator's cache audit added under `cache_audit` when asked for.
+fn print_json(
+    main: &ContextReport,
+    base: Option<&ContextReport>,
+    audit: Option<&flower_sim::audit::CacheAudit>,
+) -> anyhow::Result<()> {
+    let mut v = match base {
+        Some(b) => serde_json::json!({"run": main, "baseline": b}),
+        None => serde_json::to_value(main)?,
+    };
+    if let Some(a) = audit {
+        v["cache_audit"] = serde_json::to_value(a)?;
+    }
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
+
+/// A cache rate as a percentage, `-` when no context tokens were reported.
+fn rate(r: Option<f64>) -> String {
+    r.map_or("-".to_string(), |x| format!("{:.1}%", x * 100.0))
+}
+
+/// The headline figures, one column for this run and one for the baseline.
+fn print_table(main: &ContextReport, base: Option<&ContextReport>) {
     let cols: Vec<(&str, &ContextReport)> =
-        std::iter::once(("this run", &main)).chain(base.iter().map(|b| ("baseline", b))).collect();
+        std::iter::once(("this run", main)).chain(base.map(|b| ("baseline", b))).collect();
     let row = |label: &str, f: &dyn Fn(&ContextReport) -> String| {
         let cells: Vec<String> = cols.iter().map(|(_, r)| format!("{:>22}", f(r))).collect();
         println!("{label:<46}{}", cells.join(""));
@@ -108,7 +148,6 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
     row("main context: first → last (tokens)", &|r| format!("{} → {}", r.main_first_tokens, r.main_last_tokens));
     row("main context slope (tokens/turn)", &|r| format!("{:.0}", r.main_slope_tokens_per_turn));
     row("harness tokens per main turn (estimate)", &|r| format!("{:.0}", r.harness_tokens_per_turn_estimate));
-    let rate = |r: Option<f64>| r.map_or("-".to_string(), |x| format!("{:.1}%", x * 100.0));
     row("cache rate: main / subagents", &|r| format!("{} / {}", rate(r.main.cache_rate), rate(r.subagents.cache_rate)));
     row("spills / chars removed", &|r| format!("{} / {}", r.spills, r.spilled_chars));
     row("denials (main thread) / glances", &|r| format!("{} / {}", r.denials, r.glances));
@@ -124,34 +163,29 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
     row("tools loaded / search misses / rewrites", &|r| {
         format!("{} / {} / {}", r.tools_loaded, r.search_misses, r.cache_rewrites.len())
     });
-    if let Some(a) = &audit {
-        println!("{}", super::run::audit_line(a));
-        for u in &a.unexplained {
-            println!("  unexplained miss: {u}");
-        }
-    }
-    if base.is_none() {
-        println!("\nsessions (flower context {} --session ID for one in detail):", &main.job[..8.min(main.job.len())]);
+}
+
+/// Every session of the job, one line each, pointing at `--session` for detail.
+fn print_sessions(main: &ContextReport) {
+    println!("\nsessions (flower context {} --session ID for one in detail):", &main.job[..8.min(main.job.len())]);
+    println!(
+        "  {:<10} {:<12} {:<14} {:>6} {:>9} {:>7} {:>14} {:>14} {:>7}",
+        "session", "role", "label", "turns", "history", "cache", "resident/tok", "deferred/index", "loaded"
+    );
+    for s in &main.sessions {
         println!(
             "  {:<10} {:<12} {:<14} {:>6} {:>9} {:>7} {:>14} {:>14} {:>7}",
-            "session", "role", "label", "turns", "history", "cache", "resident/tok", "deferred/index", "loaded"
+            &s.session[..8],
+            s.role,
+            truncate(&s.label, 14),
+            s.turns,
+            s.history_tokens,
+            rate(s.cache_rate),
+            format!("{}/{}", s.resident.len(), s.tool_tokens),
+            format!("{}/{}", s.deferred.len(), s.index_tokens),
+            s.loaded.len()
         );
-        for s in &main.sessions {
-            println!(
-                "  {:<10} {:<12} {:<14} {:>6} {:>9} {:>7} {:>14} {:>14} {:>7}",
-                &s.session[..8],
-                s.role,
-                truncate(&s.label, 14),
-                s.turns,
-                s.history_tokens,
-                rate(s.cache_rate),
-                format!("{}/{}", s.resident.len(), s.tool_tokens),
-                format!("{}/{}", s.deferred.len(), s.index_tokens),
-                s.loaded.len()
-            );
-        }
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// The simulator's audit of this job's sessions, joined with its rewrites.
