@@ -17,6 +17,7 @@
 //! - [`limits`]: a job's budget (tokens, cost, deadline), checked before every model call
 //! - [`mailbox`]: user messages and late reports for a running session (interrupts)
 //! - [`journal`]: commit-then-notify writes, and the per-session transcript writer
+//! - [`metrics`]: the process's Prometheus series (one registry, no role knowledge)
 //!
 //! It owns what both roles run the same way (docs/design.md section 1): the
 //! loop, providers, the tool seam and the read helpers, hooks, tool deferral,
@@ -31,6 +32,7 @@ pub mod hooks;
 pub mod journal;
 pub mod limits;
 pub mod mailbox;
+pub mod metrics;
 pub mod provider;
 pub mod session;
 pub mod surface;

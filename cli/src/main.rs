@@ -50,6 +50,8 @@ enum Command {
     Coordinator(cmd::serve::CoordinatorArgs),
     /// Consume and run tasks (distributed mode)
     Worker(cmd::serve::WorkerArgs),
+    /// Apply the Postgres schema and exit (a deployment's migration job); --check only reports
+    Migrate(cmd::migrate::MigrateArgs),
     /// Submit a job to the service; print its id
     Submit(cmd::submit::SubmitArgs),
     /// Follow a job's events until it ends (reconnects from its cursor)
@@ -119,6 +121,7 @@ fn main() -> ExitCode {
             Command::Status(args) => cmd::status::run(home, args).await,
             Command::Coordinator(args) => cmd::serve::coordinator(args).await,
             Command::Worker(args) => cmd::serve::worker(args).await,
+            Command::Migrate(args) => cmd::migrate::run(args).await,
             Command::Submit(args) => cmd::submit::submit(args).await,
             Command::Watch(args) => cmd::submit::watch(args).await,
             Command::Cancel(args) => cmd::jobs::cancel(args).await,

@@ -13,7 +13,7 @@ use flower_coordinator::dispatch::Sweep;
 use flower_coordinator::service::Backends;
 use flower_model::policy::ToolPolicy;
 use flower_store::objects::{self, S3Options};
-use flower_store::{PostgresStore, StoreError};
+use flower_store::{PostgresStore, SchemaPolicy, StoreError};
 use flower_worker::{Worker, WorkerOptions};
 use object_store::ObjectStore;
 
@@ -23,6 +23,8 @@ pub struct DistributedConfig {
     /// `postgres://user@host:port/db`.
     pub database_url: String,
     pub database_pool: usize,
+    /// Migrate an older schema at start, or refuse it (`flower migrate` does it).
+    pub schema: SchemaPolicy,
     pub nats_url: String,
     /// Prefix of the NATS stream and subjects (deployments sharing a server differ here).
     pub nats_prefix: String,
@@ -79,8 +81,9 @@ impl DistributedConfig {
             return Err(ConnectError::AckWait);
         }
         let providers = ConfiguredProviders::parse(&self.providers, self.provider_concurrency.max(1))?;
-        let store =
-            PostgresStore::connect(&self.database_url, self.database_pool).await.map_err(ConnectError::Database)?;
+        let store = PostgresStore::connect_with(&self.database_url, self.database_pool, self.schema)
+            .await
+            .map_err(ConnectError::Database)?;
         let mut nats = NatsConfig::new(self.nats_url.clone(), self.nats_prefix.clone());
         nats.ack_wait = self.ack_wait;
         nats.max_attempts = self.max_attempts;

@@ -10,6 +10,7 @@
 //!   NATS, object storage and providers (`flower coordinator`, `flower
 //!   worker`, `flower bench`)
 //! - [`home`]: the embedded mode's home directory
+//! - [`metrics`]: the distributed processes' `/metrics` endpoint
 //! - [`audit`]: the simulator's cache audit fetched from a `flower sim` server
 //!
 //! It holds no policy of its own: rules live in the crates it wires (see
@@ -19,6 +20,7 @@ pub mod audit;
 pub mod distributed;
 pub mod embedded;
 pub mod home;
+pub mod metrics;
 
 pub use distributed::{ConnectError, Connected, DistributedConfig};
 pub use embedded::{EmbeddedRuntime, RunError, RunSummary};

@@ -27,6 +27,7 @@ macro_rules! store_conformance_tests {
     ($make:path) => {
         $crate::store_conformance_tests!(@each $make;
             jobs_and_idempotency,
+            job_counts_by_state,
             transcripts_are_ordered_per_session,
             task_attempts_are_fenced,
             a_claim_after_a_finish_answers_already_finished,
@@ -123,6 +124,17 @@ pub async fn jobs_and_idempotency(store: &dyn Store) {
     store.set_job_state(id, JobState::Failed, None, None, None).await.unwrap_err();
     assert_eq!(store.get_job(id).await.unwrap().final_answer.as_deref(), Some("42"), "the first end stands");
     assert!(store.list_jobs(10).await.unwrap().iter().any(|j| j.id == id));
+}
+
+pub async fn job_counts_by_state(store: &dyn Store) {
+    assert!(store.job_counts().await.unwrap().is_empty(), "an empty store counts no job");
+    let a = new_job(store, None).await;
+    new_job(store, None).await;
+    new_job(store, None).await;
+    store.set_job_state(a, JobState::Running, None, None, None).await.unwrap();
+    let mut counts = store.job_counts().await.unwrap();
+    counts.sort_by_key(|(s, _)| s.as_str());
+    assert_eq!(counts, vec![(JobState::Queued, 2), (JobState::Running, 1)]);
 }
 
 pub async fn transcripts_are_ordered_per_session(store: &dyn Store) {

@@ -38,7 +38,7 @@ pub mod sqlite;
 pub mod workbench;
 pub mod workspace;
 
-pub use postgres::PostgresStore;
+pub use postgres::{PostgresStore, SchemaPolicy};
 pub use sqlite::SqliteStore;
 pub use workbench::Workbench;
 
@@ -79,6 +79,10 @@ pub enum StoreError {
     /// over a backend limit). Not retryable: the caller must fail what wrote it.
     #[error("cannot be stored: {0}")]
     Invalid(String),
+    /// The database's schema is older than this build's and this process
+    /// may not migrate it. Not retryable: run `flower migrate`.
+    #[error("the database schema is at version {current}; this release needs {needed}: run `flower migrate`")]
+    SchemaBehind { current: i32, needed: i32 },
     /// The database or object store failed; may be transient.
     #[error("storage backend: {0}")]
     Backend(String),
@@ -173,6 +177,9 @@ pub trait Store: Send + Sync + 'static {
     async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId>;
     /// Newest first.
     async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>>;
+    /// How many jobs are in each state (states without a job left out): one
+    /// aggregate query, cheap enough for every metrics scrape.
+    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>>;
     /// Move a job to `state`, with its event, in one transaction (fenced when
     /// `fence` is given); an ended job refuses with [`StoreError::JobEnded`].
     async fn set_job_state(

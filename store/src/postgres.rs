@@ -60,16 +60,62 @@ impl From<deadpool_postgres::PoolError> for StoreError {
     }
 }
 
+/// What a process does with a database whose schema is older than its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SchemaPolicy {
+    /// Apply the missing migrations at start (one machine, tests, the default).
+    #[default]
+    Migrate,
+    /// Refuse to run: `flower migrate` (a deployment's migration job) applies them.
+    RequireCurrent,
+    /// Connect only (`flower migrate` reads the version before applying).
+    Leave,
+}
+
 impl PostgresStore {
     /// Connect (`postgres://user@host:port/db`), with at most `max_connections`, and migrate.
     pub async fn connect(url: &str, max_connections: usize) -> Result<Self> {
+        Self::connect_with(url, max_connections, SchemaPolicy::Migrate).await
+    }
+
+    /// Connect; an older schema is migrated, or refused, as `policy` says.
+    pub async fn connect_with(url: &str, max_connections: usize, policy: SchemaPolicy) -> Result<Self> {
         let config: tokio_postgres::Config =
             url.parse().map_err(|e| StoreError::Backend(format!("database URL `{url}`: {e}")))?;
         let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager).max_size(max_connections.max(1)).build().map_err(backend)?;
         let store = Self { pool };
-        store.migrate().await?;
+        match policy {
+            SchemaPolicy::Migrate => {
+                store.migrate().await?;
+            }
+            SchemaPolicy::RequireCurrent => {
+                let (current, needed) = (store.schema_version().await?, migrations::latest(migrations::POSTGRES));
+                if current < needed {
+                    return Err(StoreError::SchemaBehind { current, needed });
+                }
+                migrations::pending(migrations::POSTGRES, &[current])?;
+            }
+            SchemaPolicy::Leave => {}
+        }
         Ok(store)
+    }
+
+    /// The database's schema version (0 for a database flower never touched).
+    pub async fn schema_version(&self) -> Result<i32> {
+        let client = self.pool.get().await?;
+        let exists: bool = client.query_one("SELECT to_regclass('flower_migrations') IS NOT NULL", &[]).await?.get(0);
+        if !exists {
+            return Ok(0);
+        }
+        Ok(client.query_one("SELECT coalesce(max(version), 0) FROM flower_migrations", &[]).await?.get(0))
+    }
+
+    /// Apply what is pending (`flower migrate`): the versions before and after.
+    pub async fn migrate_now(&self) -> Result<(i32, i32)> {
+        let before = self.schema_version().await?;
+        self.migrate().await?;
+        Ok((before, self.schema_version().await?))
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -362,6 +408,19 @@ impl Store for PostgresStore {
             .query(&format!("SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id LIMIT $1"), &[&(limit as i64)])
             .await?;
         rows.iter().map(decode_job).collect()
+    }
+
+    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>> {
+        let client = self.pool.get().await?;
+        let rows = client.query("SELECT state, count(*) FROM jobs GROUP BY state", &[]).await?;
+        rows.iter()
+            .map(|r| {
+                let state: String = r.get(0);
+                let n: i64 = r.get(1);
+                let state = state.parse::<JobState>().map_err(corrupt)?;
+                Ok((state, n.max(0) as u64))
+            })
+            .collect()
     }
 
     async fn set_job_state(

@@ -333,6 +333,21 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>> {
+        self.run(move |c| {
+            let mut stmt = c.prepare("SELECT state, count(*) FROM jobs GROUP BY state")?;
+            let rows: Vec<(String, i64)> =
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+            rows.into_iter()
+                .map(|(state, n)| {
+                    let state = state.parse::<JobState>().map_err(corrupt)?;
+                    Ok((state, n.max(0) as u64))
+                })
+                .collect()
+        })
+        .await
+    }
+
     async fn set_job_state(
         &self,
         id: JobId,

@@ -6,6 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flower_store::postgres::ScratchDatabase;
@@ -15,10 +16,11 @@ use crate::pggate::PgGate;
 use crate::support::{FLOWER, repo};
 
 /// A child process, killed when dropped. Its first stdout line is kept (the
-/// processes print their address or id there).
+/// processes print their address or id there), and the later ones too.
 pub struct Proc {
     child: Child,
     pub first_line: String,
+    later: Arc<Mutex<Vec<String>>>,
 }
 
 impl Proc {
@@ -36,8 +38,31 @@ impl Proc {
         out.read_line(&mut first_line).unwrap();
         assert!(!first_line.is_empty(), "`flower {}` exited before it was ready", args.join(" "));
         // Keep draining so the child never blocks on a full pipe.
-        std::thread::spawn(move || for _ in out.lines() {});
-        Self { child, first_line }
+        let later: Arc<Mutex<Vec<String>>> = Arc::default();
+        let lines = later.clone();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+        Self { child, first_line, later }
+    }
+
+    /// The first later stdout line starting with `prefix`, waiting for it.
+    pub fn wait_line(&self, prefix: &str) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.later.lock().unwrap().iter().find(|l| l.starts_with(prefix)) {
+                return l.clone();
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "no line starting with `{prefix}`");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The metrics endpoint's URL (the process was started with `--metrics-listen`).
+    pub fn metrics_url(&self) -> String {
+        self.wait_line("metrics on ").trim_start_matches("metrics on ").trim().to_string()
     }
 
     /// The http:// address in the first line.
@@ -97,6 +122,9 @@ pub struct Options {
     /// A NATS server of the cluster's own (a fresh port and store directory)
     /// that the test may stop, kill and restart; else the shared one.
     pub private_nats: bool,
+    /// Coordinators and workers serve metrics on a free port each
+    /// ([`Proc::metrics_url`]).
+    pub metrics: bool,
 }
 
 impl Default for Options {
@@ -114,6 +142,7 @@ impl Default for Options {
             tls: false,
             pg_gate: false,
             private_nats: false,
+            metrics: false,
         }
     }
 }
@@ -207,6 +236,10 @@ impl Cluster {
             let tls = repo().join("tests/fixtures/tls");
             coord_env.push(("FLOWER_TLS_CERT".into(), tls.join("server.crt").display().to_string()));
             coord_env.push(("FLOWER_TLS_KEY".into(), tls.join("server.key").display().to_string()));
+        }
+        if opts.metrics {
+            env.push(("FLOWER_METRICS_LISTEN".into(), "127.0.0.1:0".into()));
+            coord_env.push(("FLOWER_METRICS_LISTEN".into(), "127.0.0.1:0".into()));
         }
         let coordinators = (0..opts.coordinators)
             .map(|_| Proc::spawn(&["coordinator", "--listen", "127.0.0.1:0"], &coord_env))

@@ -15,6 +15,8 @@ mod hostile;
 mod invalid_specs;
 mod isolation;
 mod long_horizon;
+mod metrics;
+mod migrate;
 mod sandbox;
 mod sim_server;
 mod soak;

@@ -122,6 +122,7 @@ impl Worker {
     /// (drain) before this returns. Cancel notices stop a job's running tasks.
     pub async fn run(self: Arc<Self>, concurrency: usize, shutdown: CancellationToken) {
         let mut loops = Vec::new();
+        flower_agent::metrics::metrics().worker_slots.set(concurrency.max(1) as i64);
         for slot in 0..concurrency.max(1) {
             let me = self.clone();
             let stop = shutdown.clone();
@@ -231,7 +232,23 @@ impl Worker {
         self.lock_running().entry(task.job_id).or_default().push((task.id, cancel.clone()));
         let delivery: Arc<dyn Delivery> = Arc::from(delivery);
         let beat = self.heartbeat(delivery.clone(), &task, attempt);
+        let metrics = flower_agent::metrics::metrics();
+        metrics.task("started");
+        if attempt == 1 {
+            let waited_ms = (now_ms() - task.created_at).max(0);
+            metrics.dispatch.observe(waited_ms as f64 / 1000.0);
+        }
+        metrics.worker_slots_busy.inc();
+        let started = std::time::Instant::now();
         let result = self.execute(&task, attempt, cancel.clone()).await;
+        metrics.task_duration.observe(started.elapsed().as_secs_f64());
+        metrics.worker_slots_busy.dec();
+        metrics.task(match &result {
+            _ if cancel.is_cancelled() => "cancelled",
+            Ok(_) => "succeeded",
+            Err((f, _)) if f.retryable => "retried",
+            Err(_) => "failed",
+        });
         self.lock_running().entry(task.job_id).or_default().retain(|(id, _)| *id != task.id);
         // Cancelled: the store already ended the task.
         let recorded = match result {

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{AnthropicClient, AnthropicConfig, Provider, ProviderError, ProviderSource};
+use super::{AnthropicClient, AnthropicConfig, Observer, Provider, ProviderError, ProviderSource, Request, Response};
 use flower_model::{JobId, JobSpec};
 
 #[derive(Clone, Default)]
@@ -25,7 +25,7 @@ pub struct ProviderConfigError {
 impl ConfiguredProviders {
     /// A table of ready-made providers (embedding, benchmarks).
     pub fn from_map(clients: BTreeMap<String, Arc<dyn Provider>>) -> Self {
-        Self { clients }
+        Self { clients: clients.into_iter().map(|(name, p)| (name.clone(), Metered::wrap(name, p))).collect() }
     }
 
     /// Parse `NAME=URL` entries (from repeated flags or a comma-separated
@@ -50,7 +50,7 @@ impl ConfiguredProviders {
                 ..Default::default()
             };
             let client = AnthropicClient::new(config).map_err(|e| err(&e.to_string()))?;
-            if clients.insert(name.to_string(), Arc::new(client)).is_some() {
+            if clients.insert(name.to_string(), Metered::wrap(name.to_string(), Arc::new(client))).is_some() {
                 return Err(err("configured twice"));
             }
         }
@@ -76,6 +76,31 @@ impl ConfiguredProviders {
                 if self.clients.is_empty() { "none".to_string() } else { self.names().join(", ") }
             ))
         }
+    }
+}
+
+/// A configured provider whose calls are counted under its configured name:
+/// every model call of the process goes through the table, whichever part of
+/// the loop (a turn, a handoff summary) makes it.
+struct Metered {
+    name: String,
+    inner: Arc<dyn Provider>,
+}
+
+impl Metered {
+    fn wrap(name: String, inner: Arc<dyn Provider>) -> Arc<dyn Provider> {
+        Arc::new(Self { name, inner })
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for Metered {
+    async fn send(&self, request: &Request, observer: Option<Observer>) -> Result<Response, ProviderError> {
+        let started = std::time::Instant::now();
+        let result = self.inner.send(request, observer).await;
+        let usage = result.as_ref().ok().map(|r| &r.usage);
+        crate::metrics::metrics().model_call(&self.name, &request.model, started.elapsed(), usage);
+        result
     }
 }
 

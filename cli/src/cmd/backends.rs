@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use flower_runtime::{ConnectError, Connected, DistributedConfig};
+use flower_store::SchemaPolicy;
 use flower_store::objects::S3Options;
 
 #[derive(Args, Clone, Debug)]
@@ -13,6 +14,10 @@ pub struct BackendArgs {
     /// Postgres URL (postgres://user@host:port/db)
     #[arg(long, env = "FLOWER_DATABASE_URL")]
     pub database_url: String,
+    /// An older database schema: `migrate` it at start, or `require-current`
+    /// (refuse to start; a deployment's `flower migrate` job applies it)
+    #[arg(long, env = "FLOWER_SCHEMA", default_value = "migrate", value_parser = parse_schema)]
+    pub schema: SchemaPolicy,
     /// Connections in the database pool
     #[arg(long, env = "FLOWER_DATABASE_POOL", default_value_t = 16)]
     pub database_pool: usize,
@@ -50,6 +55,7 @@ impl BackendArgs {
         let config = DistributedConfig {
             database_url: self.database_url.clone(),
             database_pool: self.database_pool,
+            schema: self.schema,
             nats_url: self.nats_url.clone(),
             nats_prefix: self.nats_prefix.clone(),
             object_store: self.object_store.clone(),
@@ -93,4 +99,12 @@ pub async fn terminated() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+fn parse_schema(s: &str) -> Result<SchemaPolicy, String> {
+    match s {
+        "migrate" => Ok(SchemaPolicy::Migrate),
+        "require-current" => Ok(SchemaPolicy::RequireCurrent),
+        _ => Err(format!("`{s}`: expected migrate or require-current")),
+    }
 }

@@ -551,6 +551,7 @@ impl Cluster {
         let config = DistributedConfig {
             database_url: db.url.clone(),
             database_pool: 16,
+            schema: Default::default(),
             nats_url: a.nats_url.clone(),
             nats_prefix: prefix.to_string(),
             object_store: format!("file://{}", objects_dir.display()),

@@ -5,6 +5,7 @@ pub mod context;
 pub mod glance;
 pub mod isolation;
 pub mod jobs;
+pub mod migrate;
 pub mod run;
 pub mod serve;
 pub mod sim;

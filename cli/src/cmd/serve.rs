@@ -33,8 +33,34 @@ pub struct CoordinatorArgs {
     /// Lease lifetime: a dead replica's jobs are taken over after this
     #[arg(long, env = "FLOWER_LEASE_TTL", default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_ttl: Duration,
+    /// Serve Prometheus metrics at `GET /metrics` on this address (port 0: any free port; the address is printed) [default: off]
+    #[arg(long, env = "FLOWER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub backends: BackendArgs,
+}
+
+/// Bind the metrics endpoint before anything runs, so a taken port fails the
+/// start, named.
+async fn bind_metrics(addr: Option<SocketAddr>) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}"))?;
+    Ok(Some(listener))
+}
+
+/// Start serving metrics; the address goes on a line of its own after the
+/// process's first line (which tools read for the API address or the id).
+fn serve_metrics(
+    listener: Option<tokio::net::TcpListener>,
+    store: Option<std::sync::Arc<dyn flower_store::Store>>,
+) -> anyhow::Result<()> {
+    if let Some(listener) = listener {
+        println!("metrics on http://{}/metrics", listener.local_addr()?);
+        // Served until the process exits: a draining process still reports
+        // the work it finishes.
+        flower_runtime::metrics::serve(listener, store, CancellationToken::new());
+    }
+    Ok(())
 }
 
 pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
@@ -51,6 +77,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("--listen {}", args.listen))?;
     let addr = listener.local_addr()?;
+    let metrics = bind_metrics(args.metrics_listen).await?;
     let config = ServiceConfig {
         token: args.token.filter(|t| !t.is_empty()),
         max_request_bytes: args.max_request_bytes.as_u64() as usize,
@@ -65,6 +92,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         service::describe(addr, config.tls.is_some()),
         backends.providers.names().join(", ")
     );
+    serve_metrics(metrics, Some(connected.store.clone()))?;
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     tokio::spawn(async move {
@@ -86,6 +114,9 @@ pub struct WorkerArgs {
     /// This worker's name in claims and events [default: worker-<pid>-<random>]
     #[arg(long, env = "FLOWER_WORKER_ID")]
     pub worker_id: Option<String>,
+    /// Serve Prometheus metrics at `GET /metrics` on this address (port 0: any free port; the address is printed) [default: off]
+    #[arg(long, env = "FLOWER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub tools: super::isolation::ToolArgs,
     #[command(flatten)]
@@ -94,6 +125,7 @@ pub struct WorkerArgs {
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.concurrency >= 1, "--concurrency: must be at least 1");
+    let metrics = bind_metrics(args.metrics_listen).await?;
     let connected = args.backends.connect().await?;
     let id = args.worker_id.unwrap_or_else(|| {
         format!("worker-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
@@ -109,6 +141,9 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let worker = connected.worker(WorkerOptions::new(id.clone(), work));
     println!("flower worker {id} consuming tasks (concurrency {})", args.concurrency);
     println!("{isolation}");
+    // A worker's store holds every job, but counting them is the
+    // coordinators' part: one source for the jobs gauge.
+    serve_metrics(metrics, None)?;
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     tokio::spawn(async move {

@@ -126,7 +126,10 @@ impl Owner {
                 continue;
             }
             let lease = match store.acquire_lease(job, &self.replica, self.lease_ttl.as_millis() as i64).await {
-                Ok(Some(l)) => l,
+                Ok(Some(l)) => {
+                    flower_agent::metrics::metrics().lease_takeovers.inc();
+                    l
+                }
                 Ok(None) => continue,
                 Err(e) => {
                     tracing::warn!(job = %job, error = %e, "lease not acquired");

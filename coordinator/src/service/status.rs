@@ -42,6 +42,7 @@ pub fn from_store(e: StoreError) -> Status {
             tracing::warn!(error = %m, "store unavailable");
             Status::unavailable("the store is unavailable; retry later")
         }
+        StoreError::SchemaBehind { .. } => internal("the database schema is behind this release", e),
         StoreError::Corrupt(m) => {
             tracing::error!(error = %m, "stored data could not be read");
             Status::internal("stored data could not be read")

@@ -1,0 +1,98 @@
+//! Prometheus metrics of the distributed processes (`--metrics-listen`).
+
+use crate::cluster::{Cluster, Options};
+use crate::support::repo;
+
+async fn scrape(url: &str) -> String {
+    let resp = reqwest::get(url).await.unwrap();
+    assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
+    resp.text().await.unwrap()
+}
+
+/// The value of the series line `name{labels}` (or `name` without labels).
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("no series `{series}` in\n{text}"))
+}
+
+/// The sum of every line of the metric `name` (all its label sets).
+fn sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// The demo on 1 coordinator + 2 workers, both roles scraped: tasks succeeded
+/// on the workers, model calls on both sides, the jobs gauge from the store,
+/// and no job or task id in any label.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_are_served_by_both_roles() {
+    let mut c = Cluster::start(Options { workers: 2, metrics: true, ..Default::default() }).await;
+    let out = c.flower(&["submit", repo().join("examples/demo/job.yaml").to_str().unwrap(), "--watch"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "submit --watch: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let job = text.lines().next().unwrap().trim().to_string();
+    let pg = c.pg().await;
+    let tasks: Vec<String> = pg
+        .query(&format!("SELECT id::text FROM tasks WHERE job_id = '{job}'"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(!tasks.is_empty());
+
+    let coordinator = scrape(&c.coordinators[0].metrics_url()).await;
+    let mut workers = Vec::new();
+    for w in &c.workers {
+        workers.push(scrape(&w.metrics_url()).await);
+    }
+
+    assert_eq!(value(&coordinator, "flower_jobs{state=\"succeeded\"}"), 1.0, "{coordinator}");
+    assert_eq!(value(&coordinator, "flower_jobs{state=\"running\"}"), 0.0);
+    assert!(value(&coordinator, "flower_lease_takeovers_total") >= 1.0, "{coordinator}");
+    assert!(sum(&coordinator, "flower_model_calls_total") > 0.0, "{coordinator}");
+    assert!(sum(&coordinator, "flower_tokens_total") > 0.0, "{coordinator}");
+
+    let total = |series: &str| workers.iter().map(|w| value_or_zero(w, series)).sum::<f64>();
+    assert!(total("flower_tasks_total{outcome=\"started\"}") >= tasks.len() as f64, "{workers:?}");
+    assert!(total("flower_tasks_total{outcome=\"succeeded\"}") > 0.0, "{workers:?}");
+    assert!(total("flower_task_duration_seconds_count") > 0.0, "{workers:?}");
+    assert!(total("flower_dispatch_seconds_count") > 0.0, "{workers:?}");
+    assert!(workers.iter().map(|w| sum(w, "flower_model_calls_total")).sum::<f64>() > 0.0, "{workers:?}");
+    for w in &workers {
+        assert_eq!(value(w, "flower_worker_slots"), 1.0, "{w}");
+        assert_eq!(value(w, "flower_worker_slots_busy"), 0.0, "{w}");
+    }
+
+    // Low cardinality: no id in any label (ids are UUIDs; look for any
+    // hyphenated hex run too, in case a prefix slipped in).
+    for text in std::iter::once(&coordinator).chain(&workers) {
+        for id in std::iter::once(&job).chain(&tasks) {
+            assert!(!text.contains(id.as_str()) && !text.contains(&id[..8]), "an id in\n{text}");
+        }
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            if let Some((_, labels)) = line.split_once('{') {
+                let labels = labels.split('}').next().unwrap();
+                for pair in labels.split(',') {
+                    let (k, _) = pair.split_once('=').unwrap();
+                    assert!(
+                        ["state", "outcome", "provider", "model", "kind", "le"].contains(&k),
+                        "unexpected label `{k}` in `{line}`"
+                    );
+                }
+            }
+        }
+    }
+    c.stop().await;
+}
+
+/// As [`value`], 0 for a series not written yet (a label set never seen).
+fn value_or_zero(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
