@@ -12,7 +12,8 @@ use flower_model::{JobId, TaskId};
 
 use crate::{Heard, Notice, Notifier, TaskMessage, TaskQueue};
 
-fn msg() -> TaskMessage {
+/// A task message with every field set (the tests' and the suite's).
+pub fn msg() -> TaskMessage {
     TaskMessage {
         job_id: JobId::random(),
         task_id: TaskId::random(),

@@ -207,18 +207,7 @@ impl Drop for MemoryDelivery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flower_model::{JobId, TaskId};
-
-    fn msg() -> TaskMessage {
-        TaskMessage {
-            job_id: JobId::random(),
-            task_id: TaskId::random(),
-            worker: "w".into(),
-            epoch: 1,
-            base_attempt: 0,
-            trace: None,
-        }
-    }
+    use crate::conformance::msg;
 
     #[tokio::test]
     async fn publish_is_deduplicated() {

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use flower_bus::{Delivery, MemoryBus, NatsBus, NatsConfig, TaskMessage, TaskQueue};
-use flower_model::{JobId, TaskId};
+use flower_bus::conformance::msg;
+use flower_bus::{Delivery, MemoryBus, NatsBus, NatsConfig, TaskQueue};
 
 fn nats_url() -> String {
     std::env::var("FLOWER_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
@@ -49,17 +49,6 @@ mod nats_jetstream {
         ScratchBus(bus).destroy().await;
     }
     flower_bus::bus_conformance_tests!(make: make, teardown: teardown);
-}
-
-fn msg() -> TaskMessage {
-    TaskMessage {
-        job_id: JobId::random(),
-        task_id: TaskId::random(),
-        worker: "w".into(),
-        epoch: 1,
-        base_attempt: 0,
-        trace: None,
-    }
 }
 
 #[tokio::test]
