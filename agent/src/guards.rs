@@ -128,6 +128,7 @@ impl PostToolHook for SpillGuard {
             }
             *text = spill_pointer(&path, text);
             output.spills.push((path, chars));
+            crate::metrics::metrics().spills.inc();
         }
     }
 }

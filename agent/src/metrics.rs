@@ -7,9 +7,11 @@
 //! configured name, a model, a token kind — never a job id or a task id.
 
 use std::sync::OnceLock;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use flower_model::Usage;
+use flower_model::spec::Price;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -35,8 +37,25 @@ pub struct ModelCallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderModelLabels {
+    pub provider: String,
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: &'static str,
+}
+
+/// The `denial_kind`s a session's guards write: the delegate guard's
+/// ([`crate::guards::DELEGATE_GUARD`]) and the worker's tools guard
+/// (`flower_worker::tools::WORKER_TOOLS_GUARD`). Any other kind is counted as
+/// `other`, so the label set stays fixed.
+pub const DENIAL_KINDS: &[&str] = &[crate::guards::DELEGATE_GUARD, "worker_tools"];
+
+/// The label a denial of `kind` is counted under.
+pub fn denial_label(kind: &str) -> &'static str {
+    DENIAL_KINDS.iter().copied().find(|k| *k == kind).unwrap_or("other")
 }
 
 /// Every series a flower process exports.
@@ -54,6 +73,18 @@ pub struct Metrics {
     pub model_call_duration: Histogram,
     pub tokens: Family<KindLabel, Counter>,
     pub lease_takeovers: Counter,
+    /// Large tool results written to the workbench and replaced by a pointer.
+    pub spills: Counter,
+    /// Tool calls denied by a guard, by denial kind ([`denial_label`]).
+    pub tool_denials: Family<KindLabel, Counter>,
+    /// Pruning passes over a stored transcript fed back to a resumed session.
+    pub prunes: Counter,
+    /// Dollars spent on model calls, priced as the job's budget prices them
+    /// (its `prices`, else the built-in table); models with no price add nothing.
+    pub model_cost: Family<ProviderModelLabels, Counter<f64, AtomicU64>>,
+    /// Messages of the workers' shared consumer not yet acknowledged (waiting
+    /// plus delivered and in flight), as this worker last read them.
+    pub queue_lag: Gauge,
     /// From a task's creation (the coordinator's `Agent` call) to its first
     /// attempt starting on a worker; measured by the worker, so across hosts
     /// it includes their clock difference.
@@ -79,6 +110,11 @@ impl Metrics {
             model_call_duration: Histogram::new(long_buckets()),
             tokens: Family::default(),
             lease_takeovers: Counter::default(),
+            spills: Counter::default(),
+            tool_denials: Family::default(),
+            prunes: Counter::default(),
+            model_cost: Family::default(),
+            queue_lag: Gauge::default(),
             dispatch: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             registry: Registry::default(),
         };
@@ -117,6 +153,31 @@ impl Metrics {
             "From a task's creation (the Agent call) to its first attempt starting",
             m.dispatch.clone(),
         );
+        registry.register(
+            "flower_spills",
+            "Large tool results spilled to the workbench (replaced by a pointer and a head)",
+            m.spills.clone(),
+        );
+        registry.register(
+            "flower_tool_denials",
+            "Tool calls denied by a guard, by denial kind (delegate_guard, worker_tools, other)",
+            m.tool_denials.clone(),
+        );
+        registry.register(
+            "flower_prunes",
+            "Pruning passes over a stored transcript when a session resumes",
+            m.prunes.clone(),
+        );
+        registry.register(
+            "flower_model_cost_dollars",
+            "Cost of model calls in US dollars by provider and model, at the job's prices (unpriced models add nothing)",
+            m.model_cost.clone(),
+        );
+        registry.register(
+            "flower_queue_lag_messages",
+            "Task messages of the workers' consumer not yet acknowledged (pending plus in flight), as this worker sees them",
+            m.queue_lag.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -129,8 +190,15 @@ impl Metrics {
         }
     }
 
-    /// Record one finished model call.
-    pub fn model_call(&self, provider: &str, model: &str, took: Duration, usage: Option<&Usage>) {
+    /// Record one finished model call; with a `price` for its model, its cost too.
+    pub fn model_call(
+        &self,
+        provider: &str,
+        model: &str,
+        took: Duration,
+        usage: Option<&Usage>,
+        price: Option<&Price>,
+    ) {
         let outcome = if usage.is_some() { "ok" } else { "error" };
         self.model_calls
             .get_or_create(&ModelCallLabels { provider: provider.to_string(), model: model.to_string(), outcome })
@@ -145,7 +213,17 @@ impl Metrics {
             ] {
                 self.tokens.get_or_create(&KindLabel { kind }).inc_by(n);
             }
+            if let Some(p) = price {
+                self.model_cost
+                    .get_or_create(&ProviderModelLabels { provider: provider.to_string(), model: model.to_string() })
+                    .inc_by(p.cost(u));
+            }
         }
+    }
+
+    /// Count a tool call denied by a guard with this `denial_kind`.
+    pub fn tool_denied(&self, kind: &str) {
+        self.tool_denials.get_or_create(&KindLabel { kind: denial_label(kind) }).inc();
     }
 
     /// Count a task attempt's outcome.
@@ -181,19 +259,50 @@ mod tests {
     fn series_are_named_by_convention() {
         let m = Metrics::new();
         m.task("started");
-        m.model_call("sim", "m", Duration::from_millis(20), Some(&Usage { output_tokens: 5, ..Default::default() }));
+        let usage = Usage { output_tokens: 5, ..Default::default() };
+        m.model_call("sim", "m", Duration::from_millis(20), Some(&usage), None);
+        let sonnet = flower_model::spec::builtin_price("claude-sonnet-4-5");
+        assert!(sonnet.is_some());
+        m.model_call("sim", "claude-sonnet-4-5", Duration::from_millis(20), Some(&usage), sonnet.as_ref());
+        m.model_call("sim", "claude-sonnet-4-5", Duration::from_millis(20), None, sonnet.as_ref());
         m.set_job_counts(&[(flower_model::JobState::Running, 2)]);
+        m.spills.inc();
+        m.tool_denied(crate::guards::DELEGATE_GUARD);
+        m.tool_denied("worker_tools");
+        m.tool_denied("permission-rule");
+        m.tool_denied("something-else");
+        m.prunes.inc();
+        m.queue_lag.set(3);
         let text = m.encode();
         for line in [
             "flower_tasks_total{outcome=\"started\"} 1",
             "flower_model_calls_total{provider=\"sim\",model=\"m\",outcome=\"ok\"} 1",
-            "flower_tokens_total{kind=\"output\"} 5",
+            "flower_tokens_total{kind=\"output\"} 10",
             "flower_jobs{state=\"running\"} 2",
             "flower_jobs{state=\"failed\"} 0",
-            "flower_model_call_duration_seconds_count 1",
+            "flower_model_call_duration_seconds_count 3",
             "flower_lease_takeovers_total 0",
+            "flower_spills_total 1",
+            "flower_tool_denials_total{kind=\"delegate_guard\"} 1",
+            "flower_tool_denials_total{kind=\"worker_tools\"} 1",
+            "flower_tool_denials_total{kind=\"other\"} 2",
+            "flower_prunes_total 1",
+            "flower_queue_lag_messages 3",
+            "# TYPE flower_model_cost_dollars counter",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
         }
+        // 5 output tokens of Sonnet at $15/MTok; the failed call and the
+        // unpriced model add nothing.
+        let cost: Vec<f64> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("flower_model_cost_dollars_total"))
+            .map(|rest| {
+                assert!(rest.starts_with("{provider=\"sim\",model=\"claude-sonnet-4-5\"} "), "{rest}");
+                rest.rsplit(' ').next().unwrap_or_default().parse().unwrap_or(f64::NAN)
+            })
+            .collect();
+        assert_eq!(cost.len(), 1, "{text}");
+        assert!((cost[0] - 7.5e-5).abs() < 1e-12, "{text}");
     }
 }

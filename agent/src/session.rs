@@ -492,6 +492,7 @@ impl AgentSession {
             );
             e.tool_name = Some(name.clone());
             if let Some(kind) = &out.markers.denial_kind {
+                crate::metrics::metrics().tool_denied(kind);
                 run.w.event(
                     c.job_id,
                     EventKind::ToolDenied { session: c.session_id, tool: name.clone(), denial_kind: kind.clone() },

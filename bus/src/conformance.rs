@@ -38,6 +38,7 @@ macro_rules! bus_conformance_tests {
             settled_messages_stay_settled,
             naks_and_abandoned_deliveries_come_back,
             competing_consumers,
+            lag_counts_waiting_and_in_flight,
             notices_fan_out,
         );
     };
@@ -105,6 +106,20 @@ pub async fn competing_consumers<B: TaskQueue>(bus: &B, _redelivery: Duration) {
     assert_eq!(got, want, "each message goes to one consumer");
     d1.ack().await.unwrap();
     d2.ack().await.unwrap();
+}
+
+pub async fn lag_counts_waiting_and_in_flight<B: TaskQueue>(bus: &B, _redelivery: Duration) {
+    assert_eq!(bus.lag().await.unwrap(), 0, "an empty queue");
+    bus.publish(msg()).await.unwrap();
+    bus.publish(msg()).await.unwrap();
+    assert_eq!(bus.lag().await.unwrap(), 2, "two waiting");
+    let d = next_within(bus, Duration::from_secs(5)).await;
+    assert_eq!(bus.lag().await.unwrap(), 2, "one waiting, one in flight");
+    d.ack().await.unwrap();
+    assert_eq!(bus.lag().await.unwrap(), 1, "an acked message leaves");
+    let d = next_within(bus, Duration::from_secs(5)).await;
+    d.term().await.unwrap();
+    assert_eq!(bus.lag().await.unwrap(), 0, "a terminated message leaves");
 }
 
 pub async fn notices_fan_out<B: Notifier>(bus: &B, _redelivery: Duration) {

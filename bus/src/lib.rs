@@ -103,6 +103,10 @@ pub trait TaskQueue: Send + Sync + 'static {
     async fn publish(&self, task: TaskMessage) -> Result<bool>;
     /// The next delivery for this consumer group; `Err(Closed)` at shutdown.
     async fn next(&self) -> Result<Box<dyn Delivery>>;
+    /// Messages of the consumer group not yet acknowledged: waiting to be
+    /// delivered plus delivered and not settled (in flight). May cost a round
+    /// trip to the server: read it periodically, not per task.
+    async fn lag(&self) -> Result<u64>;
 }
 
 /// The notice stream (fan-out: every subscriber sees every notice).

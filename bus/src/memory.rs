@@ -19,6 +19,8 @@ const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
 #[derive(Default)]
 struct QueueState {
     ready: VecDeque<(TaskMessage, u32)>,
+    /// Delivered and not yet settled, or nak'ed and waiting out the delay.
+    in_flight: usize,
     seen: HashMap<String, Instant>,
     closed: bool,
 }
@@ -34,9 +36,20 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A delivery given back (nak'ed or abandoned) waits again.
     fn requeue(&self, msg: TaskMessage, delivered: u32) {
-        self.lock().ready.push_back((msg, delivered));
+        {
+            let mut st = self.lock();
+            st.in_flight = st.in_flight.saturating_sub(1);
+            st.ready.push_back((msg, delivered));
+        }
         self.wake.notify_one();
+    }
+
+    /// A delivery acked or terminated: gone for good.
+    fn settled(&self) {
+        let mut st = self.lock();
+        st.in_flight = st.in_flight.saturating_sub(1);
     }
 }
 
@@ -115,6 +128,7 @@ impl TaskQueue for MemoryBus {
                     return Err(BusError::Closed);
                 }
                 if let Some((msg, delivered)) = st.ready.pop_front() {
+                    st.in_flight += 1;
                     if !st.ready.is_empty() {
                         // Pass the baton: another consumer may be waiting.
                         self.shared.wake.notify_one();
@@ -129,6 +143,11 @@ impl TaskQueue for MemoryBus {
             }
             notified.await;
         }
+    }
+
+    async fn lag(&self) -> Result<u64> {
+        let st = self.shared.lock();
+        Ok((st.ready.len() + st.in_flight) as u64)
     }
 }
 
@@ -169,7 +188,9 @@ impl Delivery for MemoryDelivery {
         self.delivered
     }
     async fn ack(&self) -> Result<()> {
-        self.settle();
+        if self.settle() {
+            self.shared.settled();
+        }
         Ok(())
     }
     async fn nak(&self, delay: Option<Duration>) -> Result<()> {
@@ -191,7 +212,9 @@ impl Delivery for MemoryDelivery {
         Ok(())
     }
     async fn term(&self) -> Result<()> {
-        self.settle();
+        if self.settle() {
+            self.shared.settled();
+        }
         Ok(())
     }
 }

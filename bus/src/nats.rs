@@ -269,6 +269,13 @@ impl TaskQueue for NatsBus {
             }
         }
     }
+
+    async fn lag(&self) -> Result<u64> {
+        // The durable consumer's own counts: not yet delivered, and delivered
+        // but not yet acknowledged.
+        let info = self.consumer.get_info().await.map_err(unavailable)?;
+        Ok(info.num_pending + info.num_ack_pending as u64)
+    }
 }
 
 #[async_trait]

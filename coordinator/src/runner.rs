@@ -98,6 +98,10 @@ async fn open_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId) -> Result
     if let Some(s) = coordinator_sessions.last() {
         let stored = store.entries(s.id, 0, u32::MAX).await?;
         let history = load_pruned(&stored, spec, &Workbench::new(ctx.objects.clone(), job_id)).await?;
+        if !stored.is_empty() {
+            // A resume: the stored transcript went through the pruning loader.
+            flower_agent::metrics::metrics().prunes.inc();
+        }
         if !history.is_empty() {
             tracing::info!(job = %job_id, entries = history.len(), epoch = ctx.epoch, "resuming the coordinator session");
         }

@@ -1,11 +1,13 @@
 //! The distributed processes' metrics endpoint: `GET /metrics` on a port of
 //! its own (`--metrics-listen`), apart from the API so it can stay inside the
-//! cluster's network, in the Prometheus text format.
+//! cluster's network. A scraper that asks for OpenMetrics (Prometheus does)
+//! gets it; any other client (curl, `promtool check metrics`) gets the
+//! Prometheus text format 0.0.4, translated from it by [`prometheus_text`].
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::http::header;
+use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use flower_agent::metrics::{CONTENT_TYPE, metrics};
@@ -19,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 pub fn serve(listener: TcpListener, store: Option<Arc<dyn Store>>, shutdown: CancellationToken) {
     let app = Router::new().route(
         "/metrics",
-        get(move || {
+        get(move |headers: HeaderMap| {
             let store = store.clone();
             async move {
                 if let Some(store) = store {
@@ -28,7 +30,17 @@ pub fn serve(listener: TcpListener, store: Option<Arc<dyn Store>>, shutdown: Can
                         Err(e) => tracing::warn!(error = %e, "jobs not counted for metrics"),
                     }
                 }
-                ([(header::CONTENT_TYPE, CONTENT_TYPE)], metrics().encode()).into_response()
+                let text = metrics().encode();
+                let openmetrics = headers
+                    .get_all(header::ACCEPT)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .any(|v| v.contains("application/openmetrics-text"));
+                if openmetrics {
+                    ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
+                } else {
+                    ([(header::CONTENT_TYPE, TEXT_CONTENT_TYPE)], prometheus_text(&text)).into_response()
+                }
             }
         }),
     );
@@ -38,4 +50,78 @@ pub fn serve(listener: TcpListener, store: Option<Arc<dyn Store>>, shutdown: Can
             tracing::warn!(error = %e, "metrics endpoint stopped");
         }
     });
+}
+
+/// The Prometheus text format's media type.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// OpenMetrics text (as `prometheus-client` writes it) in the Prometheus text
+/// format 0.0.4: a counter's `HELP`/`TYPE` name its `_total` samples, `UNIT`
+/// lines and the `# EOF` terminator go, `unknown` becomes `untyped`. Samples
+/// are the same in both formats.
+pub fn prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut help: Option<(&str, &str)> = None;
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            help = Some((name, text));
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let (name_out, kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "unknown" => (name.to_string(), "untyped"),
+                k => (name.to_string(), k),
+            };
+            if let Some((h, text)) = help.take()
+                && h == name
+            {
+                out.push_str(&format!("# HELP {name_out} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {name_out} {kind}\n"));
+        } else if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openmetrics_counters_become_total_families_in_the_text_format() {
+        let om = "# HELP flower_tasks Task attempts.\n# TYPE flower_tasks counter\n\
+                  flower_tasks_total{outcome=\"started\"} 3\n\
+                  # HELP flower_task_duration_seconds Task time.\n# TYPE flower_task_duration_seconds histogram\n\
+                  # UNIT flower_task_duration_seconds seconds\n\
+                  flower_task_duration_seconds_sum 1.5\nflower_task_duration_seconds_count 2\n\
+                  flower_task_duration_seconds_bucket{le=\"+Inf\"} 2\n\
+                  # HELP flower_worker_slots Slots.\n# TYPE flower_worker_slots gauge\nflower_worker_slots 4\n# EOF\n";
+        let text = prometheus_text(om);
+        assert_eq!(
+            text,
+            "# HELP flower_tasks_total Task attempts.\n# TYPE flower_tasks_total counter\n\
+             flower_tasks_total{outcome=\"started\"} 3\n\
+             # HELP flower_task_duration_seconds Task time.\n# TYPE flower_task_duration_seconds histogram\n\
+             flower_task_duration_seconds_sum 1.5\nflower_task_duration_seconds_count 2\n\
+             flower_task_duration_seconds_bucket{le=\"+Inf\"} 2\n\
+             # HELP flower_worker_slots Slots.\n# TYPE flower_worker_slots gauge\nflower_worker_slots 4\n"
+        );
+    }
+
+    #[test]
+    fn every_registered_counter_is_described_under_its_sample_name() {
+        let text = prometheus_text(&metrics().encode());
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ") && l.ends_with(" counter")) {
+            let name = line["# TYPE ".len()..].trim_end_matches(" counter");
+            assert!(name.ends_with("_total"), "{line}");
+            assert!(text.contains(&format!("# HELP {name} ")), "no help for {name}");
+        }
+        assert!(!text.contains("# EOF"));
+    }
 }

@@ -26,8 +26,9 @@ fn sum(text: &str, name: &str) -> f64 {
 }
 
 /// The demo on 1 coordinator + 2 workers, both roles scraped: tasks succeeded
-/// on the workers, model calls on both sides, the jobs gauge from the store,
-/// and no job or task id in any label.
+/// on the workers, model calls (and their cost) on both sides, the jobs gauge
+/// from the store, the queue lag on the workers, and no job or task id in any
+/// label.
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_are_served_by_both_roles() {
     let mut c = Cluster::start(Options { workers: 2, metrics: true, ..Default::default() }).await;
@@ -66,6 +67,19 @@ async fn metrics_are_served_by_both_roles() {
     for w in &workers {
         assert_eq!(value(w, "flower_worker_slots"), 1.0, "{w}");
         assert_eq!(value(w, "flower_worker_slots_busy"), 0.0, "{w}");
+        // Read when the worker started, then every 5 s: present, never negative.
+        assert!(value(w, "flower_queue_lag_messages") >= 0.0, "{w}");
+    }
+    // Unlabelled counters are written from the start, in every process.
+    for text in std::iter::once(&coordinator).chain(&workers) {
+        assert!(value(text, "flower_spills_total") >= 0.0);
+        assert!(value(text, "flower_prunes_total") >= 0.0);
+    }
+    // The demo's model has a built-in price: its calls cost something, on both sides.
+    if flower_model::spec::builtin_price("claude-sonnet-4-5").is_some() {
+        let series = "flower_model_cost_dollars_total{provider=\"sim\",model=\"claude-sonnet-4-5\"}";
+        assert!(value(&coordinator, series) > 0.0, "{coordinator}");
+        assert!(workers.iter().map(|w| value_or_zero(w, series)).sum::<f64>() > 0.0, "{workers:?}");
     }
 
     // Low cardinality: no id in any label (ids are UUIDs; look for any

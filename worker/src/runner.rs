@@ -103,6 +103,32 @@ enum Recorded {
     GaveUp,
 }
 
+/// How often a worker reads the queue's lag into its gauge.
+const QUEUE_LAG_EVERY: Duration = Duration::from_secs(5);
+
+/// Keep the queue-lag gauge current (one read every [`QUEUE_LAG_EVERY`],
+/// never one per task) until `shutdown`; a failed read keeps the last value.
+async fn refresh_queue_lag(queue: Arc<dyn TaskQueue>, shutdown: CancellationToken) {
+    let gauge = &flower_agent::metrics::metrics().queue_lag;
+    loop {
+        let read = tokio::select! {
+            r = queue.lag() => r,
+            _ = shutdown.cancelled() => return,
+        };
+        match read {
+            Ok(n) => {
+                gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            Err(BusError::Closed) => return,
+            Err(e) => tracing::debug!(error = %e, "queue lag not read"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(QUEUE_LAG_EVERY) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
 /// First and longest pause between retries of a report write.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -131,12 +157,14 @@ impl Worker {
         let me = self.clone();
         let stop = shutdown.clone();
         let listener = tokio::spawn(async move { me.listen_for_cancels(stop).await });
+        let lag = tokio::spawn(refresh_queue_lag(self.queue.clone(), shutdown.clone()));
         for l in loops {
             if let Err(e) = l.await {
                 tracing::error!(error = %e, "worker loop ended abnormally");
             }
         }
         listener.abort();
+        lag.abort();
     }
 
     async fn consume(&self, slot: usize, shutdown: CancellationToken) {
@@ -444,6 +472,10 @@ impl Worker {
         self.journal.announce(&written).await;
         let stored = store.entries(session, 0, u32::MAX).await?;
         let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning, &flower_agent::glance::allows);
+        if !stored.is_empty() {
+            // A resume (a redelivered task): its stored transcript was pruned.
+            flower_agent::metrics::metrics().prunes.inc();
+        }
         for t in &pruned.trims {
             let local = workdir.join(MOUNT).join(&t.path);
             if let Some(parent) = local.parent() {

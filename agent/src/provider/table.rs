@@ -7,10 +7,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{AnthropicClient, AnthropicConfig, Observer, Provider, ProviderError, ProviderSource, Request, Response};
+use flower_model::spec::Budget;
 use flower_model::{JobId, JobSpec};
 
 #[derive(Clone, Default)]
 pub struct ConfiguredProviders {
+    /// The clients, unmetered: [`Self::get`] and [`Self::for_spec`] wrap them.
     clients: BTreeMap<String, Arc<dyn Provider>>,
 }
 
@@ -25,7 +27,7 @@ pub struct ProviderConfigError {
 impl ConfiguredProviders {
     /// A table of ready-made providers (embedding, benchmarks).
     pub fn from_map(clients: BTreeMap<String, Arc<dyn Provider>>) -> Self {
-        Self { clients: clients.into_iter().map(|(name, p)| (name.clone(), Metered::wrap(name, p))).collect() }
+        Self { clients }
     }
 
     /// Parse `NAME=URL` entries (from repeated flags or a comma-separated
@@ -50,7 +52,7 @@ impl ConfiguredProviders {
                 ..Default::default()
             };
             let client = AnthropicClient::new(config).map_err(|e| err(&e.to_string()))?;
-            if clients.insert(name.to_string(), Metered::wrap(name.to_string(), Arc::new(client))).is_some() {
+            if clients.insert(name.to_string(), Arc::new(client)).is_some() {
                 return Err(err("configured twice"));
             }
         }
@@ -61,8 +63,21 @@ impl ConfiguredProviders {
         self.clients.keys().map(String::as_str).collect()
     }
 
+    /// The provider `name`, its calls metered and priced from the built-in table.
     pub fn get(&self, name: &str) -> Option<Arc<dyn Provider>> {
-        self.clients.get(name).cloned()
+        self.metered(name, Budget::default())
+    }
+
+    /// The provider `spec` names, its calls metered and priced as the job's
+    /// budget prices them (the spec's `prices`, else the built-in table).
+    pub fn for_spec(&self, spec: &JobSpec) -> Option<Arc<dyn Provider>> {
+        let prices = Budget { prices: spec.runtime.budget.prices.clone(), ..Default::default() };
+        self.metered(spec.provider.name(), prices)
+    }
+
+    fn metered(&self, name: &str, prices: Budget) -> Option<Arc<dyn Provider>> {
+        let (name, inner) = self.clients.get_key_value(name)?;
+        Some(Arc::new(Metered { name: name.clone(), inner: inner.clone(), prices }))
     }
 
     /// Why a spec cannot run here, if it cannot.
@@ -85,12 +100,9 @@ impl ConfiguredProviders {
 struct Metered {
     name: String,
     inner: Arc<dyn Provider>,
-}
-
-impl Metered {
-    fn wrap(name: String, inner: Arc<dyn Provider>) -> Arc<dyn Provider> {
-        Arc::new(Self { name, inner })
-    }
+    /// The price table of the job's budget (only `prices` matters): a call
+    /// is priced as the job's cost budget prices it.
+    prices: Budget,
 }
 
 #[async_trait::async_trait]
@@ -99,14 +111,15 @@ impl Provider for Metered {
         let started = std::time::Instant::now();
         let result = self.inner.send(request, observer).await;
         let usage = result.as_ref().ok().map(|r| &r.usage);
-        crate::metrics::metrics().model_call(&self.name, &request.model, started.elapsed(), usage);
+        let price = self.prices.price(&request.model);
+        crate::metrics::metrics().model_call(&self.name, &request.model, started.elapsed(), usage, price.as_ref());
         result
     }
 }
 
 impl ProviderSource for ConfiguredProviders {
     fn for_job(&self, _job: JobId, spec: &JobSpec) -> Result<Arc<dyn Provider>, ProviderError> {
-        self.get(spec.provider.name()).ok_or_else(|| ProviderError::Api {
+        self.for_spec(spec).ok_or_else(|| ProviderError::Api {
             status: 400,
             kind: "not_configured".into(),
             message: format!("provider `{}` is not configured here", spec.provider.name()),

@@ -28,7 +28,8 @@ pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
     let handle =
         flower_sim::start(scenario, args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     println!("flower sim listening on {} ({roles} scripted roles); POST /v1/messages", handle.base_url());
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    // Ctrl-C or SIGTERM (`docker stop`) ends it.
+    super::backends::terminated().await;
     handle.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }

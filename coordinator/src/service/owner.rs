@@ -158,7 +158,7 @@ impl Owner {
             let spec = JobSpec::from_value(j.spec).map_err(|e| e.to_string())?;
             b.providers.check(&spec).map(|_| spec)
         }) {
-            Ok(spec) => b.providers.get(spec.provider.name()),
+            Ok(spec) => b.providers.for_spec(&spec),
             Err(reason) => {
                 let _ = b.store.set_job_state(job, JobState::Failed, Some(reason), None, Some(lease.fence())).await;
                 None

@@ -71,6 +71,9 @@ pub fn worker_surface(
     flower_agent::surface::finish(set, spec.runtime.tool_deferral)
 }
 
+/// The `denial_kind` the worker's tools guard writes.
+pub const WORKER_TOOLS_GUARD: &str = "worker_tools";
+
 /// Denies a built-in tool the running worker was not given (the shared
 /// surface shows the job's union).
 pub struct WorkerToolsGuard {
@@ -94,7 +97,7 @@ impl flower_agent::hooks::PreToolHook for WorkerToolsGuard {
     ) -> flower_agent::hooks::PreDecision {
         if flower_model::spec::WORKER_TOOLS.contains(&tool) && !self.given.iter().any(|g| g == tool) {
             return flower_agent::hooks::PreDecision::Deny {
-                kind: "worker_tools".into(),
+                kind: WORKER_TOOLS_GUARD.into(),
                 reason: format!(
                     "worker `{}` was not given `{tool}` (its tools: {}); report what you could not do instead",
                     self.worker,
@@ -109,4 +112,14 @@ impl flower_agent::hooks::PreToolHook for WorkerToolsGuard {
 /// Tools whose calls may change files (the workbench is synced after them).
 pub fn may_write(tool: &str) -> bool {
     matches!(tool, "Write" | "Edit" | "Bash" | "NotebookEdit")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worker_tools_denial_is_counted_under_its_own_kind() {
+        assert_eq!(flower_agent::metrics::denial_label(WORKER_TOOLS_GUARD), WORKER_TOOLS_GUARD);
+    }
 }

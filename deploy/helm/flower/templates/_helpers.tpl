@@ -53,6 +53,14 @@ app.kubernetes.io/component: {{ .role }}
 {{- end }}
 {{- end }}
 
+{{- define "flower.workerImage" -}}
+{{- if .Values.image.workerDigest }}
+{{- printf "%s@%s" .Values.image.workerRepository .Values.image.workerDigest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.workerRepository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
 {{/* The JetStream names the binaries derive from the prefix (bus/src/nats.rs):
 stream <PREFIX>_TASKS with `.`/`-` → `_`, upper-cased; consumer <prefix>-workers. */}}
 {{- define "flower.taskStream" -}}

@@ -1,0 +1,65 @@
+# Sourced by scripts/test and deploy/check: make sure the services the tests
+# talk to are up (Postgres on 127.0.0.1:5432, NATS with JetStream on
+# 127.0.0.1:4222), starting them — installing Debian's packages first if
+# needed — when they are not. Needs `root` and `state` set by the caller.
+# Override the endpoints with FLOWER_TEST_DATABASE_URL / FLOWER_TEST_NATS_URL
+# (then nothing is started).
+say() { printf '%s: %s\n' "${FLOWER_SCRIPT:-services}" "$*" >&2; }
+die() { say "$*"; exit 1; }
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo "$@"
+  else return 1; fi
+}
+apt_install() {
+  command -v apt-get >/dev/null || return 1
+  say "installing $* from Debian's packages"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1 ||
+    { as_root apt-get update -q >/dev/null 2>&1 && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; }
+}
+wait_for_port() {
+  for _ in $(seq 1 100); do listening "$1" && return 0; sleep 0.1; done
+  return 1
+}
+
+ensure_postgres() {
+  [ -n "${FLOWER_TEST_DATABASE_URL:-}" ] && return 0
+  listening 5432 && return 0
+  say "Postgres is not listening on 127.0.0.1:5432; starting one"
+  if command -v pg_ctlcluster >/dev/null && ls /etc/postgresql/*/main >/dev/null 2>&1; then
+    as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start 2>/dev/null || true
+    wait_for_port 5432 && return 0
+  fi
+  local bin
+  bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
+  if [ -z "$bin" ]; then
+    apt_install postgresql || die "Postgres is missing and cannot be installed here (needs root or sudo, and apt-get): install PostgreSQL, or set FLOWER_TEST_DATABASE_URL"
+    bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+  fi
+  local data="$state/pg" run=()
+  mkdir -p "$state"
+  # initdb refuses to run as root: use the postgres account when we are root.
+  if [ "$(id -u)" = 0 ]; then id postgres >/dev/null 2>&1 || die "no postgres user to run the server as"; run=(runuser -u postgres --); chown postgres "$state"; fi
+  if [ ! -f "$data/PG_VERSION" ]; then
+    "${run[@]}" "$bin/initdb" -D "$data" -U postgres --auth=trust >/dev/null
+  fi
+  "${run[@]}" "$bin/pg_ctl" -D "$data" -l "$state/pg.log" -o "-p 5432 -c listen_addresses=127.0.0.1 -k /tmp" start >/dev/null
+  wait_for_port 5432 || die "Postgres did not start (see $state/pg.log)"
+}
+
+ensure_nats() {
+  [ -n "${FLOWER_TEST_NATS_URL:-}" ] && return 0
+  listening 4222 && return 0
+  say "NATS is not listening on 127.0.0.1:4222; starting one with JetStream"
+  local bin
+  bin=$(command -v nats-server || ls /usr/sbin/nats-server 2>/dev/null || true)
+  if [ -z "$bin" ]; then
+    apt_install nats-server || die "nats-server is missing and cannot be installed here (needs root or sudo, and apt-get): install it, or set FLOWER_TEST_NATS_URL"
+    bin=$(command -v nats-server || echo /usr/sbin/nats-server)
+  fi
+  mkdir -p "$state/nats"
+  nohup "$bin" -a 127.0.0.1 -p 4222 -js -sd "$state/nats" >"$state/nats.log" 2>&1 &
+  wait_for_port 4222 || die "NATS did not start (see $state/nats.log)"
+}
+
