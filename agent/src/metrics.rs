@@ -66,6 +66,8 @@ pub struct Metrics {
     /// Task attempts by outcome: `started`, then `succeeded`, `failed`,
     /// `cancelled` or `retried` (a transient failure; the delivery comes back).
     pub tasks: Family<OutcomeLabel, Counter>,
+    /// Tasks a coordinator created and put on the queue (one per `Agent` call).
+    pub tasks_queued: Counter,
     pub task_duration: Histogram,
     pub worker_slots: Gauge,
     pub worker_slots_busy: Gauge,
@@ -103,6 +105,7 @@ impl Metrics {
         let m = Self {
             jobs: Family::default(),
             tasks: Family::default(),
+            tasks_queued: Counter::default(),
             task_duration: Histogram::new(long_buckets()),
             worker_slots: Gauge::default(),
             worker_slots_busy: Gauge::default(),
@@ -142,6 +145,11 @@ impl Metrics {
             "flower_tokens",
             "Tokens reported by the provider, by kind (input, output, cache_read, cache_write)",
             m.tokens.clone(),
+        );
+        registry.register(
+            "flower_tasks_queued",
+            "Tasks this coordinator created and queued (one per Agent call)",
+            m.tasks_queued.clone(),
         );
         registry.register(
             "flower_lease_takeovers",
@@ -282,6 +290,7 @@ mod tests {
             "flower_jobs{state=\"failed\"} 0",
             "flower_model_call_duration_seconds_count 3",
             "flower_lease_takeovers_total 0",
+            "flower_tasks_queued_total 0",
             "flower_spills_total 1",
             "flower_tool_denials_total{kind=\"delegate_guard\"} 1",
             "flower_tool_denials_total{kind=\"worker_tools\"} 1",

@@ -170,7 +170,7 @@ impl Dispatcher {
     pub async fn dispatch(&self, d: &Delegation<'_>) -> Result<Task, DispatchError> {
         let task = Task::queued(d.job, d.session, d.tool_use_id, d.worker, d.description, d.mandate);
         let id = task.id;
-        let (task, _created, written) = self.journal.store().create_task(task, self.journal.fence()).await?;
+        let (task, created, written) = self.journal.store().create_task(task, self.journal.fence()).await?;
         // The row is committed before the message that points at it is published.
         self.journal.announce(&written).await;
         if !task.state.is_terminal() {
@@ -184,6 +184,9 @@ impl Dispatcher {
                     trace: flower_bus::trace::current_traceparent(),
                 })
                 .await?;
+            if created {
+                flower_agent::metrics::metrics().tasks_queued.inc();
+            }
         }
         Ok(task)
     }

@@ -55,6 +55,7 @@ async fn metrics_are_served_by_both_roles() {
     assert_eq!(value(&coordinator, "flower_jobs{state=\"succeeded\"}"), 1.0, "{coordinator}");
     assert_eq!(value(&coordinator, "flower_jobs{state=\"running\"}"), 0.0);
     assert!(value(&coordinator, "flower_lease_takeovers_total") >= 1.0, "{coordinator}");
+    assert_eq!(value(&coordinator, "flower_tasks_queued_total"), tasks.len() as f64, "{coordinator}");
     assert!(sum(&coordinator, "flower_model_calls_total") > 0.0, "{coordinator}");
     assert!(sum(&coordinator, "flower_tokens_total") > 0.0, "{coordinator}");
 
