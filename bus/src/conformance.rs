@@ -129,6 +129,7 @@ pub async fn notices_fan_out<B: Notifier>(bus: &B, _redelivery: Duration) {
         Notice::Events { job, seq: 7 },
         Notice::TaskDone { job, task: TaskId::random() },
         Notice::Cancel { job },
+        Notice::Interrupt { job },
         Notice::TaskStreaming { job, task: TaskId::random() },
     ];
     for n in &sent {

@@ -74,6 +74,9 @@ pub enum Notice {
     TaskDone { job: JobId, task: TaskId },
     /// Stop work on a job (cancel); workers stop its running tasks.
     Cancel { job: JobId },
+    /// A user's message for a running job is stored: the job's owner reads
+    /// its events (it does not on every [`Notice::Events`]).
+    Interrupt { job: JobId },
     /// A task's first model response began streaming: its prompt prefix is
     /// now readable from the provider's cache (fan-out staggering).
     TaskStreaming { job: JobId, task: TaskId },

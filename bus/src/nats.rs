@@ -179,6 +179,7 @@ fn notice_to_pb(n: &Notice) -> pb::Notice {
             pb::Notice { job_id: job.to_string(), what: Some(What::TaskDone(task.to_string())) }
         }
         Notice::Cancel { job } => pb::Notice { job_id: job.to_string(), what: Some(What::Cancel(true)) },
+        Notice::Interrupt { job } => pb::Notice { job_id: job.to_string(), what: Some(What::Interrupt(true)) },
         Notice::TaskStreaming { job, task } => {
             pb::Notice { job_id: job.to_string(), what: Some(What::TaskStreaming(task.to_string())) }
         }
@@ -194,6 +195,7 @@ fn notice_from_pb(n: pb::Notice) -> std::result::Result<Notice, String> {
             Ok(Notice::TaskDone { job, task: t.parse().map_err(|e| format!("task_done: {e}"))? })
         }
         Some(What::Cancel(_)) => Ok(Notice::Cancel { job }),
+        Some(What::Interrupt(_)) => Ok(Notice::Interrupt { job }),
         Some(What::TaskStreaming(t)) => {
             Ok(Notice::TaskStreaming { job, task: t.parse().map_err(|e| format!("task_streaming: {e}"))? })
         }

@@ -85,6 +85,11 @@ pub async fn start(scenario: Scenario, addr: SocketAddr) -> std::io::Result<SimH
     let (tx, rx) = oneshot::channel::<()>();
     let engine = Arc::new(Engine::new(scenario));
     let app = router(engine.clone());
+    // Streamed events are small writes: without TCP_NODELAY, Nagle's
+    // algorithm holds each behind the client's delayed ACK (~40 ms a turn).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |s: &mut tokio::net::TcpStream| {
+        let _ = s.set_nodelay(true);
+    });
     let task = tokio::spawn(async move {
         let served = axum::serve(listener, app).with_graceful_shutdown(async {
             let _ = rx.await;

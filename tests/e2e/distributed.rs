@@ -502,3 +502,39 @@ async fn an_interrupt_is_delivered_at_once_and_the_task_keeps_running() {
     assert_eq!(tasks, 2, "the interrupted task kept running to its end");
     c.stop().await;
 }
+
+/// A user's cancel of a running job reaches its owner: the job ends
+/// `cancelled`, the owner stops its run and releases the job at once, and
+/// the sleeping task does not end as a success.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_ends_the_running_job_and_its_owner_lets_it_go() {
+    let mut c = Cluster::start(Options { workers: 2, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/interrupt.yaml"));
+    c.wait_for(
+        "the sleeper's Bash call",
+        Duration::from_secs(30),
+        &format!(
+            "SELECT count(*) > 0 FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%sleep 5%'"
+        ),
+    )
+    .await;
+    let sent = c.flower(&["cancel", &job]);
+    assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+    c.wait_job(&job, "cancelled").await;
+    // The owner stopped the run and let the job go (a released lease has
+    // expires_at 0; a running owner would keep renewing it).
+    c.wait_for(
+        "the owner to release the job",
+        Duration::from_secs(4),
+        &format!("SELECT expires_at = 0 FROM leases WHERE job_id = '{job}'"),
+    )
+    .await;
+    let pg = c.pg().await;
+    let succeeded: i64 = pg
+        .query_one(&format!("SELECT count(*) FROM tasks WHERE job_id = '{job}' AND state = 'succeeded'"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(succeeded, 0, "the sleeping task did not run to its end");
+    c.stop().await;
+}

@@ -66,7 +66,7 @@ pub fn service_credentials(providers: &[String]) -> Vec<String> {
 pub struct ToolArgs {
     /// Start tools through the launcher (on), or directly as this process's
     /// user with only their environment cleaned (off)
-    #[arg(long, env = "FLOWER_TOOL_ISOLATION", default_value = "on", value_parser = super::on_off)]
+    #[arg(long, env = "FLOWER_TOOL_ISOLATION", default_value = "on", value_parser = super::on_off, action = clap::ArgAction::Set)]
     pub tool_isolation: bool,
     /// The user tools run as when this process is root: NAME, UID or UID:GID
     /// [default: nobody]

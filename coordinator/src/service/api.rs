@@ -25,6 +25,9 @@ use super::status::{self, MAX_IDEMPOTENCY_KEY, MAX_REASON, check_path, check_tex
 const CHUNK: usize = 64 * 1024;
 const MAX_PAGE: u32 = 1000;
 
+/// Events a `Watch` reads at once; a shorter page means it has caught up.
+const WATCH_PAGE: u32 = 500;
+
 pub struct Api {
     b: Backends,
     owner: Arc<Owner>,
@@ -154,14 +157,16 @@ impl Flower for Api {
         let mut notices = self.b.notifier.subscribe();
         tokio::spawn(async move {
             let mut cursor = r.after_seq;
+            let mut end_checked = false;
             loop {
-                let events = match store.events(job, cursor, 500).await {
+                let events = match store.events(job, cursor, WATCH_PAGE).await {
                     Ok(e) => e,
                     Err(e) => {
                         let _ = tx.send(Err(from_store(e))).await;
                         return;
                     }
                 };
+                let full = events.len() == WATCH_PAGE as usize;
                 let mut ended = false;
                 for e in &events {
                     cursor = e.seq;
@@ -173,28 +178,32 @@ impl Flower for Api {
                 if ended {
                     return;
                 }
-                if !events.is_empty() {
-                    continue;
+                if full {
+                    continue; // a page short of the limit means caught up: wait
                 }
                 // A finished job wrote its last event with its final state: a
-                // cursor at or past it has nothing more to wait for. (Read
-                // again once: the job may have ended since the read above.)
-                match store.get_job(job).await {
-                    Ok(j) if j.state.is_terminal() => match store.events(job, cursor, 1).await {
-                        Ok(more) if more.is_empty() => return,
-                        _ => continue,
-                    },
-                    Ok(_) => {}
-                    Err(e) => {
-                        let _ = tx.send(Err(from_store(e))).await;
-                        return;
+                // cursor at or past it has nothing more to wait for. Once, at the
+                // first time caught up (later, the final state comes as an event).
+                if !end_checked {
+                    end_checked = true;
+                    match store.get_job(job).await {
+                        Ok(j) if j.state.is_terminal() => match store.events(job, cursor, 1).await {
+                            Ok(more) if more.is_empty() => return,
+                            _ => continue,
+                        },
+                        Ok(_) => {}
+                        Err(e) => {
+                            let _ = tx.send(Err(from_store(e))).await;
+                            return;
+                        }
                     }
                 }
-                // Nothing new: wait for a notice about this job, or re-read after a while.
+                // Wait for a notice of events past the cursor (notices are
+                // hints: re-read after a while anyway).
                 let wait = async {
                     loop {
                         match notices.recv().await {
-                            Heard::Notice(Notice::Events { job: j, .. }) if j == job => return,
+                            Heard::Notice(Notice::Events { job: j, seq }) if j == job && seq > cursor => return,
                             Heard::Lagged | Heard::Closed => return,
                             Heard::Notice(_) => {}
                         }
@@ -250,6 +259,8 @@ impl Flower for Api {
         if let Some(last) = written.events.last() {
             let _ = self.b.notifier.notify(Notice::Events { job: job.id, seq: last.seq }).await;
         }
+        // The owner reads the job's events on this one.
+        let _ = self.b.notifier.notify(Notice::Interrupt { job: job.id }).await;
         Ok(Response::new(job_to_pb(&job)))
     }
 

@@ -21,6 +21,9 @@ use crate::stop::{Stop, StopCause};
 /// First and longest pause before a run interrupted by a store error resumes.
 const RESUME_FIRST: Duration = Duration::from_millis(200);
 const RESUME_MAX: Duration = Duration::from_secs(2);
+/// How often an owner reads its jobs' events without a notice (a lost
+/// interrupt or cancel notice is seen within this).
+const EVENTS_BACKSTOP: Duration = Duration::from_secs(2);
 
 struct Running {
     lease: Lease,
@@ -212,19 +215,25 @@ impl Owner {
         }
     }
 
-    /// Interrupts and cancels reach the owner as events of its jobs.
+    /// Interrupts and cancels reach the owner as events of its jobs, read
+    /// when an interrupt or cancel notice names the job — not on every event
+    /// notice: the job's own turns and tasks write most events — and, since
+    /// notices are hints, every [`EVENTS_BACKSTOP`] for all its jobs.
     async fn follow_events(&self, shutdown: CancellationToken) {
         let mut notices = self.backends.notifier.subscribe();
+        let mut backstop = tokio::time::interval(EVENTS_BACKSTOP);
+        backstop.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let heard = tokio::select! {
-                h = notices.recv() => h,
+                h = notices.recv() => Some(h),
+                _ = backstop.tick() => None,
                 _ = shutdown.cancelled() => return,
             };
             let jobs: Vec<JobId> = match heard {
-                Heard::Notice(Notice::Events { job, .. }) => vec![job],
-                Heard::Lagged => self.running(),
-                Heard::Closed => return,
-                Heard::Notice(_) => continue,
+                Some(Heard::Notice(Notice::Interrupt { job } | Notice::Cancel { job })) => vec![job],
+                Some(Heard::Lagged) | None => self.running(),
+                Some(Heard::Closed) => return,
+                Some(Heard::Notice(_)) => continue,
             };
             for job in jobs {
                 self.look_at_events(job).await;
