@@ -446,11 +446,8 @@ async fn the_long_horizon_job_runs_on_a_cluster() {
     c.stop().await;
 }
 
-/// An interrupt is delivered at once: the waiting call gets a placeholder (the
-/// task keeps running), the user's message follows, the same session goes on,
-/// and the task's report arrives later as a notice.
-#[tokio::test(flavor = "multi_thread")]
-async fn an_interrupt_is_delivered_at_once_and_the_task_keeps_running() {
+/// A cluster running the interrupt fixture, its sleeper's `sleep 5` under way.
+async fn sleeping_job() -> (Cluster, String) {
     let mut c = Cluster::start(Options { workers: 2, ..Default::default() }).await;
     let job = c.submit(&repo().join("tests/fixtures/distributed/interrupt.yaml"));
     c.wait_for(
@@ -461,6 +458,15 @@ async fn an_interrupt_is_delivered_at_once_and_the_task_keeps_running() {
         ),
     )
     .await;
+    (c, job)
+}
+
+/// An interrupt is delivered at once: the waiting call gets a placeholder (the
+/// task keeps running), the user's message follows, the same session goes on,
+/// and the task's report arrives later as a notice.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupt_is_delivered_at_once_and_the_task_keeps_running() {
+    let (mut c, job) = sleeping_job().await;
     let sent = c.flower(&["interrupt", &job, "--message", "also nap"]);
     assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
     c.wait_job(&job, "succeeded").await;
@@ -508,16 +514,7 @@ async fn an_interrupt_is_delivered_at_once_and_the_task_keeps_running() {
 /// the sleeping task does not end as a success.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancel_ends_the_running_job_and_its_owner_lets_it_go() {
-    let mut c = Cluster::start(Options { workers: 2, ..Default::default() }).await;
-    let job = c.submit(&repo().join("tests/fixtures/distributed/interrupt.yaml"));
-    c.wait_for(
-        "the sleeper's Bash call",
-        Duration::from_secs(30),
-        &format!(
-            "SELECT count(*) > 0 FROM entries WHERE job_id = '{job}' AND kind = 'assistant' AND body LIKE '%sleep 5%'"
-        ),
-    )
-    .await;
+    let (mut c, job) = sleeping_job().await;
     let sent = c.flower(&["cancel", &job]);
     assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
     c.wait_job(&job, "cancelled").await;
