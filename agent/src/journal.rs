@@ -92,6 +92,15 @@ impl TranscriptWriter {
         }
     }
 
+    /// What is queued, taken out uncommitted (for a caller committing it with more).
+    pub fn take(&mut self) -> Batch {
+        std::mem::take(&mut self.pending)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     /// Commit everything queued, in one transaction.
     pub async fn flush(&mut self) -> Result<Written, StoreError> {
         let batch = std::mem::take(&mut self.pending);

@@ -109,6 +109,8 @@ pub struct AgentSession {
     journal: Journal,
     cancel: CancellationToken,
     observer: Option<Observer>,
+    /// Set by [`AgentSession::with_held_answer`]: the final answer's batch.
+    held: Option<std::sync::Mutex<Option<flower_store::Batch>>>,
 }
 
 impl AgentSession {
@@ -131,6 +133,7 @@ impl AgentSession {
             inbox: None,
             limits: None,
             handoff: None,
+            held: None,
         }
     }
 
@@ -150,6 +153,23 @@ impl AgentSession {
     pub fn with_inbox(mut self, inbox: Inbox) -> Self {
         self.inbox = Some(inbox);
         self
+    }
+
+    /// Defer the session's edge writes to its caller (a worker ending a
+    /// task): the first turn's input is committed with the first answer (a
+    /// model call is no effect to flush for: a crash before it only repeats
+    /// it), and a final answer is not committed but held, for
+    /// [`AgentSession::take_held`], to be committed with the task's end in
+    /// one transaction. Every other outcome, and a failure, commits as usual.
+    pub fn with_held_answer(mut self) -> Self {
+        self.held = Some(Default::default());
+        self
+    }
+
+    /// The final answer's uncommitted batch (entries, events, usage), once,
+    /// after [`AgentSession::run`] answered with [`AgentSession::with_held_answer`] set.
+    pub fn take_held(&self) -> Option<flower_store::Batch> {
+        self.held.as_ref().and_then(|h| h.lock().unwrap_or_else(|p| p.into_inner()).take())
     }
 
     /// Observe stream progress of every model call.
@@ -177,23 +197,48 @@ impl AgentSession {
         if let Some(content) = input {
             run.push(self.entry(EntryKind::User, content));
         }
-        run.w.flush().await?;
+        if self.held.is_none() {
+            run.w.flush().await?;
+        }
+        let outcome = self.turns(&mut run).await;
+        match (&outcome, &self.held) {
+            // The caller commits the answer with what depends on it.
+            (Ok(Outcome::Answered { .. }), Some(held)) => {
+                *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.w.take());
+            }
+            (Ok(_), _) => {
+                run.w.flush().await?;
+            }
+            // Best effort: what was queued before the failure (the first
+            // turn's input when writes are deferred) is still worth keeping.
+            (Err(_), _) => {
+                if !run.w.is_empty()
+                    && let Err(e) = run.w.flush().await
+                {
+                    tracing::warn!(error = %e, "entries queued before the failure not stored");
+                }
+            }
+        }
+        outcome
+    }
+
+    /// The turn loop of [`AgentSession::run`]. A final answer is left queued
+    /// (the caller of this commits it, or holds it).
+    async fn turns(&self, run: &mut Run) -> Result<Outcome, AgentError> {
         loop {
-            if let Some(outcome) = self.stop_before_turn(&mut run).await? {
+            if let Some(outcome) = self.stop_before_turn(run).await? {
                 return Ok(outcome);
             }
-            self.drain_inbox(&mut run).await?;
+            self.drain_inbox(run).await?;
             run.turns += 1;
-            let rewrite = self.plan_rewrite(&mut run);
-            let request = self.build_request(&mut run);
+            let rewrite = self.plan_rewrite(run);
+            let request = self.build_request(run);
             let turn_span = tracing::info_span!("turn", turn = run.turns);
-            let (response, dropped) = match self.send(&run, &request, turn_span.clone()).await? {
+            let (response, dropped) = match self.send(run, &request, turn_span.clone()).await? {
                 ControlFlow::Continue(sent) => sent,
                 ControlFlow::Break(outcome) => return Ok(outcome),
             };
-            let calls = self.record_response(&mut run, &response, dropped, rewrite);
-            // The assistant turn is durable before any tool acts on it.
-            run.w.flush().await?;
+            let calls = self.record_response(run, &response, dropped, rewrite);
             if calls.is_empty() {
                 return Ok(Outcome::Answered {
                     text: answer_text(&response.content),
@@ -201,8 +246,10 @@ impl AgentSession {
                     usage: run.usage,
                 });
             }
+            // The assistant turn is durable before any tool acts on it.
+            run.w.flush().await?;
             let results = tracing::Instrument::instrument(self.run_calls(&calls), turn_span).await?;
-            self.record_results(&mut run, &calls, results);
+            self.record_results(run, &calls, results);
             run.w.flush().await?;
         }
     }

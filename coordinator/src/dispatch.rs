@@ -63,8 +63,77 @@ impl From<DispatchError> for flower_agent::ToolError {
     }
 }
 
+/// A task row waiting for the next write, and who waits for it.
+type PendingTask = (Task, tokio::sync::oneshot::Sender<Result<(Task, bool), StoreError>>);
+
+/// Group commit of task rows: the calls of one turn arrive together, and
+/// every row of a job's write waits for the job's event counter, so the rows
+/// that arrive while a write is under way go in the next one — one
+/// transaction for a fan-out, not one each. The writer runs as its own task:
+/// a caller that stops waiting stops no one else's write.
+struct TaskWriter {
+    journal: Journal,
+    /// Rows not yet written, and whether a writer is running.
+    state: std::sync::Mutex<(Vec<PendingTask>, bool)>,
+}
+
+impl TaskWriter {
+    async fn create(self: &Arc<Self>, task: Task) -> Result<(Task, bool), StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let start = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.0.push((task, tx));
+            !std::mem::replace(&mut state.1, true)
+        };
+        if start {
+            tokio::spawn(self.clone().drain());
+        }
+        rx.await.map_err(|_| StoreError::Backend("the task writer stopped".into()))?
+    }
+
+    async fn drain(self: Arc<Self>) {
+        loop {
+            let batch = {
+                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                if state.0.is_empty() {
+                    state.1 = false;
+                    return;
+                }
+                std::mem::take(&mut state.0)
+            };
+            let (tasks, waiters): (Vec<Task>, Vec<_>) = batch.into_iter().unzip();
+            let store = self.journal.store();
+            match store.create_tasks(tasks.clone(), self.journal.fence()).await {
+                Ok((rows, written)) => {
+                    self.journal.announce(&written).await;
+                    for (waiter, row) in waiters.into_iter().zip(rows) {
+                        let _ = waiter.send(Ok(row));
+                    }
+                }
+                // One row that can never be stored (a NUL byte in a mandate)
+                // must not fail its siblings: each is written alone.
+                Err(StoreError::Invalid(_)) if tasks.len() > 1 => {
+                    for (task, waiter) in tasks.into_iter().zip(waiters) {
+                        let one = store.create_task(task, self.journal.fence()).await;
+                        if let Ok((_, _, written)) = &one {
+                            self.journal.announce(written).await;
+                        }
+                        let _ = waiter.send(one.map(|(t, created, _)| (t, created)));
+                    }
+                }
+                Err(e) => {
+                    for waiter in waiters {
+                        let _ = waiter.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+}
+
 pub struct Dispatcher {
     journal: Journal,
+    tasks: Arc<TaskWriter>,
     queue: Arc<dyn TaskQueue>,
     workspace: Workspace,
     /// Changesets are applied one at a time.
@@ -92,6 +161,7 @@ pub struct Delegation<'a> {
 impl Dispatcher {
     pub fn new(journal: Journal, queue: Arc<dyn TaskQueue>, workspace: Workspace, epoch: i64, sweep: Sweep) -> Self {
         Self {
+            tasks: Arc::new(TaskWriter { journal: journal.clone(), state: Default::default() }),
             journal,
             queue,
             workspace,
@@ -170,9 +240,8 @@ impl Dispatcher {
     pub async fn dispatch(&self, d: &Delegation<'_>) -> Result<Task, DispatchError> {
         let task = Task::queued(d.job, d.session, d.tool_use_id, d.worker, d.description, d.mandate);
         let id = task.id;
-        let (task, created, written) = self.journal.store().create_task(task, self.journal.fence()).await?;
-        // The row is committed before the message that points at it is published.
-        self.journal.announce(&written).await;
+        // The row is committed (and announced) before the message that points at it is published.
+        let (task, created) = self.tasks.create(task).await?;
         if !task.state.is_terminal() {
             self.queue
                 .publish(TaskMessage {

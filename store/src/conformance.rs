@@ -36,6 +36,9 @@ macro_rules! store_conformance_tests {
             cancelled_tasks_are_reported_in_dispatch_order,
             events_are_a_gapless_sequence,
             leases_fence_writes,
+            a_fan_out_is_created_in_one_write,
+            a_claim_opens_the_attempts_session,
+            a_final_batch_lands_with_the_end_or_not_at_all,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -381,6 +384,123 @@ pub async fn events_are_a_gapless_sequence(store: &dyn Store) {
     assert!(matches!(events[0].kind, EventKind::JobState { state: JobState::Queued, .. }));
     assert_eq!(store.events(job, 2, 100).await.unwrap().len(), 1, "reading from a cursor");
     assert_eq!(store.events(job, 0, 2).await.unwrap().len(), 2, "limit is honoured");
+}
+
+pub async fn a_fan_out_is_created_in_one_write(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let session = SessionId::random();
+    let before = task(job, session, "toolu_0");
+    store.create_task(before.clone(), None).await.unwrap();
+    let tasks: Vec<Task> = (0..5).map(|i| task(job, session, &format!("toolu_{i}"))).collect();
+    let (out, written) = store.create_tasks(tasks.clone(), None).await.unwrap();
+    assert_eq!(out.iter().map(|(t, _)| t.id).collect::<Vec<_>>(), tasks.iter().map(|t| t.id).collect::<Vec<_>>());
+    assert_eq!(out.iter().map(|(_, c)| *c).collect::<Vec<_>>(), vec![false, true, true, true, true], "toolu_0 existed");
+    assert!(out.iter().all(|(t, _)| t.state == TaskState::Queued));
+    let queued: Vec<TaskId> = written
+        .events
+        .iter()
+        .map(|e| match &e.kind {
+            EventKind::TaskQueued { task, .. } => *task,
+            other => panic!("unexpected event {other:?}"),
+        })
+        .collect();
+    assert_eq!(queued, tasks[1..].iter().map(|t| t.id).collect::<Vec<_>>(), "one event per new task, in order");
+    let seqs: Vec<i64> = written.events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, vec![3, 4, 5, 6], "numbered after the job's and the first task's events");
+    assert_eq!(store.tasks(job).await.unwrap().len(), 5);
+    let (again, written) = store.create_tasks(tasks, None).await.unwrap();
+    assert!(again.iter().all(|(_, c)| !c) && written.events.is_empty(), "a retried fan-out creates nothing");
+    assert!(store.create_tasks(Vec::new(), None).await.unwrap().0.is_empty());
+}
+
+pub async fn a_claim_opens_the_attempts_session(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let t = task(job, SessionId::random(), "toolu_a");
+    store.create_task(t.clone(), None).await.unwrap();
+    let session = Session {
+        id: t.id.session(),
+        job_id: job,
+        role: Role::Worker,
+        label: "w".into(),
+        task_id: Some(t.id),
+        created_at: now_ms(),
+    };
+    let Claim::Claimed { events, .. } = store.claim_task_opening(t.id, 1, "w1", Some(session.clone())).await.unwrap()
+    else {
+        panic!("first claim")
+    };
+    assert!(matches!(events[0].kind, EventKind::TaskStarted { .. }), "{events:?}");
+    assert!(matches!(events[1].kind, EventKind::SessionStarted { .. }), "{events:?}");
+    assert_eq!(events[1].seq, events[0].seq + 1);
+    assert_eq!(store.get_session(session.id).await.unwrap().task_id, Some(t.id));
+    let Claim::Claimed { events, .. } = store.claim_task_opening(t.id, 2, "w2", Some(session.clone())).await.unwrap()
+    else {
+        panic!("redelivery")
+    };
+    assert_eq!(events.len(), 1, "the session exists already: only the claim's event");
+    let other = task(job, SessionId::random(), "toolu_b");
+    store.create_task(other.clone(), None).await.unwrap();
+    store.claim_task(other.id, 2, "w").await.unwrap();
+    let stale = Session { id: other.id.session(), task_id: Some(other.id), ..session };
+    assert_eq!(
+        store.claim_task_opening(other.id, 1, "late", Some(stale.clone())).await.unwrap(),
+        Claim::Superseded { current_attempt: 2 }
+    );
+    assert!(matches!(store.get_session(stale.id).await, Err(StoreError::NotFound(_))), "a refused claim opens nothing");
+}
+
+pub async fn a_final_batch_lands_with_the_end_or_not_at_all(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let t = task(job, SessionId::random(), "toolu_a");
+    store.create_task(t.clone(), None).await.unwrap();
+    let sid = t.id.session();
+    let session = Session {
+        id: sid,
+        job_id: job,
+        role: Role::Worker,
+        label: "w".into(),
+        task_id: Some(t.id),
+        created_at: now_ms(),
+    };
+    store.claim_task_opening(t.id, 1, "w1", Some(session)).await.unwrap();
+    store.claim_task(t.id, 2, "w2").await.unwrap();
+    let answer = |text: &str| Entry::new(job, sid, None, EntryKind::Assistant, vec![ContentBlock::text(text)]);
+    let usage = Usage { output_tokens: 5, ..Default::default() };
+    let batch = |text: &str| Batch {
+        entries: vec![answer(text)],
+        events: vec![(job, EventKind::Spill { session: sid, tool: "Bash".into(), path: "p".into(), chars: 1 })],
+        usage: Some((job, usage)),
+        fence: None,
+    };
+    let stale =
+        store.finish_task_with(t.id, 1, TaskOutcome::Succeeded { report: "old".into() }, usage, batch("old")).await;
+    assert!(matches!(stale, Err(StoreError::Superseded { .. })), "{stale:?}");
+    assert!(store.entries(sid, 0, 10).await.unwrap().is_empty(), "a refused end stores none of its batch");
+    assert_eq!(store.get_job(job).await.unwrap().usage.output_tokens, 0, "nor its usage");
+    let (done, written) = store
+        .finish_task_with(t.id, 2, TaskOutcome::Succeeded { report: "new".into() }, usage, batch("new"))
+        .await
+        .unwrap();
+    assert_eq!(done.state, TaskState::Succeeded);
+    assert_eq!(written.entry_seqs, vec![1]);
+    assert!(matches!(written.events[0].kind, EventKind::Spill { .. }), "the batch's events first");
+    assert!(matches!(written.events[1].kind, EventKind::TaskFinished { .. }), "then the end");
+    assert_eq!(written.events[1].seq, written.events[0].seq + 1);
+    let stored = store.entries(sid, 0, 10).await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(result_or_text(&stored[0]), "new");
+    assert_eq!(store.get_job(job).await.unwrap().usage.output_tokens, 5, "the turn's usage counted once");
+    assert_eq!(store.get_task(t.id).await.unwrap().usage.output_tokens, 5);
+}
+
+fn result_or_text(e: &Entry) -> String {
+    e.content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 pub async fn leases_fence_writes(store: &dyn Store) {

@@ -45,7 +45,7 @@ pub use workbench::Workbench;
 /// Errors of this crate, each saying what happened (docs/design.md section 9). None
 /// is retryable by blind repetition except [`StoreError::Backend`], which may
 /// be transient (connection loss).
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The referenced job, task or session does not exist. Not retryable.
     #[error("{0} not found")]
@@ -207,12 +207,33 @@ pub trait Store: Send + Sync + 'static {
     // ---- tasks
     /// Insert a task (state `queued`) with its event; an existing task with the
     /// same (derived) id is returned unchanged with `false`.
-    async fn create_task(&self, task: Task, fence: Option<Fence>) -> Result<(Task, bool, Written)>;
+    async fn create_task(&self, task: Task, fence: Option<Fence>) -> Result<(Task, bool, Written)> {
+        let (mut tasks, written) = self.create_tasks(vec![task], fence).await?;
+        let (task, created) = tasks.pop().ok_or_else(|| StoreError::Corrupt("no task returned".into()))?;
+        Ok((task, created, written))
+    }
+    /// [`Store::create_task`] for several tasks (a fan-out's), in one
+    /// transaction: the stored rows in the order given, each with whether it
+    /// was created now, and the `task_queued` events of the new ones in that order.
+    async fn create_tasks(&self, tasks: Vec<Task>, fence: Option<Fence>) -> Result<(Vec<(Task, bool)>, Written)>;
     async fn get_task(&self, id: TaskId) -> Result<Task>;
     async fn tasks(&self, job: JobId) -> Result<Vec<Task>>;
     /// Claim `attempt` of a task for `worker_id` (compare-and-set): succeeds only
     /// if the task has not ended and no later attempt holds it ([`rules::claim`]).
-    async fn claim_task(&self, id: TaskId, attempt: u32, worker_id: &str) -> Result<Claim>;
+    async fn claim_task(&self, id: TaskId, attempt: u32, worker_id: &str) -> Result<Claim> {
+        self.claim_task_opening(id, attempt, worker_id, None).await
+    }
+    /// [`Store::claim_task`], and when the attempt is claimed, register
+    /// `session` (the attempt's transcript; idempotent, as
+    /// [`Store::create_session`]) in the same transaction: the claim's events
+    /// then end with the session's start when it is new.
+    async fn claim_task_opening(
+        &self,
+        id: TaskId,
+        attempt: u32,
+        worker_id: &str,
+        session: Option<Session>,
+    ) -> Result<Claim>;
     /// End the task from `attempt`, recording its usage on the task (the job's
     /// total already counted it turn by turn). Rejected with
     /// [`StoreError::Superseded`] if a later attempt holds the task,
@@ -225,6 +246,21 @@ pub trait Store: Send + Sync + 'static {
         attempt: u32,
         outcome: TaskOutcome,
         usage: Usage,
+    ) -> Result<(Task, Written)> {
+        self.finish_task_with(id, attempt, outcome, usage, Batch::default()).await
+    }
+    /// Commit `batch` (the attempt's last entries, events and usage) and end
+    /// the task as [`Store::finish_task`] does, in one transaction: both land
+    /// or neither does (a refused end leaves the batch unstored). The batch's
+    /// events come before the task's end; the entries' numbers are in the
+    /// returned [`Written`].
+    async fn finish_task_with(
+        &self,
+        id: TaskId,
+        attempt: u32,
+        outcome: TaskOutcome,
+        usage: Usage,
+        batch: Batch,
     ) -> Result<(Task, Written)>;
     /// Record that `attempt` is still running (a worker's heartbeat): the
     /// task's `updated_at` moves on. `false` when that attempt no longer holds

@@ -219,33 +219,121 @@ async fn write_tasks(tx: &Transaction<'_>, tasks: &[&Task]) -> Result<()> {
 /// Store task changes and number their events, in the changes' order.
 async fn apply_task_changes(tx: &Transaction<'_>, changes: Vec<TaskChange>) -> Result<Vec<Event>> {
     write_tasks(tx, &changes.iter().map(|c| &c.task).collect::<Vec<_>>()).await?;
-    write_events(tx, changes.into_iter().map(|c| (c.task.job_id, c.event)).collect()).await
+    write_events(tx, changes.into_iter().map(|c| (c.task.job_id, c.event)).collect(), None).await
 }
 
-/// Store one task change; the stored row and its numbered event.
-async fn apply_task_change(tx: &Transaction<'_>, change: TaskChange) -> Result<(Task, Vec<Event>)> {
-    write_tasks(tx, &[&change.task]).await?;
-    let events = write_events(tx, vec![(change.task.job_id, change.event)]).await?;
-    Ok((change.task, events))
+/// Insert a session row (idempotent); its start event when it is new.
+async fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Option<(JobId, EventKind)>> {
+    let n = tx
+        .execute(
+            "INSERT INTO sessions (id, job_id, role, label, task_id, created_at) VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (id) DO NOTHING",
+            &[
+                &session.id.0,
+                &session.job_id.0,
+                &session.role.as_str(),
+                &session.label,
+                &session.task_id.map(|t| t.0),
+                &session.created_at,
+            ],
+        )
+        .await?;
+    Ok((n == 1).then(|| (session.job_id, rules::session_started(session))))
 }
 
-/// Append events, numbering them from the job's counter (one round trip for
-/// the numbers, one for the rows).
-async fn write_events(tx: &Transaction<'_>, events: Vec<(JobId, EventKind)>) -> Result<Vec<Event>> {
+/// Number entries from their session rows' counters and insert them in one
+/// statement; their numbers, in order.
+async fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<i64>> {
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut per_session: BTreeMap<SessionId, i64> = BTreeMap::new();
+    for e in &entries {
+        *per_session.entry(e.session_id).or_default() += 1;
+    }
+    let mut next: BTreeMap<SessionId, i64> = BTreeMap::new();
+    for (session, n) in per_session {
+        let row = tx
+            .query_opt(
+                "UPDATE sessions SET next_entry_seq = next_entry_seq + $2 WHERE id = $1 RETURNING next_entry_seq",
+                &[&session.0, &n],
+            )
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("session {session}")))?;
+        next.insert(session, row.get::<_, i64>(0) - n + 1);
+    }
+    let (mut sessions, mut seqs, mut uuids, mut jobs, mut kinds, mut bodies, mut ats) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    for mut entry in entries {
+        let seq = next.get_mut(&entry.session_id).map(|s| {
+            *s += 1;
+            *s - 1
+        });
+        let seq = seq.ok_or_else(|| StoreError::NotFound(format!("session {}", entry.session_id)))?;
+        entry.seq = seq;
+        sessions.push(entry.session_id.0);
+        seqs.push(seq);
+        uuids.push(entry.uuid);
+        jobs.push(entry.job_id.0);
+        kinds.push(json(&entry.kind)?.as_str().unwrap_or_default().to_string());
+        bodies.push(serde_json::to_string(&entry).map_err(corrupt)?);
+        ats.push(entry.created_at);
+    }
+    tx.execute(
+        "INSERT INTO entries (session_id, seq, uuid, job_id, kind, body, created_at)
+         SELECT * FROM UNNEST($1::uuid[], $2::bigint[], $3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::bigint[])",
+        &[&sessions, &seqs, &uuids, &jobs, &kinds, &bodies, &ats],
+    )
+    .await?;
+    Ok(seqs)
+}
+
+/// Append events, numbering them from the job's counter, and add `usage` to
+/// its job's total. The job row is locked last in every writing transaction
+/// (by the first statement here), so it is held for as short a time as the
+/// commit allows: one round trip for the numbers (and the usage), one for the rows.
+async fn write_events(
+    tx: &Transaction<'_>,
+    events: Vec<(JobId, EventKind)>,
+    usage: Option<(JobId, Usage)>,
+) -> Result<Vec<Event>> {
     let mut by_job: BTreeMap<JobId, Vec<EventKind>> = BTreeMap::new();
+    if let Some((job, _)) = usage {
+        by_job.entry(job).or_default();
+    }
     for (job, kind) in events {
         by_job.entry(job).or_default().push(kind);
     }
     let mut out = Vec::new();
     for (job, kinds) in by_job {
         let n = kinds.len() as i64;
-        let row = tx
-            .query_opt(
-                "UPDATE jobs SET next_event_seq = next_event_seq + $2 WHERE id = $1 RETURNING next_event_seq",
-                &[&job.0, &n],
-            )
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
+        let row = match usage.filter(|(j, _)| *j == job) {
+            None => tx
+                .query_opt(
+                    "UPDATE jobs SET next_event_seq = next_event_seq + $2 WHERE id = $1 RETURNING next_event_seq",
+                    &[&job.0, &n],
+                )
+                .await?
+                .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?,
+            Some((_, usage)) => {
+                // Usage is a JSON document: read under the lock, add, store with the counter.
+                let row = tx
+                    .query_opt("SELECT usage FROM jobs WHERE id = $1 FOR UPDATE", &[&job.0])
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
+                let mut total: Usage = from_json(row.get(0))?;
+                total.add(&usage);
+                tx.query_one(
+                    "UPDATE jobs SET next_event_seq = next_event_seq + $2, usage = $3, updated_at = $4 WHERE id = $1
+                     RETURNING next_event_seq",
+                    &[&job.0, &n, &json(&total)?, &now_ms()],
+                )
+                .await?
+            }
+        };
+        if n == 0 {
+            continue;
+        }
         let last: i64 = row.get(0);
         let at = now_ms();
         let (mut jobs, mut seqs, mut ats, mut names, mut payloads) = (vec![], vec![], vec![], vec![], vec![]);
@@ -267,18 +355,6 @@ async fn write_events(tx: &Transaction<'_>, events: Vec<(JobId, EventKind)>) -> 
     }
     out.sort_by_key(|e| (e.job_id, e.seq));
     Ok(out)
-}
-
-async fn add_usage(tx: &Transaction<'_>, job: JobId, usage: &Usage) -> Result<()> {
-    let row = tx
-        .query_opt("SELECT usage FROM jobs WHERE id = $1 FOR UPDATE", &[&job.0])
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
-    let mut total: Usage = from_json(row.get(0))?;
-    total.add(usage);
-    tx.execute("UPDATE jobs SET usage = $2, updated_at = $3 WHERE id = $1", &[&job.0, &json(&total)?, &now_ms()])
-        .await?;
-    Ok(())
 }
 
 const JOB_COLS: &str = "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at";
@@ -377,7 +453,7 @@ impl Store for PostgresStore {
                         tx.query_one("SELECT id FROM jobs WHERE idempotency_key = $1", &[&job.idempotency_key]).await?;
                     return Ok((load_job(tx, JobId(row.get(0))).await?, false));
                 }
-                write_events(tx, vec![(job.id, rules::job_created())]).await?;
+                write_events(tx, vec![(job.id, rules::job_created())], None).await?;
                 Ok((load_job(tx, job.id).await?, true))
             })
         })
@@ -445,7 +521,7 @@ impl Store for PostgresStore {
                     &[&id.0, &job.state.as_str(), &job.reason, &job.final_answer, &job.updated_at],
                 )
                 .await?;
-                Ok(written(write_events(tx, vec![(id, change.event)]).await?))
+                Ok(written(write_events(tx, vec![(id, change.event)], None).await?))
             })
         })
         .await
@@ -467,24 +543,8 @@ impl Store for PostgresStore {
     async fn create_session(&self, session: Session) -> Result<Written> {
         self.tx(move |tx| {
             Box::pin(async move {
-                let n = tx
-                    .execute(
-                        "INSERT INTO sessions (id, job_id, role, label, task_id, created_at) VALUES ($1, $2, $3, $4, $5, $6)
-                         ON CONFLICT (id) DO NOTHING",
-                        &[
-                            &session.id.0,
-                            &session.job_id.0,
-                            &session.role.as_str(),
-                            &session.label,
-                            &session.task_id.map(|t| t.0),
-                            &session.created_at,
-                        ],
-                    )
-                    .await?;
-                if n == 0 {
-                    return Ok(Written::default());
-                }
-                Ok(written(write_events(tx, vec![(session.job_id, rules::session_started(&session))]).await?))
+                let Some(event) = insert_session(tx, &session).await? else { return Ok(Written::default()) };
+                Ok(written(write_events(tx, vec![event], None).await?))
             })
         })
         .await
@@ -518,54 +578,9 @@ impl Store for PostgresStore {
         self.tx(move |tx| {
             Box::pin(async move {
                 check_fence(tx, batch.fence).await?;
-                let mut out = Written::default();
-                // Number the entries per session from the session rows' counters.
-                let mut per_session: BTreeMap<SessionId, i64> = BTreeMap::new();
-                for e in &batch.entries {
-                    *per_session.entry(e.session_id).or_default() += 1;
-                }
-                let mut next: BTreeMap<SessionId, i64> = BTreeMap::new();
-                for (session, n) in per_session {
-                    let row = tx
-                        .query_opt(
-                            "UPDATE sessions SET next_entry_seq = next_entry_seq + $2 WHERE id = $1 RETURNING next_entry_seq",
-                            &[&session.0, &n],
-                        )
-                        .await?
-                        .ok_or_else(|| StoreError::NotFound(format!("session {session}")))?;
-                    next.insert(session, row.get::<_, i64>(0) - n + 1);
-                }
-                let (mut sessions, mut seqs, mut uuids, mut jobs, mut kinds, mut bodies, mut ats) =
-                    (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
-                for mut entry in batch.entries {
-                    let seq = next.get_mut(&entry.session_id).map(|s| {
-                        *s += 1;
-                        *s - 1
-                    });
-                    let seq = seq.ok_or_else(|| StoreError::NotFound(format!("session {}", entry.session_id)))?;
-                    entry.seq = seq;
-                    sessions.push(entry.session_id.0);
-                    seqs.push(seq);
-                    uuids.push(entry.uuid);
-                    jobs.push(entry.job_id.0);
-                    kinds.push(json(&entry.kind)?.as_str().unwrap_or_default().to_string());
-                    bodies.push(serde_json::to_string(&entry).map_err(corrupt)?);
-                    ats.push(entry.created_at);
-                    out.entry_seqs.push(seq);
-                }
-                if !sessions.is_empty() {
-                    tx.execute(
-                        "INSERT INTO entries (session_id, seq, uuid, job_id, kind, body, created_at)
-                         SELECT * FROM UNNEST($1::uuid[], $2::bigint[], $3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::bigint[])",
-                        &[&sessions, &seqs, &uuids, &jobs, &kinds, &bodies, &ats],
-                    )
-                    .await?;
-                }
-                if let Some((job, usage)) = batch.usage {
-                    add_usage(tx, job, &usage).await?;
-                }
-                out.events = write_events(tx, batch.events).await?;
-                Ok(out)
+                let entry_seqs = write_entries(tx, batch.entries).await?;
+                let events = write_events(tx, batch.events, batch.usage).await?;
+                Ok(Written { events, entry_seqs })
             })
         })
         .await
@@ -582,35 +597,60 @@ impl Store for PostgresStore {
         rows.iter().map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt)).collect()
     }
 
-    async fn create_task(&self, task: Task, fence: Option<Fence>) -> Result<(Task, bool, Written)> {
+    async fn create_tasks(&self, tasks: Vec<Task>, fence: Option<Fence>) -> Result<(Vec<(Task, bool)>, Written)> {
+        if tasks.is_empty() {
+            return Ok((Vec::new(), Written::default()));
+        }
         self.tx(move |tx| {
             Box::pin(async move {
                 check_fence(tx, fence).await?;
-                let n = tx
-                    .execute(
-                        &format!(
-                            "INSERT INTO tasks ({TASK_COLS}) VALUES
-                             ($1, $2, $3, $4, $5, $6, $7, 'queued', 0, NULL, NULL, NULL, $8, $9, $9)
-                             ON CONFLICT (id) DO NOTHING"
-                        ),
-                        &[
-                            &task.id.0,
-                            &task.job_id.0,
-                            &task.parent_session.0,
-                            &task.tool_use_id,
-                            &task.worker,
-                            &task.mandate,
-                            &task.description,
-                            &json(&Usage::default())?,
-                            &now_ms(),
-                        ],
-                    )
-                    .await?;
-                if n == 0 {
-                    return Ok((load_task(tx, task.id).await?, false, Written::default()));
+                let now = now_ms();
+                let no_usage = json(&Usage::default())?;
+                let (mut ids, mut jobs, mut parents, mut calls, mut workers, mut mandates, mut descriptions) =
+                    (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+                for t in &tasks {
+                    ids.push(t.id.0);
+                    jobs.push(t.job_id.0);
+                    parents.push(t.parent_session.0);
+                    calls.push(t.tool_use_id.as_str());
+                    workers.push(t.worker.as_str());
+                    mandates.push(t.mandate.as_str());
+                    descriptions.push(t.description.as_str());
                 }
-                let events = write_events(tx, vec![(task.job_id, rules::task_queued(&task))]).await?;
-                Ok((load_task(tx, task.id).await?, true, written(events)))
+                // One statement for all rows; a row already there (a retried
+                // call) is left as it is and reported as not created.
+                let created: std::collections::HashSet<Uuid> = tx
+                    .query(
+                        &format!(
+                            "INSERT INTO tasks ({TASK_COLS})
+                             SELECT u.id, u.job_id, u.parent_session, u.tool_use_id, u.worker, u.mandate, u.description,
+                               'queued', 0, NULL, NULL, NULL, $8, $9, $9
+                             FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[])
+                               AS u (id, job_id, parent_session, tool_use_id, worker, mandate, description)
+                             ON CONFLICT (id) DO NOTHING RETURNING id"
+                        ),
+                        &[&ids, &jobs, &parents, &calls, &workers, &mandates, &descriptions, &no_usage, &now],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                let rows = tx.query(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1)"), &[&ids]).await?;
+                let mut stored: std::collections::HashMap<Uuid, Task> =
+                    rows.iter().map(|r| decode_task(r).map(|t| (t.id.0, t))).collect::<Result<_>>()?;
+                let mut out = Vec::with_capacity(tasks.len());
+                let mut events = Vec::new();
+                let mut seen = std::collections::HashSet::new();
+                for t in &tasks {
+                    let row = stored.get(&t.id.0).cloned().ok_or_else(|| StoreError::NotFound(format!("task {}", t.id)))?;
+                    let new = created.contains(&t.id.0) && seen.insert(t.id.0);
+                    if new {
+                        events.push((t.job_id, rules::task_queued(t)));
+                    }
+                    out.push((row, new));
+                }
+                stored.clear();
+                Ok((out, written(write_events(tx, events, None).await?)))
             })
         })
         .await
@@ -628,7 +668,13 @@ impl Store for PostgresStore {
         rows.iter().map(decode_task).collect()
     }
 
-    async fn claim_task(&self, id: TaskId, attempt: u32, worker_id: &str) -> Result<Claim> {
+    async fn claim_task_opening(
+        &self,
+        id: TaskId,
+        attempt: u32,
+        worker_id: &str,
+        session: Option<Session>,
+    ) -> Result<Claim> {
         let worker_id = worker_id.to_string();
         self.tx(move |tx| {
             Box::pin(async move {
@@ -636,8 +682,13 @@ impl Store for PostgresStore {
                 match rules::claim(&task, attempt, &worker_id, now_ms()) {
                     ClaimDecision::Answer(answer) => Ok(answer),
                     ClaimDecision::Take(change) => {
-                        let (task, events) = apply_task_change(tx, change).await?;
-                        Ok(Claim::Claimed { task, events })
+                        write_tasks(tx, &[&change.task]).await?;
+                        let mut events = vec![(change.task.job_id, change.event)];
+                        if let Some(session) = &session {
+                            events.extend(insert_session(tx, session).await?);
+                        }
+                        let events = write_events(tx, events, None).await?;
+                        Ok(Claim::Claimed { task: change.task, events })
                     }
                 }
             })
@@ -645,19 +696,25 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn finish_task(
+    async fn finish_task_with(
         &self,
         id: TaskId,
         attempt: u32,
         outcome: TaskOutcome,
         usage: Usage,
+        batch: Batch,
     ) -> Result<(Task, Written)> {
         self.tx(move |tx| {
             Box::pin(async move {
+                check_fence(tx, batch.fence).await?;
                 let task = lock_task(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
                 let change = rules::finish(&task, attempt, outcome, usage, now_ms())?;
-                let (task, events) = apply_task_change(tx, change).await?;
-                Ok((task, written(events)))
+                let entry_seqs = write_entries(tx, batch.entries).await?;
+                write_tasks(tx, &[&change.task]).await?;
+                let mut events = batch.events;
+                events.push((change.task.job_id, change.event));
+                let events = write_events(tx, events, batch.usage).await?;
+                Ok((change.task, Written { events, entry_seqs }))
             })
         })
         .await

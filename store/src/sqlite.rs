@@ -186,6 +186,48 @@ fn apply_task_change(tx: &Transaction<'_>, change: TaskChange) -> Result<(Task, 
 
 const JOB_COLS: &str = "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at";
 
+/// Insert a session row (idempotent); its start event when it is new.
+fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Option<Event>> {
+    let n = tx.execute(
+        "INSERT OR IGNORE INTO sessions (id, job_id, role, label, task_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            session.id.to_string(),
+            session.job_id.to_string(),
+            session.role.as_str(),
+            session.label,
+            session.task_id.map(|t| t.to_string()),
+            session.created_at
+        ],
+    )?;
+    if n == 1 { Ok(Some(write_event(tx, session.job_id, rules::session_started(session))?)) } else { Ok(None) }
+}
+
+/// Number entries per session and insert them; their numbers, in order.
+fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<i64>> {
+    let mut seqs = Vec::with_capacity(entries.len());
+    let mut next_seq = tx.prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM entries WHERE session_id = ?1")?;
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO entries (session_id, seq, uuid, job_id, kind, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    for mut entry in entries {
+        let sid = entry.session_id.to_string();
+        let seq: i64 = next_seq.query_row(params![sid], |r| r.get(0))?;
+        entry.seq = seq;
+        let kind = json(&entry.kind)?;
+        insert.execute(params![
+            sid,
+            seq,
+            entry.uuid.to_string(),
+            entry.job_id.to_string(),
+            kind.trim_matches('"'),
+            json(&entry)?,
+            entry.created_at
+        ])?;
+        seqs.push(seq);
+    }
+    Ok(seqs)
+}
+
 fn job_row(r: &Row<'_>) -> rusqlite::Result<[Option<String>; 8]> {
     Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?])
 }
@@ -387,22 +429,7 @@ impl Store for SqliteStore {
 
     async fn create_session(&self, session: Session) -> Result<Written> {
         self.tx(move |tx| {
-            let n = tx.execute(
-                "INSERT OR IGNORE INTO sessions (id, job_id, role, label, task_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![
-                    session.id.to_string(),
-                    session.job_id.to_string(),
-                    session.role.as_str(),
-                    session.label,
-                    session.task_id.map(|t| t.to_string()),
-                    session.created_at
-                ],
-            )?;
-            let mut written = Written::default();
-            if n == 1 {
-                written.events.push(write_event(tx, session.job_id, rules::session_started(&session))?);
-            }
-            Ok(written)
+            Ok(Written { events: insert_session(tx, &session)?.into_iter().collect(), entry_seqs: vec![] })
         })
         .await
     }
@@ -441,29 +468,7 @@ impl Store for SqliteStore {
         }
         self.tx(move |tx| {
             check_fence(tx, batch.fence)?;
-            let mut written = Written::default();
-            {
-                let mut next_seq = tx.prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM entries WHERE session_id = ?1")?;
-                let mut insert = tx.prepare_cached(
-                    "INSERT INTO entries (session_id, seq, uuid, job_id, kind, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                )?;
-                for mut entry in batch.entries {
-                    let sid = entry.session_id.to_string();
-                    let seq: i64 = next_seq.query_row(params![sid], |r| r.get(0))?;
-                    entry.seq = seq;
-                    let kind = json(&entry.kind)?;
-                    insert.execute(params![
-                        sid,
-                        seq,
-                        entry.uuid.to_string(),
-                        entry.job_id.to_string(),
-                        kind.trim_matches('"'),
-                        json(&entry)?,
-                        entry.created_at
-                    ])?;
-                    written.entry_seqs.push(seq);
-                }
-            }
+            let mut written = Written { entry_seqs: write_entries(tx, batch.entries)?, events: vec![] };
             if let Some((job, usage)) = batch.usage {
                 add_usage(tx, job, &usage)?;
             }
@@ -487,30 +492,36 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn create_task(&self, task: Task, fence: Option<Fence>) -> Result<(Task, bool, Written)> {
+    async fn create_tasks(&self, tasks: Vec<Task>, fence: Option<Fence>) -> Result<(Vec<(Task, bool)>, Written)> {
         self.tx(move |tx| {
             check_fence(tx, fence)?;
-            let id = task.id.to_string();
-            if let Some(existing) = load_task(tx, &id)? {
-                return Ok((existing, false, Written::default()));
+            let mut out = Vec::with_capacity(tasks.len());
+            let mut written = Written::default();
+            for task in tasks {
+                let id = task.id.to_string();
+                if let Some(existing) = load_task(tx, &id)? {
+                    out.push((existing, false));
+                    continue;
+                }
+                tx.execute(
+                    &format!("INSERT INTO tasks ({TASK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', 0, NULL, NULL, NULL, ?8, ?9, ?9)"),
+                    params![
+                        id,
+                        task.job_id.to_string(),
+                        task.parent_session.to_string(),
+                        task.tool_use_id,
+                        task.worker,
+                        task.mandate,
+                        task.description,
+                        json(&Usage::default())?,
+                        now_ms()
+                    ],
+                )?;
+                written.events.push(write_event(tx, task.job_id, rules::task_queued(&task))?);
+                let stored = load_task(tx, &id)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+                out.push((stored, true));
             }
-            tx.execute(
-                &format!("INSERT INTO tasks ({TASK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', 0, NULL, NULL, NULL, ?8, ?9, ?9)"),
-                params![
-                    id,
-                    task.job_id.to_string(),
-                    task.parent_session.to_string(),
-                    task.tool_use_id,
-                    task.worker,
-                    task.mandate,
-                    task.description,
-                    json(&Usage::default())?,
-                    now_ms()
-                ],
-            )?;
-            let ev = write_event(tx, task.job_id, rules::task_queued(&task))?;
-            let stored = load_task(tx, &id)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-            Ok((stored, true, Written { events: vec![ev], entry_seqs: vec![] }))
+            Ok((out, written))
         })
         .await
     }
@@ -534,7 +545,13 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn claim_task(&self, id: TaskId, attempt: u32, worker_id: &str) -> Result<Claim> {
+    async fn claim_task_opening(
+        &self,
+        id: TaskId,
+        attempt: u32,
+        worker_id: &str,
+        session: Option<Session>,
+    ) -> Result<Claim> {
         let worker_id = worker_id.to_string();
         // The immediate transaction holds the write lock from the load on, so
         // the decision stands until it is stored.
@@ -544,25 +561,40 @@ impl Store for SqliteStore {
                 ClaimDecision::Answer(answer) => Ok(answer),
                 ClaimDecision::Take(change) => {
                     let (task, event) = apply_task_change(tx, change)?;
-                    Ok(Claim::Claimed { task, events: vec![event] })
+                    let mut events = vec![event];
+                    if let Some(session) = &session {
+                        events.extend(insert_session(tx, session)?);
+                    }
+                    Ok(Claim::Claimed { task, events })
                 }
             }
         })
         .await
     }
 
-    async fn finish_task(
+    async fn finish_task_with(
         &self,
         id: TaskId,
         attempt: u32,
         outcome: TaskOutcome,
         usage: Usage,
+        batch: Batch,
     ) -> Result<(Task, Written)> {
         self.tx(move |tx| {
+            check_fence(tx, batch.fence)?;
             let task = load_task(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
             let change = rules::finish(&task, attempt, outcome, usage, now_ms())?;
+            let entry_seqs = write_entries(tx, batch.entries)?;
+            if let Some((job, usage)) = batch.usage {
+                add_usage(tx, job, &usage)?;
+            }
+            let mut events = Vec::with_capacity(batch.events.len() + 1);
+            for (job, kind) in batch.events {
+                events.push(write_event(tx, job, kind)?);
+            }
             let (task, event) = apply_task_change(tx, change)?;
-            Ok((task, Written { events: vec![event], entry_seqs: vec![] }))
+            events.push(event);
+            Ok((task, Written { events, entry_seqs }))
         })
         .await
     }

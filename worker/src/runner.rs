@@ -21,7 +21,7 @@ use flower_model::{Entry, Job, JobId, JobSpec, Role, Session, Task, TaskOutcome,
 use flower_store::localfs::Manifest;
 use flower_store::workbench::MOUNT;
 use flower_store::workspace::Workspace;
-use flower_store::{Claim, StoreError, Workbench};
+use flower_store::{Batch, Claim, StoreError, Workbench};
 use object_store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
@@ -250,7 +250,10 @@ impl Worker {
         };
         if delivery.delivered() > self.opts.max_attempts {
             let error = format!("gave up after {} attempts (no worker finished the task)", self.opts.max_attempts);
-            let _ = match self.finish(&task, attempt, TaskOutcome::Failed { error }, Usage::default()).await {
+            let _ = match self
+                .finish(&task, attempt, TaskOutcome::Failed { error }, Usage::default(), Batch::default())
+                .await
+            {
                 Recorded::Settled => delivery.term().await,
                 Recorded::GaveUp => delivery.nak(Some(Duration::from_secs(1))).await,
             };
@@ -268,7 +271,7 @@ impl Worker {
         }
         metrics.worker_slots_busy.inc();
         let started = std::time::Instant::now();
-        let result = self.execute(&task, attempt, cancel.clone()).await;
+        let (result, held) = self.execute(&task, attempt, cancel.clone()).await;
         metrics.task_duration.observe(started.elapsed().as_secs_f64());
         metrics.worker_slots_busy.dec();
         metrics.task(match &result {
@@ -280,13 +283,18 @@ impl Worker {
         self.lock_running().entry(task.job_id).or_default().retain(|(id, _)| *id != task.id);
         // Cancelled: the store already ended the task.
         let recorded = match result {
-            _ if cancel.is_cancelled() => Recorded::Settled,
-            Ok((report, usage)) => self.finish(&task, attempt, TaskOutcome::Succeeded { report }, usage).await,
+            _ if cancel.is_cancelled() => {
+                self.keep(held).await;
+                Recorded::Settled
+            }
+            Ok((report, usage)) => self.finish(&task, attempt, TaskOutcome::Succeeded { report }, usage, held).await,
             Err((f, _)) if f.retryable => {
                 tracing::warn!(task = %task.id, attempt, reason = %f.reason, "attempt stopped by a transient failure; redelivering");
+                // A stored answer is taken up by the next attempt without a new model call.
+                self.keep(held).await;
                 Recorded::GaveUp
             }
-            Err((f, usage)) => self.finish(&task, attempt, TaskOutcome::Failed { error: f.reason }, usage).await,
+            Err((f, usage)) => self.finish(&task, attempt, TaskOutcome::Failed { error: f.reason }, usage, held).await,
         };
         beat.abort();
         let _ = match recorded {
@@ -301,11 +309,21 @@ impl Worker {
     /// not use up the message's deliveries.
     async fn claim(&self, delivery: &dyn Delivery, attempt: u32) -> Result<Claim, StoreError> {
         let store = self.journal.store();
-        let task = delivery.message().task_id;
+        let msg = delivery.message();
+        let task = msg.task_id;
+        // An agent task's transcript session is opened with the claim, in its transaction.
+        let session = (msg.worker != flower_model::job::COMMAND_TASK).then(|| Session {
+            id: task.session(),
+            job_id: msg.job_id,
+            role: Role::Worker,
+            label: msg.worker.clone(),
+            task_id: Some(task),
+            created_at: now_ms(),
+        });
         let give_up = tokio::time::Instant::now() + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
         loop {
-            match store.claim_task(task, attempt, &self.opts.worker_id).await {
+            match store.claim_task_opening(task, attempt, &self.opts.worker_id, session.clone()).await {
                 Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(%task, attempt, error = %e, "claim not recorded yet; retrying");
                     let _ = delivery.progress().await;
@@ -340,20 +358,34 @@ impl Worker {
     /// retried with backoff while the message is held (heartbeats go on);
     /// only a definite refusal (superseded, cancelled, fenced) settles without
     /// a write; a report that can never be stored fails the task instead.
-    async fn finish(&self, task: &Task, attempt: u32, mut outcome: TaskOutcome, usage: Usage) -> Recorded {
+    /// The held final batch (`held`: the answer's entries, events, usage) is
+    /// committed with the end, in one transaction.
+    async fn finish(
+        &self,
+        task: &Task,
+        attempt: u32,
+        mut outcome: TaskOutcome,
+        usage: Usage,
+        mut held: Batch,
+    ) -> Recorded {
         let store = self.journal.store();
         let give_up = tokio::time::Instant::now() + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
         loop {
-            match store.finish_task(task.id, attempt, outcome.clone(), usage).await {
+            match store.finish_task_with(task.id, attempt, outcome.clone(), usage, held.clone()).await {
                 Ok((_, written)) => {
                     self.journal.announce(&written).await;
                     let _ = self.journal.notifier().notify(Notice::TaskDone { job: task.job_id, task: task.id }).await;
                     return Recorded::Settled;
                 }
-                Err(StoreError::Invalid(m)) if matches!(outcome, TaskOutcome::Succeeded { .. }) => {
+                Err(StoreError::Invalid(m)) if matches!(outcome, TaskOutcome::Succeeded { .. }) || !held.is_empty() => {
+                    // The answer's entries hold the same text as the report:
+                    // neither can be stored, and the task fails saying why.
                     tracing::warn!(task = %task.id, attempt, error = %m, "report cannot be stored; failing the task");
-                    outcome = TaskOutcome::Failed { error: format!("the report could not be stored: {m}") };
+                    if let TaskOutcome::Succeeded { .. } = outcome {
+                        outcome = TaskOutcome::Failed { error: format!("the report could not be stored: {m}") };
+                    }
+                    held = Batch::default();
                 }
                 Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(task = %task.id, attempt, error = %e, "report not recorded yet; retrying");
@@ -373,26 +405,49 @@ impl Worker {
         }
     }
 
-    /// Run the worker agent for one attempt; the report, or why there is none.
+    /// Commit a held final batch without ending the task (best effort: a
+    /// lost one only means the next attempt asks the model again).
+    async fn keep(&self, held: Batch) {
+        if let Err(e) = self.journal.commit(held).await {
+            tracing::warn!(error = %e, "the final answer's entries not stored");
+        }
+    }
+
+    /// Run the worker agent for one attempt; the report, or why there is
+    /// none, and the final answer's uncommitted batch (see
+    /// [`AgentSession::with_held_answer`]).
     async fn execute(
         &self,
         task: &Task,
         attempt: u32,
         cancel: CancellationToken,
-    ) -> Result<(String, Usage), (Failure, Usage)> {
+    ) -> (Result<(String, Usage), (Failure, Usage)>, Batch) {
+        match self.execute_held(task, attempt, cancel).await {
+            Ok((result, held)) => (result, held),
+            Err(failure) => (Err(failure), Batch::default()),
+        }
+    }
+
+    async fn execute_held(
+        &self,
+        task: &Task,
+        attempt: u32,
+        cancel: CancellationToken,
+    ) -> Result<(Result<(String, Usage), (Failure, Usage)>, Batch), (Failure, Usage)> {
         let none = Usage::default();
         let job = self.journal.store().get_job(task.job_id).await.map_err(|e| (Failure::from(e), none))?;
         let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| (Failure::fatal(e.to_string()), none))?;
         let dir = self.open_dir(job.id, &spec, task, attempt).await.map_err(|f| (f, none))?;
         if task.worker == flower_model::job::COMMAND_TASK {
-            return self.run_command(task, attempt, &dir, cancel).await;
+            return Ok((self.run_command(task, attempt, &dir, cancel).await, Batch::default()));
         }
         let run = self.build_session(task, &job, &spec, &dir, cancel).await.map_err(|f| (f, none))?;
         let outcome = run.agent.run(run.history, run.input).await;
+        let held = run.agent.take_held().unwrap_or_default();
         run.mcp.close().await;
         // Whatever happened, what the task wrote is kept.
         let kept = self.close_dir(task, attempt, &dir).await;
-        report(task, outcome, kept)
+        Ok((report(task, outcome, kept), held))
     }
 
     /// A fresh working directory for the attempt (the workspace checked out,
@@ -448,6 +503,7 @@ impl Worker {
             job.created_at,
         );
         let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel)
+            .with_held_answer()
             .with_limits(limits)
             .with_observer(self.first_stream_observer(task));
         Ok(WorkerRun { agent, history, input, mcp })
@@ -458,18 +514,8 @@ impl Worker {
     /// under the mounted workbench, where the agent's `Read` finds them.
     async fn load_history(&self, task: &Task, spec: &JobSpec, workdir: &Path) -> Result<Vec<Entry>, Failure> {
         let store = self.journal.store();
+        // The session row was registered with the claim.
         let session = task.id.session();
-        let written = store
-            .create_session(Session {
-                id: session,
-                job_id: task.job_id,
-                role: Role::Worker,
-                label: task.worker.clone(),
-                task_id: Some(task.id),
-                created_at: now_ms(),
-            })
-            .await?;
-        self.journal.announce(&written).await;
         let stored = store.entries(session, 0, u32::MAX).await?;
         let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning, &flower_agent::glance::allows);
         if !stored.is_empty() {
