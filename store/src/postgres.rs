@@ -14,11 +14,13 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
+use deadpool_postgres::{GenericClient, Transaction};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use flower_model::{
     Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, Usage, now_ms,
 };
-use tokio_postgres::{GenericClient, NoTls, Row, Transaction};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
 use crate::rules::{self, ClaimDecision, TaskChange};
@@ -104,11 +106,12 @@ impl PostgresStore {
     /// The database's schema version (0 for a database flower never touched).
     pub async fn schema_version(&self) -> Result<i32> {
         let client = self.pool.get().await?;
-        let exists: bool = client.query_one("SELECT to_regclass('flower_migrations') IS NOT NULL", &[]).await?.get(0);
+        let exists: bool =
+            db_query_one(&client, "SELECT to_regclass('flower_migrations') IS NOT NULL", &[]).await?.get(0);
         if !exists {
             return Ok(0);
         }
-        Ok(client.query_one("SELECT coalesce(max(version), 0) FROM flower_migrations", &[]).await?.get(0))
+        Ok(db_query_one(&client, "SELECT coalesce(max(version), 0) FROM flower_migrations", &[]).await?.get(0))
     }
 
     /// Apply what is pending (`flower migrate`): the versions before and after.
@@ -121,14 +124,18 @@ impl PostgresStore {
     async fn migrate(&self) -> Result<()> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+        db_execute(&tx, "SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
         tx.batch_execute(migrations::VERSION_TABLE).await?;
         let applied: Vec<i32> =
-            tx.query("SELECT version FROM flower_migrations", &[]).await?.iter().map(|r| r.get(0)).collect();
+            db_query(&tx, "SELECT version FROM flower_migrations", &[]).await?.iter().map(|r| r.get(0)).collect();
         for (version, sql) in migrations::pending(migrations::POSTGRES, &applied)? {
             tx.batch_execute(sql).await?;
-            tx.execute("INSERT INTO flower_migrations (version, applied_at) VALUES ($1, $2)", &[&version, &now_ms()])
-                .await?;
+            db_execute(
+                &tx,
+                "INSERT INTO flower_migrations (version, applied_at) VALUES ($1, $2)",
+                &[&version, &now_ms()],
+            )
+            .await?;
             tracing::info!(version, "migration applied");
         }
         tx.commit().await?;
@@ -146,6 +153,28 @@ impl PostgresStore {
         tx.commit().await?;
         Ok(out)
     }
+}
+
+/// Every statement goes through the connection's statement cache: parsed and
+/// planned once per connection, then one round trip per execution.
+async fn db_query(c: &impl GenericClient, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+    let statement = c.prepare_cached(sql).await?;
+    Ok(c.query(&statement, params).await?)
+}
+
+async fn db_query_opt(c: &impl GenericClient, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
+    let statement = c.prepare_cached(sql).await?;
+    Ok(c.query_opt(&statement, params).await?)
+}
+
+async fn db_query_one(c: &impl GenericClient, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+    let statement = c.prepare_cached(sql).await?;
+    Ok(c.query_one(&statement, params).await?)
+}
+
+async fn db_execute(c: &impl GenericClient, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+    let statement = c.prepare_cached(sql).await?;
+    Ok(c.execute(&statement, params).await?)
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Result<serde_json::Value> {
@@ -166,20 +195,21 @@ where
 /// Reject the transaction unless `fence` still owns its job ([`rules::check_fence`]).
 async fn check_fence(tx: &Transaction<'_>, fence: Option<Fence>) -> Result<()> {
     let Some(f) = fence else { return Ok(()) };
-    let row = tx.query_opt("SELECT epoch FROM leases WHERE job_id = $1 FOR SHARE", &[&f.job.0]).await?;
+    let row = db_query_opt(tx, "SELECT epoch FROM leases WHERE job_id = $1 FOR SHARE", &[&f.job.0]).await?;
     rules::check_fence(f, row.map_or(0, |r| r.get(0)))
 }
 
 /// The job's lease row, locked for the decision about it.
 async fn lock_lease(tx: &Transaction<'_>, job: JobId) -> Result<Option<Lease>> {
     let row =
-        tx.query_opt("SELECT owner, epoch, expires_at FROM leases WHERE job_id = $1 FOR UPDATE", &[&job.0]).await?;
+        db_query_opt(tx, "SELECT owner, epoch, expires_at FROM leases WHERE job_id = $1 FOR UPDATE", &[&job.0]).await?;
     Ok(row.map(|r| Lease { job, owner: r.get(0), epoch: r.get(1), expires_at: r.get(2) }))
 }
 
 /// Store a lease row over the one [`lock_lease`] found.
 async fn update_lease(tx: &Transaction<'_>, lease: &Lease) -> Result<()> {
-    tx.execute(
+    db_execute(
+        tx,
         "UPDATE leases SET owner = $2, epoch = $3, expires_at = $4 WHERE job_id = $1",
         &[&lease.job.0, &lease.owner, &lease.epoch, &lease.expires_at],
     )
@@ -204,7 +234,7 @@ async fn write_tasks(tx: &Transaction<'_>, tasks: &[&Task]) -> Result<()> {
         usages.push(json(&t.usage)?);
         ats.push(t.updated_at);
     }
-    tx.execute(
+    db_execute(tx,
         "UPDATE tasks AS t SET state = u.state, attempt = u.attempt, claimed_by = u.claimed_by, report = u.report,
            error = u.error, usage = u.usage, updated_at = u.updated_at
          FROM UNNEST($1::uuid[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bigint[])
@@ -224,20 +254,20 @@ async fn apply_task_changes(tx: &Transaction<'_>, changes: Vec<TaskChange>) -> R
 
 /// Insert a session row (idempotent); its start event when it is new.
 async fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Option<(JobId, EventKind)>> {
-    let n = tx
-        .execute(
-            "INSERT INTO sessions (id, job_id, role, label, task_id, created_at) VALUES ($1, $2, $3, $4, $5, $6)
+    let n = db_execute(
+        tx,
+        "INSERT INTO sessions (id, job_id, role, label, task_id, created_at) VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (id) DO NOTHING",
-            &[
-                &session.id.0,
-                &session.job_id.0,
-                &session.role.as_str(),
-                &session.label,
-                &session.task_id.map(|t| t.0),
-                &session.created_at,
-            ],
-        )
-        .await?;
+        &[
+            &session.id.0,
+            &session.job_id.0,
+            &session.role.as_str(),
+            &session.label,
+            &session.task_id.map(|t| t.0),
+            &session.created_at,
+        ],
+    )
+    .await?;
     Ok((n == 1).then(|| (session.job_id, rules::session_started(session))))
 }
 
@@ -253,13 +283,13 @@ async fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<
     }
     let mut next: BTreeMap<SessionId, i64> = BTreeMap::new();
     for (session, n) in per_session {
-        let row = tx
-            .query_opt(
-                "UPDATE sessions SET next_entry_seq = next_entry_seq + $2 WHERE id = $1 RETURNING next_entry_seq",
-                &[&session.0, &n],
-            )
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("session {session}")))?;
+        let row = db_query_opt(
+            tx,
+            "UPDATE sessions SET next_entry_seq = next_entry_seq + $2 WHERE id = $1 RETURNING next_entry_seq",
+            &[&session.0, &n],
+        )
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("session {session}")))?;
         next.insert(session, row.get::<_, i64>(0) - n + 1);
     }
     let (mut sessions, mut seqs, mut uuids, mut jobs, mut kinds, mut bodies, mut ats) =
@@ -279,7 +309,8 @@ async fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<
         bodies.push(serde_json::to_string(&entry).map_err(corrupt)?);
         ats.push(entry.created_at);
     }
-    tx.execute(
+    db_execute(
+        tx,
         "INSERT INTO entries (session_id, seq, uuid, job_id, kind, body, created_at)
          SELECT * FROM UNNEST($1::uuid[], $2::bigint[], $3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::bigint[])",
         &[&sessions, &seqs, &uuids, &jobs, &kinds, &bodies, &ats],
@@ -308,22 +339,22 @@ async fn write_events(
     for (job, kinds) in by_job {
         let n = kinds.len() as i64;
         let row = match usage.filter(|(j, _)| *j == job) {
-            None => tx
-                .query_opt(
-                    "UPDATE jobs SET next_event_seq = next_event_seq + $2 WHERE id = $1 RETURNING next_event_seq",
-                    &[&job.0, &n],
-                )
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?,
+            None => db_query_opt(
+                tx,
+                "UPDATE jobs SET next_event_seq = next_event_seq + $2 WHERE id = $1 RETURNING next_event_seq",
+                &[&job.0, &n],
+            )
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?,
             Some((_, usage)) => {
                 // Usage is a JSON document: read under the lock, add, store with the counter.
-                let row = tx
-                    .query_opt("SELECT usage FROM jobs WHERE id = $1 FOR UPDATE", &[&job.0])
+                let row = db_query_opt(tx, "SELECT usage FROM jobs WHERE id = $1 FOR UPDATE", &[&job.0])
                     .await?
                     .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
                 let mut total: Usage = from_json(row.get(0))?;
                 total.add(&usage);
-                tx.query_one(
+                db_query_one(
+                    tx,
                     "UPDATE jobs SET next_event_seq = next_event_seq + $2, usage = $3, updated_at = $4 WHERE id = $1
                      RETURNING next_event_seq",
                     &[&job.0, &n, &json(&total)?, &now_ms()],
@@ -346,7 +377,8 @@ async fn write_events(
             payloads.push(json(&kind)?);
             out.push(Event { job_id: job, seq, at, kind });
         }
-        tx.execute(
+        db_execute(
+            tx,
             "INSERT INTO events (job_id, seq, at, kind, payload)
              SELECT * FROM UNNEST($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::jsonb[])",
             &[&jobs, &seqs, &ats, &names, &payloads],
@@ -375,8 +407,7 @@ fn decode_job(r: &Row) -> Result<Job> {
 }
 
 async fn load_job(c: &impl GenericClient, id: JobId) -> Result<Job> {
-    let row = c
-        .query_opt(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = $1"), &[&id.0])
+    let row = db_query_opt(c, &format!("SELECT {JOB_COLS} FROM jobs WHERE id = $1"), &[&id.0])
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
     decode_job(&row)
@@ -405,8 +436,7 @@ fn decode_task(r: &Row) -> Result<Task> {
 }
 
 async fn load_task(c: &impl GenericClient, id: TaskId) -> Result<Task> {
-    let row = c
-        .query_opt(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1"), &[&id.0])
+    let row = db_query_opt(c, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1"), &[&id.0])
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
     decode_task(&row)
@@ -415,7 +445,7 @@ async fn load_task(c: &impl GenericClient, id: TaskId) -> Result<Task> {
 /// A task row, locked until the transaction ends: the decision made on it
 /// stands until it is stored.
 async fn lock_task(tx: &Transaction<'_>, id: TaskId) -> Result<Option<Task>> {
-    let row = tx.query_opt(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1 FOR UPDATE"), &[&id.0]).await?;
+    let row = db_query_opt(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1 FOR UPDATE"), &[&id.0]).await?;
     row.as_ref().map(decode_task).transpose()
 }
 
@@ -440,17 +470,18 @@ impl Store for PostgresStore {
         self.tx(move |tx| {
             Box::pin(async move {
                 let now = now_ms();
-                let inserted = tx
-                    .query_opt(
-                        "INSERT INTO jobs (id, name, state, spec, idempotency_key, usage, created_at, updated_at)
+                let inserted = db_query_opt(
+                    tx,
+                    "INSERT INTO jobs (id, name, state, spec, idempotency_key, usage, created_at, updated_at)
                          VALUES ($1, $2, 'queued', $3, $4, $5, $6, $6)
                          ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
-                        &[&job.id.0, &job.name, &job.spec, &job.idempotency_key, &json(&Usage::default())?, &now],
-                    )
-                    .await?;
+                    &[&job.id.0, &job.name, &job.spec, &job.idempotency_key, &json(&Usage::default())?, &now],
+                )
+                .await?;
                 if inserted.is_none() {
                     let row =
-                        tx.query_one("SELECT id FROM jobs WHERE idempotency_key = $1", &[&job.idempotency_key]).await?;
+                        db_query_one(tx, "SELECT id FROM jobs WHERE idempotency_key = $1", &[&job.idempotency_key])
+                            .await?;
                     return Ok((load_job(tx, JobId(row.get(0))).await?, false));
                 }
                 write_events(tx, vec![(job.id, rules::job_created())], None).await?;
@@ -461,7 +492,7 @@ impl Store for PostgresStore {
     }
 
     async fn get_job(&self, id: JobId) -> Result<Job> {
-        load_job(&**self.pool.get().await?, id).await
+        load_job(&self.pool.get().await?, id).await
     }
 
     async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId> {
@@ -470,7 +501,7 @@ impl Store for PostgresStore {
             return Err(StoreError::NotFound(format!("job `{id_or_prefix}`")));
         }
         let client = self.pool.get().await?;
-        let rows = client.query("SELECT id FROM jobs WHERE id::text LIKE $1 || '%' LIMIT 2", &[&needle]).await?;
+        let rows = db_query(&client, "SELECT id FROM jobs WHERE id::text LIKE $1 || '%' LIMIT 2", &[&needle]).await?;
         match rows.as_slice() {
             [one] => Ok(JobId(one.get(0))),
             [] => Err(StoreError::NotFound(format!("job `{needle}`"))),
@@ -480,15 +511,18 @@ impl Store for PostgresStore {
 
     async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(&format!("SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id LIMIT $1"), &[&(limit as i64)])
-            .await?;
+        let rows = db_query(
+            &client,
+            &format!("SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id LIMIT $1"),
+            &[&(limit as i64)],
+        )
+        .await?;
         rows.iter().map(decode_job).collect()
     }
 
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>> {
         let client = self.pool.get().await?;
-        let rows = client.query("SELECT state, count(*) FROM jobs GROUP BY state", &[]).await?;
+        let rows = db_query(&client, "SELECT state, count(*) FROM jobs GROUP BY state", &[]).await?;
         rows.iter()
             .map(|r| {
                 let state: String = r.get(0);
@@ -510,13 +544,13 @@ impl Store for PostgresStore {
         self.tx(move |tx| {
             Box::pin(async move {
                 check_fence(tx, fence).await?;
-                let row = tx
-                    .query_opt(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = $1 FOR UPDATE"), &[&id.0])
+                let row = db_query_opt(tx, &format!("SELECT {JOB_COLS} FROM jobs WHERE id = $1 FOR UPDATE"), &[&id.0])
                     .await?
                     .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
                 let change = rules::set_job_state(&decode_job(&row)?, state, reason, final_answer, now_ms())?;
                 let job = &change.job;
-                tx.execute(
+                db_execute(
+                    tx,
                     "UPDATE jobs SET state = $2, reason = $3, final_answer = $4, updated_at = $5 WHERE id = $1",
                     &[&id.0, &job.state.as_str(), &job.reason, &job.final_answer, &job.updated_at],
                 )
@@ -529,14 +563,14 @@ impl Store for PostgresStore {
 
     async fn orphaned_jobs(&self, now_ms: i64, limit: u32) -> Result<Vec<JobId>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(
-                "SELECT j.id FROM jobs j LEFT JOIN leases l ON l.job_id = j.id
+        let rows = db_query(
+            &client,
+            "SELECT j.id FROM jobs j LEFT JOIN leases l ON l.job_id = j.id
                  WHERE j.state IN ('queued', 'running', 'waiting') AND (l.job_id IS NULL OR l.expires_at < $1)
                  ORDER BY j.created_at, j.id LIMIT $2",
-                &[&now_ms, &(limit as i64)],
-            )
-            .await?;
+            &[&now_ms, &(limit as i64)],
+        )
+        .await?;
         Ok(rows.iter().map(|r| JobId(r.get(0))).collect())
     }
 
@@ -552,22 +586,25 @@ impl Store for PostgresStore {
 
     async fn sessions(&self, job: JobId) -> Result<Vec<Session>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(
-                "SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE job_id = $1
+        let rows = db_query(
+            &client,
+            "SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE job_id = $1
                  ORDER BY created_at, id",
-                &[&job.0],
-            )
-            .await?;
+            &[&job.0],
+        )
+        .await?;
         rows.iter().map(decode_session).collect()
     }
 
     async fn get_session(&self, id: SessionId) -> Result<Session> {
         let client = self.pool.get().await?;
-        let row = client
-            .query_opt("SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE id = $1", &[&id.0])
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("session {id}")))?;
+        let row = db_query_opt(
+            &client,
+            "SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE id = $1",
+            &[&id.0],
+        )
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("session {id}")))?;
         decode_session(&row)
     }
 
@@ -588,12 +625,12 @@ impl Store for PostgresStore {
 
     async fn entries(&self, session: SessionId, after_seq: i64, limit: u32) -> Result<Vec<Entry>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(
-                "SELECT body FROM entries WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                &[&session.0, &after_seq, &(limit as i64)],
-            )
-            .await?;
+        let rows = db_query(
+            &client,
+            "SELECT body FROM entries WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            &[&session.0, &after_seq, &(limit as i64)],
+        )
+        .await?;
         rows.iter().map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt)).collect()
     }
 
@@ -619,8 +656,7 @@ impl Store for PostgresStore {
                 }
                 // One statement for all rows; a row already there (a retried
                 // call) is left as it is and reported as not created.
-                let created: std::collections::HashSet<Uuid> = tx
-                    .query(
+                let created: std::collections::HashSet<Uuid> = db_query(tx,
                         &format!(
                             "INSERT INTO tasks ({TASK_COLS})
                              SELECT u.id, u.job_id, u.parent_session, u.tool_use_id, u.worker, u.mandate, u.description,
@@ -635,7 +671,7 @@ impl Store for PostgresStore {
                     .iter()
                     .map(|r| r.get(0))
                     .collect();
-                let rows = tx.query(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1)"), &[&ids]).await?;
+                let rows = db_query(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1)"), &[&ids]).await?;
                 let mut stored: std::collections::HashMap<Uuid, Task> =
                     rows.iter().map(|r| decode_task(r).map(|t| (t.id.0, t))).collect::<Result<_>>()?;
                 let mut out = Vec::with_capacity(tasks.len());
@@ -657,14 +693,17 @@ impl Store for PostgresStore {
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Task> {
-        load_task(&**self.pool.get().await?, id).await
+        load_task(&self.pool.get().await?, id).await
     }
 
     async fn tasks(&self, job: JobId) -> Result<Vec<Task>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(&format!("SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 ORDER BY created_at, id"), &[&job.0])
-            .await?;
+        let rows = db_query(
+            &client,
+            &format!("SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 ORDER BY created_at, id"),
+            &[&job.0],
+        )
+        .await?;
         rows.iter().map(decode_task).collect()
     }
 
@@ -739,15 +778,15 @@ impl Store for PostgresStore {
                 // Only unfinished rows are worth loading; which of them to
                 // cancel, and in what order, is the rule's. Locked in id order,
                 // so two cancels of one job cannot deadlock.
-                let rows = tx
-                    .query(
-                        &format!(
-                            "SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 AND state IN ('queued', 'running')
+                let rows = db_query(
+                    tx,
+                    &format!(
+                        "SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 AND state IN ('queued', 'running')
                              ORDER BY id FOR UPDATE"
-                        ),
-                        &[&job.0],
-                    )
-                    .await?;
+                    ),
+                    &[&job.0],
+                )
+                .await?;
                 let open = rows.iter().map(decode_task).collect::<Result<Vec<_>>>()?;
                 Ok(written(apply_task_changes(tx, rules::cancel(&open, &reason, now_ms())).await?))
             })
@@ -771,13 +810,13 @@ impl Store for PostgresStore {
                         update_lease(tx, &lease).await?;
                         return Ok(Some(lease));
                     }
-                    let inserted = tx
-                        .execute(
-                            "INSERT INTO leases (job_id, owner, epoch, expires_at) VALUES ($1, $2, $3, $4)
+                    let inserted = db_execute(
+                        tx,
+                        "INSERT INTO leases (job_id, owner, epoch, expires_at) VALUES ($1, $2, $3, $4)
                              ON CONFLICT (job_id) DO NOTHING",
-                            &[&job.0, &lease.owner, &lease.epoch, &lease.expires_at],
-                        )
-                        .await?;
+                        &[&job.0, &lease.owner, &lease.epoch, &lease.expires_at],
+                    )
+                    .await?;
                     if inserted == 1 {
                         return Ok(Some(lease));
                     }
@@ -819,12 +858,12 @@ impl Store for PostgresStore {
 
     async fn events(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<Event>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(
-                "SELECT seq, at, payload FROM events WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                &[&job.0, &after_seq, &(limit as i64)],
-            )
-            .await?;
+        let rows = db_query(
+            &client,
+            "SELECT seq, at, payload FROM events WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            &[&job.0, &after_seq, &(limit as i64)],
+        )
+        .await?;
         rows.iter()
             .map(|r| Ok(Event { job_id: job, seq: r.get(0), at: r.get(1), kind: from_json(r.get(2))? }))
             .collect()

@@ -66,7 +66,13 @@ pub struct Worker {
     objects: Arc<dyn ObjectStore>,
     providers: Arc<dyn ProviderSource>,
     running: Mutex<HashMap<JobId, Vec<(flower_model::TaskId, CancellationToken)>>>,
+    /// Jobs recently run here, read once: what a task uses of its job (id,
+    /// spec, submission time) never changes after submit.
+    jobs: Mutex<HashMap<JobId, Arc<(Job, JobSpec)>>>,
 }
+
+/// Jobs kept in [`Worker::jobs`]; past this the cache starts again empty.
+const JOB_CACHE: usize = 256;
 
 /// Why a task attempt produced no report.
 #[derive(Debug)]
@@ -141,7 +147,15 @@ impl Worker {
         objects: Arc<dyn ObjectStore>,
         providers: Arc<dyn ProviderSource>,
     ) -> Arc<Self> {
-        Arc::new(Self { opts, journal, queue, objects, providers, running: Mutex::new(HashMap::new()) })
+        Arc::new(Self {
+            opts,
+            journal,
+            queue,
+            objects,
+            providers,
+            running: Mutex::new(HashMap::new()),
+            jobs: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Consume with `concurrency` loops until `shutdown`; running tasks finish
@@ -405,6 +419,23 @@ impl Worker {
         }
     }
 
+    /// The task's job and its parsed spec, from the cache or read once.
+    async fn job(&self, id: JobId) -> Result<Arc<(Job, JobSpec)>, (Failure, Usage)> {
+        let none = Usage::default();
+        if let Some(hit) = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
+            return Ok(hit.clone());
+        }
+        let job = self.journal.store().get_job(id).await.map_err(|e| (Failure::from(e), none))?;
+        let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| (Failure::fatal(e.to_string()), none))?;
+        let read = Arc::new((job, spec));
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if jobs.len() >= JOB_CACHE {
+            jobs.clear();
+        }
+        jobs.insert(id, read.clone());
+        Ok(read)
+    }
+
     /// Commit a held final batch without ending the task (best effort: a
     /// lost one only means the next attempt asks the model again).
     async fn keep(&self, held: Batch) {
@@ -435,13 +466,13 @@ impl Worker {
         cancel: CancellationToken,
     ) -> Result<(Result<(String, Usage), (Failure, Usage)>, Batch), (Failure, Usage)> {
         let none = Usage::default();
-        let job = self.journal.store().get_job(task.job_id).await.map_err(|e| (Failure::from(e), none))?;
-        let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| (Failure::fatal(e.to_string()), none))?;
-        let dir = self.open_dir(job.id, &spec, task, attempt).await.map_err(|f| (f, none))?;
+        let cached = self.job(task.job_id).await?;
+        let (job, spec) = &*cached;
+        let dir = self.open_dir(job.id, spec, task, attempt).await.map_err(|f| (f, none))?;
         if task.worker == flower_model::job::COMMAND_TASK {
             return Ok((self.run_command(task, attempt, &dir, cancel).await, Batch::default()));
         }
-        let run = self.build_session(task, &job, &spec, &dir, cancel).await.map_err(|f| (f, none))?;
+        let run = self.build_session(task, job, spec, &dir, cancel).await.map_err(|f| (f, none))?;
         let outcome = run.agent.run(run.history, run.input).await;
         let held = run.agent.take_held().unwrap_or_default();
         run.mcp.close().await;
