@@ -69,7 +69,13 @@ pub struct Worker {
     /// Jobs recently run here, read once: what a task uses of its job (id,
     /// spec, submission time) never changes after submit.
     jobs: Mutex<HashMap<JobId, Arc<(Job, JobSpec)>>>,
+    /// Emptied working directories of finished attempts, newest last, each
+    /// reused only by a later attempt of the same job (see [`Worker::open_dir`]).
+    spare: Mutex<std::collections::VecDeque<(JobId, PathBuf)>>,
 }
+
+/// Emptied working directories kept for reuse; the oldest beyond this are removed.
+const SPARE_DIRS: usize = 64;
 
 /// Jobs kept in [`Worker::jobs`]; past this the cache starts again empty.
 const JOB_CACHE: usize = 256;
@@ -155,6 +161,7 @@ impl Worker {
             providers,
             running: Mutex::new(HashMap::new()),
             jobs: Mutex::new(HashMap::new()),
+            spare: Mutex::new(Default::default()),
         })
     }
 
@@ -179,6 +186,7 @@ impl Worker {
         }
         listener.abort();
         lag.abort();
+        self.drop_spares().await;
     }
 
     async fn consume(&self, slot: usize, shutdown: CancellationToken) {
@@ -483,10 +491,23 @@ impl Worker {
 
     /// A fresh working directory for the attempt (the workspace checked out,
     /// the workbench mounted at `.flower/`) and the limits its tools apply.
+    ///
+    /// Creating and removing a directory tree per task costs more than all
+    /// of a short task's other work on ext4 (directory inodes are placed by
+    /// scanning past every recently freed one), so a finished attempt's
+    /// directory is emptied down to its `.flower/` folders and reused by the
+    /// next attempt of the same job — never another job's: a job's tasks
+    /// already share its workbench and workspace, jobs share nothing.
     async fn open_dir(&self, job: JobId, spec: &JobSpec, task: &Task, attempt: u32) -> Result<TaskDir, Failure> {
-        let path = self.opts.work_root.join(job.to_string()).join(format!("{}-{attempt}", task.id));
-        let (workspace, base, workbench, wb_base) =
-            self.prepare(job, &path).await.map_err(|e| Failure::store("preparing the working directory", e))?;
+        let reused = if self.opts.keep_workdirs { None } else { self.take_spare(job) };
+        let path = match &reused {
+            Some(path) => path.clone(),
+            None => self.opts.work_root.join(job.to_string()).join(format!("{}-{attempt}", task.id)),
+        };
+        let (workspace, base, workbench, wb_base) = self
+            .prepare(job, &path, reused.is_none())
+            .await
+            .map_err(|e| Failure::store("preparing the working directory", e))?;
         let sandbox =
             Sandbox::open(&path).map_err(|e| Failure::fatal(format!("opening the working directory: {e}")))?;
         let limits = ToolLimits {
@@ -609,15 +630,21 @@ impl Worker {
         }
     }
 
+    /// Check the workspace out into `workdir` and mount the workbench there;
+    /// `fresh`: make the directory (replacing what an earlier try left),
+    /// else it is an emptied one being reused.
     async fn prepare(
         &self,
         job: JobId,
         workdir: &Path,
+        fresh: bool,
     ) -> Result<(Workspace, Manifest, Workbench, Manifest), StoreError> {
-        if workdir.exists() {
-            tokio::fs::remove_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
+        if fresh {
+            if workdir.exists() {
+                tokio::fs::remove_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
+            }
+            tokio::fs::create_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
         }
-        tokio::fs::create_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
         let workspace = Workspace::new(self.objects.clone(), job);
         let base = workspace.load().await?;
         workspace.checkout(&base, workdir).await?;
@@ -631,9 +658,41 @@ impl Worker {
     async fn close_dir(&self, task: &Task, attempt: u32, dir: &TaskDir) -> Result<(), StoreError> {
         let kept = self.collect(task, attempt, dir).await;
         if !self.opts.keep_workdirs {
-            let _ = tokio::fs::remove_dir_all(&dir.path).await;
+            let path = dir.path.clone();
+            let emptied = tokio::task::spawn_blocking(move || empty_for_reuse(&path).map(|()| path)).await;
+            match emptied {
+                Ok(Ok(path)) => self.put_spare(task.job_id, path).await,
+                _ => {
+                    let _ = tokio::fs::remove_dir_all(&dir.path).await;
+                }
+            }
         }
         kept
+    }
+
+    fn take_spare(&self, job: JobId) -> Option<PathBuf> {
+        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        let at = spare.iter().rposition(|(j, _)| *j == job)?;
+        spare.remove(at).map(|(_, path)| path)
+    }
+
+    async fn put_spare(&self, job: JobId, path: PathBuf) {
+        let evicted = {
+            let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+            spare.push_back((job, path));
+            if spare.len() > SPARE_DIRS { spare.pop_front() } else { None }
+        };
+        if let Some((_, old)) = evicted {
+            let _ = tokio::fs::remove_dir_all(&old).await;
+        }
+    }
+
+    /// Remove the emptied directories kept for reuse (at shutdown).
+    async fn drop_spares(&self) {
+        let spare: Vec<(JobId, PathBuf)> = self.spare.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        for (_, path) in spare {
+            let _ = tokio::fs::remove_dir_all(&path).await;
+        }
     }
 
     /// Final workbench sync, and the workspace changeset for the job's owner.
@@ -645,6 +704,50 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// Empty a finished attempt's directory down to its `.flower/` folders, for
+/// the next attempt of its job: every other entry is removed (links are
+/// removed, never followed), and the kept folders get the directory's own
+/// permissions back. An error means the directory is not fit for reuse.
+fn empty_for_reuse(dir: &Path) -> std::io::Result<()> {
+    fn remove(entry: &std::fs::DirEntry) -> std::io::Result<()> {
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())
+        } else {
+            std::fs::remove_file(entry.path())
+        }
+    }
+    // The permissions the worker gave the job's folder: a task may have
+    // changed its own directory's.
+    let parent = dir.parent().ok_or_else(|| std::io::Error::other("a working directory has a parent"))?;
+    let mode = std::fs::symlink_metadata(parent)?.permissions();
+    let mut kept = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name() != MOUNT || !entry.file_type()?.is_dir() {
+            remove(&entry)?;
+            continue;
+        }
+        for inner in std::fs::read_dir(entry.path())? {
+            let inner = inner?;
+            let folder = flower_store::workbench::FOLDERS.iter().any(|f| inner.file_name() == *f);
+            if !folder || !inner.file_type()?.is_dir() {
+                remove(&inner)?;
+                continue;
+            }
+            for leaf in std::fs::read_dir(inner.path())? {
+                remove(&leaf?)?;
+            }
+            kept.push(inner.path());
+        }
+        kept.push(entry.path());
+    }
+    kept.push(dir.to_path_buf());
+    for path in kept {
+        std::fs::set_permissions(path, mode.clone())?;
+    }
+    Ok(())
 }
 
 /// An attempt's working directory and what its tools and final sync need.
@@ -768,5 +871,59 @@ impl PostToolHook for WorkbenchSync {
                 Err(e) => tracing::warn!(error = %e, "workbench index not refreshed"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_reused_directory_keeps_only_its_workbench_folders() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = root.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep.txt"), "x").unwrap();
+        let dir = root.path().join("job").join("task-1");
+        std::fs::create_dir_all(dir.join("src/deep")).unwrap();
+        std::fs::write(dir.join("src/deep/a.rs"), "a").unwrap();
+        std::fs::write(dir.join(".hidden"), "h").unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
+        for f in flower_store::workbench::FOLDERS {
+            std::fs::create_dir_all(dir.join(MOUNT).join(f)).unwrap();
+        }
+        std::fs::write(dir.join(MOUNT).join("scripts/run.sh"), "s").unwrap();
+        std::fs::create_dir_all(dir.join(MOUNT).join("notes/sub")).unwrap();
+        std::fs::write(dir.join(MOUNT).join("INDEX.md"), "i").unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join(MOUNT).join("spill/out")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join(MOUNT).join("artifacts"), std::fs::Permissions::from_mode(0o500)).unwrap();
+
+        empty_for_reuse(&dir).unwrap();
+
+        let mut left: Vec<String> = walk(&dir);
+        left.sort();
+        let mut want: Vec<String> = flower_store::workbench::FOLDERS.iter().map(|f| format!("{MOUNT}/{f}")).collect();
+        want.push(MOUNT.to_string());
+        want.sort();
+        assert_eq!(left, want);
+        assert!(outside.join("keep.txt").exists(), "links are removed, not followed");
+        let parent = std::fs::metadata(dir.parent().unwrap()).unwrap().permissions().mode();
+        let artifacts = std::fs::metadata(dir.join(MOUNT).join("artifacts")).unwrap().permissions().mode();
+        assert_eq!(artifacts, parent, "a folder's permissions are given back");
+    }
+
+    fn walk(dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let rel = e.file_name().to_string_lossy().to_string();
+            if e.file_type().unwrap().is_dir() {
+                out.extend(walk(&e.path()).into_iter().map(|r| format!("{rel}/{r}")));
+            }
+            out.push(rel);
+        }
+        out
     }
 }
