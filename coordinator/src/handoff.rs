@@ -38,7 +38,7 @@ pub async fn hand_off(
     let store = ctx.journal.store().clone();
     let stored = store.entries(from, 0, u32::MAX).await?;
     let workbench = Workbench::new(ctx.objects.clone(), job);
-    let history = crate::runner::load_pruned(&stored, spec, &workbench).await?;
+    let history = crate::runner::load_pruned(stored, spec, &workbench).await?;
     let mut messages = to_messages(&history);
     // The request must end with a user message: the instruction joins the last one or follows.
     match messages.last_mut() {

@@ -97,8 +97,9 @@ async fn open_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId) -> Result
     let generation = coordinator_sessions.len().max(1) as u32;
     if let Some(s) = coordinator_sessions.last() {
         let stored = store.entries(s.id, 0, u32::MAX).await?;
-        let history = load_pruned(&stored, spec, &Workbench::new(ctx.objects.clone(), job_id)).await?;
-        if !stored.is_empty() {
+        let resumed = !stored.is_empty();
+        let history = load_pruned(stored, spec, &Workbench::new(ctx.objects.clone(), job_id)).await?;
+        if resumed {
             // A resume: the stored transcript went through the pruning loader.
             flower_agent::metrics::metrics().prunes.inc();
         }
@@ -245,10 +246,10 @@ async fn all_tasks_failed(store: &dyn flower_store::Store, job: JobId) -> Result
     )))
 }
 
-/// A stored history through the pruning loader (layer 4): the copy the
+/// A stored history through the pruning loader (layer 4), consumed: what the
 /// resumed session is fed; trimmed bodies are written where `Read` finds them.
 pub async fn load_pruned(
-    stored: &[flower_model::Entry],
+    stored: Vec<flower_model::Entry>,
     spec: &JobSpec,
     workbench: &Workbench,
 ) -> Result<Vec<flower_model::Entry>, StoreError> {

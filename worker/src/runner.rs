@@ -569,8 +569,9 @@ impl Worker {
         // The session row was registered with the claim.
         let session = task.id.session();
         let stored = store.entries(session, 0, u32::MAX).await?;
-        let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning, &flower_agent::glance::allows);
-        if !stored.is_empty() {
+        let resumed = !stored.is_empty();
+        let pruned = flower_store::prune::prune(stored, &spec.runtime.pruning, &flower_agent::glance::allows);
+        if resumed {
             // A resume (a redelivered task): its stored transcript was pruned.
             flower_agent::metrics::metrics().prunes.inc();
         }

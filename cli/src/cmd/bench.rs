@@ -152,7 +152,7 @@ async fn time_resume(
     for _ in 0..runs.max(1) {
         let started = Instant::now();
         let stored = store.entries(session, 0, u32::MAX).await?;
-        let pruned = flower_store::prune::prune(&stored, &spec.runtime.pruning, &flower_agent::glance::allows);
+        let pruned = flower_store::prune::prune(stored, &spec.runtime.pruning, &flower_agent::glance::allows);
         let request = flower_agent::provider::Request {
             model: spec.model.clone(),
             max_tokens: 1024,
@@ -175,59 +175,175 @@ pub struct PruningArgs {
     /// Entries in the synthetic transcript
     #[arg(long, default_value_t = 100_000)]
     pub entries: usize,
-    /// Runs (the median is reported)
+    /// Runs, each in a process of its own (the medians are reported)
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// Print the figures as JSON
     #[arg(long)]
     pub json: bool,
+    /// Make one run in this process and print its figures as one JSON line
+    /// (what each run's process is asked to do)
+    #[arg(long, hide = true)]
+    pub one_run: bool,
 }
 
-/// Peak resident memory of this process so far (Linux `VmHWM`), in KiB.
-fn peak_rss_kib() -> Option<u64> {
+/// A line of this process's `/proc/self/status` (Linux), in KiB: `VmHWM`,
+/// the peak resident memory so far, or `VmRSS`, what is resident now.
+fn status_kib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
+/// CPU time this thread has run so far (Linux `/proc/thread-self/schedstat`), in ns.
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// Bring this process's peak resident memory (`VmHWM`) down to what is
+/// resident now (`clear_refs` 5, Linux ≥ 4.0); false where that is refused.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// One run's figures (a run's process prints them as one JSON line).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PruningRun {
+    entries: usize,
+    kept: usize,
+    ms: f64,
+    /// CPU time of the pruning thread over the same span (ms): the time less
+    /// what other processes took of the CPU meanwhile.
+    cpu_ms: Option<f64>,
+    /// Peak resident memory the transcript took to build (KiB).
+    transcript_kib: Option<u64>,
+    /// Peak resident memory pruning added over the resident transcript (KiB).
+    extra_kib: Option<u64>,
+    /// Whether the peak was reset before pruning (else `extra_kib` is an upper bound).
+    peak_reset: bool,
+}
+
+/// `flower bench pruning`: the pruning loader (trimming on) over a synthetic
+/// transcript of `--entries` entries (`synthetic_transcript`): its time and
+/// the peak memory it adds. The acceptance it is read against: 100,000
+/// entries pruned in ≤ 200 ms, adding ≤ 0.5× the transcript's own size.
+///
+/// Run it from a release build (no services needed):
+///
+/// ```text
+/// cargo run --release -p flower-cli -- bench pruning --entries 100000 [--runs 5] [--json]
+/// ```
+///
+/// How it measures. The loader consumes the transcript it is given (as a
+/// resume does), so each run is a process of its own (this binary with
+/// `--one-run`): no run starts on a heap another one grew, and no copy of
+/// the transcript is ever made. A run builds the transcript and reads the
+/// peak resident memory (`VmHWM`; after building minus before = the
+/// transcript's size); it then resets the peak to what is resident now,
+/// prunes, and reads the peak again with the result still held: that minus
+/// what was resident before pruning is what pruning adds. Where the reset is
+/// refused the peak stays at least what building reached, so the added
+/// figure can only come out too high (`peak_reset: false`). The time is
+/// wall-clock; the CPU time the pruning thread ran over the same span tells
+/// a slow loader from a busy machine. Reported: medians over the runs of the
+/// time, the CPU time, the transcript's size and pruning's extra; the ratio
+/// of the two medians; and every run.
 fn pruning(a: PruningArgs) -> anyhow::Result<ExitCode> {
-    // Peak memory is read before and after each phase: what the transcript
-    // itself costs, then what pruning adds on top.
-    let before = peak_rss_kib();
-    let entries = synthetic_transcript(a.entries);
-    let built = peak_rss_kib();
-    let (mut times, kept) = time_pruning(&entries, a.runs);
-    let after = peak_rss_kib();
-    times.sort_by(|x, y| x.total_cmp(y));
-    let median = times[times.len() / 2];
+    if a.one_run {
+        println!("{}", serde_json::to_string(&one_pruning_run(a.entries))?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let exe = std::env::current_exe().context("the path of this binary (each run is a process of its own)")?;
+    let mut runs: Vec<PruningRun> = Vec::new();
+    for _ in 0..a.runs.max(1) {
+        let out = std::process::Command::new(&exe)
+            .args(["bench", "pruning", "--one-run", "--entries", &a.entries.to_string()])
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .context("starting a pruning run")?;
+        anyhow::ensure!(out.status.success(), "a pruning run failed ({})", out.status);
+        runs.push(serde_json::from_slice(&out.stdout).context("a pruning run's figures")?);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|x, y| x.total_cmp(y));
+        percentile(&v, 0.5)
+    };
+    let kib = |f: fn(&PruningRun) -> Option<u64>| -> Option<Vec<f64>> {
+        runs.iter().map(|r| f(r).map(|k| k as f64)).collect()
+    };
+    let times: Vec<f64> = runs.iter().map(|r| r.ms).collect();
+    let (min_ms, max_ms) =
+        (times.iter().copied().fold(f64::INFINITY, f64::min), times.iter().copied().fold(0.0, f64::max));
+    let median_ms = median(times);
+    let cpu_ms: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_ms).collect();
+    let median_cpu_ms = cpu_ms.map(median);
+    let transcript = kib(|r| r.transcript_kib).map(median);
+    let extra = kib(|r| r.extra_kib).map(median);
+    let extra_max = runs.iter().filter_map(|r| r.extra_kib).max();
+    let ratio = transcript.zip(extra).filter(|(t, _)| *t > 0.0).map(|(t, e)| e / t);
+    let peak_reset = runs.iter().all(|r| r.peak_reset);
+    let (entries, kept) = runs.last().map(|r| (r.entries, r.kept)).unwrap_or_default();
     let figures = json!({
-        "entries": entries.len(),
+        "entries": entries,
         "kept": kept,
-        "median_ms": median,
-        "min_ms": times[0],
-        "max_ms": times[times.len() - 1],
-        "peak_rss_transcript_kib": built.zip(before).map(|(b, a)| b.saturating_sub(a)),
-        "peak_rss_pruning_extra_kib": after.zip(built).map(|(a, b)| a.saturating_sub(b)),
+        "runs": runs.len(),
+        "median_ms": median_ms,
+        "min_ms": min_ms,
+        "max_ms": max_ms,
+        "median_cpu_ms": median_cpu_ms,
+        "peak_rss_transcript_kib": transcript,
+        "peak_rss_pruning_extra_kib": extra,
+        "peak_rss_pruning_extra_max_kib": extra_max,
+        "peak_rss_extra_ratio": ratio,
+        "peak_reset": peak_reset,
+        "per_run": runs,
     });
     if a.json {
         println!("{}", serde_json::to_string_pretty(&figures)?);
-    } else {
-        println!(
-            "pruning loader: {} entries → {} in {:.1} ms (median of {}; min {:.1}, max {:.1})",
-            entries.len(),
-            kept,
-            median,
-            times.len(),
-            times[0],
-            times[times.len() - 1]
-        );
-        println!(
-            "peak memory: transcript {} KiB, pruning adds {} KiB",
-            figures["peak_rss_transcript_kib"], figures["peak_rss_pruning_extra_kib"]
-        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "pruning loader: {entries} entries → {kept} in {median_ms:.1} ms (median of {} runs, each its own process; min {min_ms:.1}, max {max_ms:.1}){}",
+        runs.len(),
+        median_cpu_ms.map(|c| format!("; CPU {c:.1} ms")).unwrap_or_default()
+    );
+    match (transcript, extra, ratio) {
+        (Some(t), Some(e), Some(r)) => println!(
+            "peak memory (medians): transcript {t:.0} KiB, pruning adds {e:.0} KiB = {r:.3}× the transcript (largest run: {} KiB){}",
+            extra_max.unwrap_or_default(),
+            if peak_reset { "" } else { "; the peak could not be reset: an upper bound" }
+        ),
+        _ => println!("peak memory: not measured here (needs Linux /proc/self/status)"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One run, in this process: build the transcript, then prune it (see
+/// [`pruning`] for what is measured).
+fn one_pruning_run(len: usize) -> PruningRun {
+    let before = status_kib("VmHWM");
+    let entries = synthetic_transcript(len);
+    let built = status_kib("VmHWM");
+    let n = entries.len();
+    // From here the transcript is resident; building may have peaked above
+    // that, so the peak is brought down to it before pruning starts.
+    let peak_reset = reset_peak_rss();
+    let resident = status_kib("VmRSS");
+    let cpu = thread_cpu_ns();
+    let (ms, pruned) = time_pruning(entries);
+    let cpu_ms = thread_cpu_ns().zip(cpu).map(|(b, a)| b.saturating_sub(a) as f64 / 1e6);
+    let after = status_kib("VmHWM");
+    PruningRun {
+        entries: n,
+        kept: pruned.entries.len(),
+        ms,
+        cpu_ms,
+        transcript_kib: built.zip(before).map(|(b, a)| b.saturating_sub(a)),
+        extra_kib: after.zip(resident).map(|(a, r)| a.saturating_sub(r)),
+        peak_reset,
+    }
 }
 
 /// A long session of at least `len` entries: `Bash` calls with results of
@@ -272,20 +388,14 @@ fn synthetic_transcript(len: usize) -> Vec<flower_model::Entry> {
     entries
 }
 
-/// The pruning loader (trimming on) over `entries`, timed `runs` times: the
-/// times in ms, unsorted, and how many entries the last run kept.
-fn time_pruning(entries: &[flower_model::Entry], runs: usize) -> (Vec<f64>, usize) {
+/// The pruning loader (trimming on) over `entries`, which it consumes: the
+/// time in ms, and what it returned (still held, so the peak counts it).
+fn time_pruning(entries: Vec<flower_model::Entry>) -> (f64, flower_store::prune::Pruned) {
     let mut opts = flower_model::spec::PruningOptions::default();
     opts.trim.enabled = true;
-    let mut times = Vec::new();
-    let mut kept = 0;
-    for _ in 0..runs.max(1) {
-        let started = Instant::now();
-        let p = flower_store::prune::prune(entries, &opts, &flower_agent::glance::allows);
-        times.push(started.elapsed().as_secs_f64() * 1e3);
-        kept = p.entries.len();
-    }
-    (times, kept)
+    let started = Instant::now();
+    let pruned = flower_store::prune::prune(entries, &opts, &flower_agent::glance::allows);
+    (started.elapsed().as_secs_f64() * 1e3, pruned)
 }
 
 #[derive(Args)]

@@ -98,7 +98,7 @@ pub async fn run(home: std::path::PathBuf, cmd: TranscriptCommand) -> anyhow::Re
             None => remote_entries(&args, job, s.id).await?,
         };
         if args.pruned {
-            let p = flower_store::prune::prune(&entries, &policy, &flower_agent::glance::allows);
+            let p = flower_store::prune::prune(entries, &policy, &flower_agent::glance::allows);
             entries = p.entries;
             changes.push(p.changes);
         } else {
