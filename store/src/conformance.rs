@@ -488,19 +488,9 @@ pub async fn a_final_batch_lands_with_the_end_or_not_at_all(store: &dyn Store) {
     assert_eq!(written.events[1].seq, written.events[0].seq + 1);
     let stored = store.entries(sid, 0, 10).await.unwrap();
     assert_eq!(stored.len(), 1);
-    assert_eq!(result_or_text(&stored[0]), "new");
+    assert_eq!(stored[0].text(), "new");
     assert_eq!(store.get_job(job).await.unwrap().usage.output_tokens, 5, "the turn's usage counted once");
     assert_eq!(store.get_task(t.id).await.unwrap().usage.output_tokens, 5);
-}
-
-fn result_or_text(e: &Entry) -> String {
-    e.content
-        .iter()
-        .filter_map(|b| match b {
-            ContentBlock::Text { text, .. } => Some(text.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 pub async fn leases_fence_writes(store: &dyn Store) {

@@ -672,7 +672,7 @@ impl Store for PostgresStore {
                     .map(|r| r.get(0))
                     .collect();
                 let rows = db_query(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1)"), &[&ids]).await?;
-                let mut stored: std::collections::HashMap<Uuid, Task> =
+                let stored: std::collections::HashMap<Uuid, Task> =
                     rows.iter().map(|r| decode_task(r).map(|t| (t.id.0, t))).collect::<Result<_>>()?;
                 let mut out = Vec::with_capacity(tasks.len());
                 let mut events = Vec::new();
@@ -685,7 +685,6 @@ impl Store for PostgresStore {
                     }
                     out.push((row, new));
                 }
-                stored.clear();
                 Ok((out, written(write_events(tx, events, None).await?)))
             })
         })
