@@ -28,6 +28,18 @@ pub enum EntryKind {
     Notice,
 }
 
+impl EntryKind {
+    /// The stored name (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryKind::User => "user",
+            EntryKind::Assistant => "assistant",
+            EntryKind::ToolResult => "tool_result",
+            EntryKind::Notice => "notice",
+        }
+    }
+}
+
 /// Structural markers the pruning loader relies on.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Markers {
@@ -132,5 +144,17 @@ impl Entry {
             ContentBlock::ToolUse { id, name, input } => Some((id.as_str(), name.as_str(), input)),
             _ => None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EntryKind;
+
+    #[test]
+    fn kind_names_are_the_serialized_ones() {
+        for kind in [EntryKind::User, EntryKind::Assistant, EntryKind::ToolResult, EntryKind::Notice] {
+            assert_eq!(serde_json::to_value(kind).unwrap(), serde_json::json!(kind.as_str()));
+        }
     }
 }

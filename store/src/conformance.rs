@@ -39,6 +39,7 @@ macro_rules! store_conformance_tests {
             a_fan_out_is_created_in_one_write,
             a_claim_opens_the_attempts_session,
             a_final_batch_lands_with_the_end_or_not_at_all,
+            a_large_batch_is_stored_whole_or_not_at_all,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -179,6 +180,75 @@ pub async fn transcripts_are_ordered_per_session(store: &dyn Store) {
     let sessions = store.sessions(job).await.unwrap();
     assert_eq!(sessions.iter().map(|s| s.id).collect::<Vec<_>>(), vec![a, b]);
     assert_eq!(store.get_session(b).await.unwrap().role, Role::Worker);
+}
+
+/// A batch far above any backend's bulk-path threshold, two sessions
+/// interleaved, bodies with every escaping hazard: read back exactly as
+/// written, numbered per session; and a large batch with one bad row (an
+/// unknown session, a repeated uuid) stores none of its rows.
+pub async fn a_large_batch_is_stored_whole_or_not_at_all(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let (a, b) = (SessionId::random(), SessionId::random());
+    for s in [a, b] {
+        let session =
+            Session { id: s, job_id: job, role: Role::Worker, label: "x".into(), task_id: None, created_at: 1 };
+        store.create_session(session).await.unwrap();
+    }
+    let hazards = ["plain", "quote \" backslash \\ tab \t", "nul \u{0} bell \u{7}", "é 漢字 🌸", "\r\n\\N"];
+    let mut written = Vec::new();
+    let mut parent = None;
+    for n in 0..300usize {
+        let session = if n % 3 == 0 { b } else { a };
+        let text =
+            format!("{} #{n}{}", hazards[n % hazards.len()], if n == 7 { "x".repeat(70_000) } else { String::new() });
+        let mut e = Entry::new(
+            job,
+            session,
+            parent,
+            EntryKind::ToolResult,
+            vec![ContentBlock::tool_result(format!("t{n}"), text, n % 2 == 0)],
+        );
+        e.markers.ephemeral = Some(n % 5 == 0);
+        parent = Some(e.uuid);
+        written.push(e);
+    }
+    let seqs = store.append(Batch { entries: written.clone(), ..Default::default() }).await.unwrap().entry_seqs;
+    let (mut next_a, mut next_b) = (0, 0);
+    for (e, seq) in written.iter_mut().zip(&seqs) {
+        let next = if e.session_id == a { &mut next_a } else { &mut next_b };
+        *next += 1;
+        assert_eq!(*seq, *next, "numbered per session, in batch order");
+        e.seq = *seq;
+    }
+    for s in [a, b] {
+        let got = store.entries(s, 0, 1000).await.unwrap();
+        let want: Vec<&Entry> = written.iter().filter(|e| e.session_id == s).collect();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!(
+                serde_json::to_value(g).unwrap(),
+                serde_json::to_value(w).unwrap(),
+                "entry {} read back as written",
+                w.seq
+            );
+        }
+    }
+
+    let fresh = |n: usize| -> Vec<Entry> {
+        (0..n)
+            .map(|i| Entry::new(job, a, None, EntryKind::User, vec![ContentBlock::text(format!("more {i}"))]))
+            .collect()
+    };
+    let mut unknown = fresh(200);
+    unknown[150].session_id = SessionId::random();
+    let err = store.append(Batch { entries: unknown, ..Default::default() }).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    let mut repeated = fresh(200);
+    repeated[199].uuid = repeated[3].uuid;
+    store.append(Batch { entries: repeated, ..Default::default() }).await.unwrap_err();
+    assert_eq!(store.entries(a, 0, 1000).await.unwrap().len(), 200, "a refused batch stores none of its rows");
+    let seqs = store.append(Batch { entries: fresh(100), ..Default::default() }).await.unwrap().entry_seqs;
+    assert_eq!(seqs.first(), Some(&201), "a refused batch takes no numbers");
 }
 
 pub async fn task_attempts_are_fenced(store: &dyn Store) {

@@ -8,6 +8,7 @@
 //! order in one transaction at open. Every decision about tasks, jobs and
 //! leases is [`rules`]'s: this file loads rows, asks, and stores the answer.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -205,25 +206,36 @@ fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Option<Even
 /// Number entries per session and insert them; their numbers, in order.
 fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<i64>> {
     let mut seqs = Vec::with_capacity(entries.len());
-    let mut next_seq = tx.prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM entries WHERE session_id = ?1")?;
+    // Each session's last number, read once per batch; an unknown session is named.
+    let mut last = tx.prepare_cached(
+        "SELECT (SELECT COALESCE(MAX(seq), 0) FROM entries WHERE session_id = ?1) FROM sessions WHERE id = ?1",
+    )?;
     let mut insert = tx.prepare_cached(
         "INSERT INTO entries (session_id, seq, uuid, job_id, kind, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
+    let mut next: HashMap<SessionId, i64> = HashMap::new();
     for mut entry in entries {
         let sid = entry.session_id.to_string();
-        let seq: i64 = next_seq.query_row(params![sid], |r| r.get(0))?;
-        entry.seq = seq;
-        let kind = json(&entry.kind)?;
+        let seq = match next.get_mut(&entry.session_id) {
+            Some(seq) => seq,
+            None => {
+                let found: Option<i64> = last.query_row(params![sid], |r| r.get(0)).optional()?;
+                let found = found.ok_or_else(|| StoreError::NotFound(format!("session {sid}")))?;
+                next.entry(entry.session_id).or_insert(found)
+            }
+        };
+        *seq += 1;
+        entry.seq = *seq;
         insert.execute(params![
             sid,
-            seq,
+            entry.seq,
             entry.uuid.to_string(),
             entry.job_id.to_string(),
-            kind.trim_matches('"'),
+            entry.kind.as_str(),
             json(&entry)?,
             entry.created_at
         ])?;
-        seqs.push(seq);
+        seqs.push(entry.seq);
     }
     Ok(seqs)
 }

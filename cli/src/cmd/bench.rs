@@ -38,6 +38,9 @@ pub enum BenchCommand {
     Orchestration(OrchestrationArgs),
     /// The pruning loader on a large synthetic transcript: time and peak memory
     Pruning(PruningArgs),
+    /// Transcript entries/s into Postgres through the store's batch path, beside
+    /// a single-row INSERT floor and a binary COPY floor measured in the same run
+    Transcript(super::bench_transcript::TranscriptArgs),
     /// From a coordinator's restart to its first resumed request: load the main
     /// thread from the store, prune it, build the request (SQLite and Postgres)
     Resume(ResumeArgs),
@@ -266,10 +269,6 @@ fn pruning(a: PruningArgs) -> anyhow::Result<ExitCode> {
         anyhow::ensure!(out.status.success(), "a pruning run failed ({})", out.status);
         runs.push(serde_json::from_slice(&out.stdout).context("a pruning run's figures")?);
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(|x, y| x.total_cmp(y));
-        percentile(&v, 0.5)
-    };
     let kib = |f: fn(&PruningRun) -> Option<u64>| -> Option<Vec<f64>> {
         runs.iter().map(|r| f(r).map(|k| k as f64)).collect()
     };
@@ -348,7 +347,7 @@ fn one_pruning_run(len: usize) -> PruningRun {
 
 /// A long session of at least `len` entries: `Bash` calls with results of
 /// mixed sizes, glances, denials, interruptions.
-fn synthetic_transcript(len: usize) -> Vec<flower_model::Entry> {
+pub(super) fn synthetic_transcript(len: usize) -> Vec<flower_model::Entry> {
     use flower_model::{Entry, EntryKind, JobId, SessionId};
     let (job, session) = (JobId::random(), SessionId::random());
     let mut entries: Vec<Entry> = Vec::with_capacity(len);
@@ -429,6 +428,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Orchestration(args) => orchestration(args).await,
         BenchCommand::Pruning(args) => pruning(args),
         BenchCommand::Resume(args) => resume(args).await,
+        BenchCommand::Transcript(args) => super::bench_transcript::transcript(args).await,
     }
 }
 
@@ -524,6 +524,12 @@ fn spec(coordinator: &str) -> String {
     format!(
         "name: bench-{coordinator}\ngoal: benchmark\nprovider: sim\nscenario: none\ncoordinator:\n  name: {coordinator}\nworkers:\n  echo:\n    description: replies at once\nruntime:\n  max_turns: 1000\n"
     )
+}
+
+/// The median of `v` (NaN when empty).
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|x, y| x.total_cmp(y));
+    percentile(&v, 0.5)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -1,5 +1,6 @@
 pub mod backends;
 pub mod bench;
+pub mod bench_transcript;
 pub mod client;
 pub mod context;
 pub mod glance;
