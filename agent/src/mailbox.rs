@@ -12,6 +12,7 @@ pub struct Mailbox {
     messages: Mutex<Vec<String>>,
     notices: Mutex<Vec<String>>,
     wake: Notify,
+    answers: Notify,
 }
 
 impl Mailbox {
@@ -33,6 +34,18 @@ impl Mailbox {
 
     pub fn take_notices(&self) -> Vec<String> {
         std::mem::take(&mut *self.notices.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// An answer to a question of this job was stored: wakes the `ask` call
+    /// waiting for it (it reads the answer from the store).
+    pub fn answer_arrived(&self) {
+        self.answers.notify_one();
+    }
+
+    /// Resolves on the next [`Mailbox::answer_arrived`] (or at once if one
+    /// came since the last wait).
+    pub async fn answer_notice(&self) {
+        self.answers.notified().await;
     }
 
     /// Resolves once a user's message is waiting.

@@ -192,7 +192,7 @@ impl Metrics {
     /// Set the jobs gauge from the store's counts; states with no job read 0.
     pub fn set_job_counts(&self, counts: &[(flower_model::JobState, u64)]) {
         use flower_model::JobState::*;
-        for state in [Queued, Running, Waiting, Succeeded, Failed, Cancelled] {
+        for state in [Queued, Running, WaitingForUser, Succeeded, Failed, Cancelled] {
             let n = counts.iter().filter(|(s, _)| *s == state).map(|(_, n)| *n).sum::<u64>();
             self.jobs.get_or_create(&StateLabel { state: state.as_str() }).set(n as i64);
         }

@@ -144,6 +144,28 @@ pub enum EventKind {
         path: String,
         task: TaskId,
     },
+    /// A session asked the user (the `ask` tool); the job waits for the
+    /// answer. `id` is the call's `tool_use_id`: one question per call, found
+    /// again by a resumed run.
+    QuestionAsked {
+        id: String,
+        session: SessionId,
+        role: String,
+        question: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        options: Vec<String>,
+    },
+    /// The answer to question `id`: the user's (`by: user`, with the chosen
+    /// option's number from 1 when one was picked), or "no answer" after the
+    /// timeout (`by: timeout`) or over the limit (`by: limit`). The first
+    /// answer stored for a question is the one that counts.
+    QuestionAnswered {
+        id: String,
+        answer: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        option: Option<u32>,
+        by: String,
+    },
 }
 
 impl EventKind {
@@ -160,6 +182,8 @@ impl EventKind {
             Self::TaskFinished { .. } => "task_finished",
             Self::ProviderRetry { .. } => "provider_retry",
             Self::WorkspaceConflict { .. } => "workspace_conflict",
+            Self::QuestionAsked { .. } => "question_asked",
+            Self::QuestionAnswered { .. } => "question_answered",
             Self::UserMessage { .. } => "user_message",
             Self::Spill { .. } => "spill",
             Self::HandoffWarning { .. } => "handoff_warning",

@@ -14,8 +14,9 @@ use crate::usage::Usage;
 pub enum JobState {
     Queued,
     Running,
-    /// Running, with the coordinator waiting on delegated tasks.
-    Waiting,
+    /// Running, with a session waiting on a user's answer to its question
+    /// (the `ask` tool): no model call and no worker slot is held meanwhile.
+    WaitingForUser,
     Succeeded,
     Failed,
     Cancelled,
@@ -29,7 +30,7 @@ impl JobState {
         match self {
             Self::Queued => "queued",
             Self::Running => "running",
-            Self::Waiting => "waiting",
+            Self::WaitingForUser => "waiting_for_user",
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -54,7 +55,7 @@ impl FromStr for JobState {
         Ok(match s {
             "queued" => Self::Queued,
             "running" => Self::Running,
-            "waiting" => Self::Waiting,
+            "waiting_for_user" => Self::WaitingForUser,
             "succeeded" => Self::Succeeded,
             "failed" => Self::Failed,
             "cancelled" => Self::Cancelled,

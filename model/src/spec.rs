@@ -223,6 +223,29 @@ pub struct RuntimeOptions {
     pub fanout_stagger: bool,
     /// Prompt-cache breakpoints (default `full`).
     pub prompt_cache: CacheMode,
+    /// The human channel: with it, the coordinator has an `ask` tool (a
+    /// question with options) and the job waits for the answer
+    /// (`waiting_for_user`); without it (the default), no session asks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ask: Option<AskOptions>,
+}
+
+/// How a job asks its user (`runtime.ask`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AskOptions {
+    /// How long a question waits; then the session goes on with "no answer"
+    /// and records its assumption (default 10m; 1s to 7 days).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Questions one job may ask; past it, "no answer" at once (default 5; at most 100).
+    pub max_asks: u32,
+}
+
+impl Default for AskOptions {
+    fn default() -> Self {
+        Self { timeout: Duration::from_secs(600), max_asks: 5 }
+    }
 }
 
 /// Handoff of the coordinator's main thread (flower's formula).
@@ -412,6 +435,7 @@ impl Default for RuntimeOptions {
             tool_deferral: true,
             fanout_stagger: true,
             prompt_cache: CacheMode::Full,
+            ask: None,
         }
     }
 }
@@ -526,6 +550,7 @@ impl JobSpec {
         self.validate_workers()?;
         self.validate_coordinator_workers()?;
         self.validate_provider()?;
+        self.validate_ask()?;
         for (name, m) in &self.mcp_servers {
             validate_mcp_server(name, m)?;
         }
@@ -599,6 +624,17 @@ impl JobSpec {
                     format!("no worker named `{name}` (defined under `workers`: {})", known.join(", ")),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    fn validate_ask(&self) -> Result<(), SpecError> {
+        let Some(ask) = &self.runtime.ask else { return Ok(()) };
+        if !(Duration::from_secs(1)..=Duration::from_secs(7 * 24 * 3600)).contains(&ask.timeout) {
+            return Err(SpecError::new("runtime.ask.timeout", "must be between 1s and 7 days"));
+        }
+        if !(1..=100).contains(&ask.max_asks) {
+            return Err(SpecError::new("runtime.ask.max_asks", "must be between 1 and 100"));
         }
         Ok(())
     }
@@ -1038,6 +1074,11 @@ workers:
             ("handoff: {max_generations: 65}", "runtime.handoff.max_generations", "1 to 64"),
             ("handoff: {window: 999}", "runtime.handoff.window", "1000 to 10000000"),
             ("handoff: {window: 10000001}", "runtime.handoff.window", "1000 to 10000000"),
+            ("ask: {timeout: 0s}", "runtime.ask.timeout", "1s and 7 days"),
+            ("ask: {timeout: 8days}", "runtime.ask.timeout", "1s and 7 days"),
+            ("ask: {max_asks: 0}", "runtime.ask.max_asks", "1 and 100"),
+            ("ask: {max_asks: 101}", "runtime.ask.max_asks", "1 and 100"),
+            ("ask: {timout: 1m}", "runtime.ask.timout", "expected `timeout`"),
         ] {
             let e = err(&format!("{GOOD}runtime:\n  {opts}\n"));
             assert_eq!(e.field, field, "{opts}: {e}");

@@ -16,7 +16,7 @@ use flower_model::{
 };
 use object_store::ObjectStore;
 
-use crate::{Batch, Claim, NewJob, Store, StoreError, Workbench};
+use crate::{Batch, Claim, Lease, NewJob, Store, StoreError, Workbench};
 
 /// One `#[tokio::test]` per store check, for one backend. `$make` names an
 /// async function returning `(store, guard)`: a fresh, empty store and what
@@ -584,6 +584,16 @@ pub async fn leases_fence_writes(store: &dyn Store) {
     let b = store.acquire_lease(job, "coordinator-b", 60_000).await.unwrap().expect("an expired lease is taken over");
     assert_eq!(b.epoch, expired.epoch + 1);
     assert!(!store.renew_lease(&a, 60_000).await.unwrap(), "the old owner's lease is gone");
+    // Renewed together: per lease, in order, whether it is still held.
+    let other = new_job(store, None).await;
+    let c = store.acquire_lease(other, "coordinator-b", 1).await.unwrap().unwrap();
+    let never = Lease { job: JobId::random(), owner: "coordinator-b".into(), epoch: 1, expires_at: 0 };
+    assert_eq!(
+        store.renew_leases(&[a.clone(), c.clone(), never, b.clone()], 60_000).await.unwrap(),
+        vec![false, true, false, true]
+    );
+    assert!(!store.orphaned_jobs(now_ms() + 30_000, 1000).await.unwrap().contains(&other), "renewed for the TTL");
+    assert!(store.renew_leases(&[], 60_000).await.unwrap().is_empty());
 
     let session = SessionId::random();
     store

@@ -277,7 +277,12 @@ pub trait Store: Send + Sync + 'static {
     /// `None` while another owner's lease is live.
     async fn acquire_lease(&self, job: JobId, owner: &str, ttl_ms: i64) -> Result<Option<Lease>>;
     /// Extend a held lease; `false` if it was lost (expired and taken, or a newer epoch).
-    async fn renew_lease(&self, lease: &Lease, ttl_ms: i64) -> Result<bool>;
+    async fn renew_lease(&self, lease: &Lease, ttl_ms: i64) -> Result<bool> {
+        Ok(self.renew_leases(std::slice::from_ref(lease), ttl_ms).await?.first().copied().unwrap_or(false))
+    }
+    /// [`Store::renew_lease`] for every lease a replica holds, in one
+    /// transaction: per lease, in order, whether it is still held.
+    async fn renew_leases(&self, leases: &[Lease], ttl_ms: i64) -> Result<Vec<bool>>;
     /// Give the lease up (expires it at once), if still held.
     async fn release_lease(&self, lease: &Lease) -> Result<()>;
 

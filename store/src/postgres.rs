@@ -650,7 +650,7 @@ impl Store for PostgresStore {
         let rows = db_query(
             &client,
             "SELECT j.id FROM jobs j LEFT JOIN leases l ON l.job_id = j.id
-                 WHERE j.state IN ('queued', 'running', 'waiting') AND (l.job_id IS NULL OR l.expires_at < $1)
+                 WHERE j.state IN ('queued', 'running', 'waiting_for_user') AND (l.job_id IS NULL OR l.expires_at < $1)
                  ORDER BY j.created_at, j.id LIMIT $2",
             &[&now_ms, &(limit as i64)],
         )
@@ -910,16 +910,46 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn renew_lease(&self, lease: &Lease, ttl_ms: i64) -> Result<bool> {
-        let held = lease.clone();
+    async fn renew_leases(&self, leases: &[Lease], ttl_ms: i64) -> Result<Vec<bool>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let held = leases.to_vec();
         self.tx(move |tx| {
             Box::pin(async move {
-                let current = lock_lease(tx, held.job).await?;
-                let Some(renewed) = rules::renew_lease(current.as_ref(), &held, now_ms(), ttl_ms) else {
-                    return Ok(false);
-                };
-                update_lease(tx, &renewed).await?;
-                Ok(true)
+                // Every row locked in one statement, in job order (two replicas
+                // renewing overlapping sets cannot deadlock), decided, and the
+                // renewed ones written in one statement.
+                let jobs: Vec<Uuid> = held.iter().map(|l| l.job.0).collect();
+                let rows = db_query(
+                    tx,
+                    "SELECT job_id, owner, epoch, expires_at FROM leases WHERE job_id = ANY($1)
+                     ORDER BY job_id FOR UPDATE",
+                    &[&jobs],
+                )
+                .await?;
+                let current: std::collections::HashMap<Uuid, Lease> = rows
+                    .iter()
+                    .map(|r| {
+                        let job = JobId(r.get(0));
+                        (job.0, Lease { job, owner: r.get(1), epoch: r.get(2), expires_at: r.get(3) })
+                    })
+                    .collect();
+                let now = now_ms();
+                let renewed: Vec<Option<Lease>> =
+                    held.iter().map(|l| rules::renew_lease(current.get(&l.job.0), l, now, ttl_ms)).collect();
+                let (ids, expiries): (Vec<Uuid>, Vec<i64>) =
+                    renewed.iter().flatten().map(|l| (l.job.0, l.expires_at)).unzip();
+                if !ids.is_empty() {
+                    db_execute(
+                        tx,
+                        "UPDATE leases SET expires_at = u.expires_at
+                         FROM UNNEST($1::uuid[], $2::bigint[]) AS u(job_id, expires_at) WHERE leases.job_id = u.job_id",
+                        &[&ids, &expiries],
+                    )
+                    .await?;
+                }
+                Ok(renewed.iter().map(Option::is_some).collect())
             })
         })
         .await

@@ -38,6 +38,21 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
+/// Statements go through the connection's statement cache: parsed once, not
+/// on every call (parsing was most of a write's instructions).
+fn exec(c: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    c.prepare_cached(sql)?.execute(p)
+}
+
+fn row<T>(
+    c: &Connection,
+    sql: &str,
+    p: impl rusqlite::Params,
+    f: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    c.prepare_cached(sql)?.query_row(p, f)
+}
+
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
         backend(e)
@@ -59,6 +74,11 @@ impl SqliteStore {
     fn init(mut conn: Connection) -> Result<Self> {
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         conn.execute_batch(PRAGMAS)?;
+        conn.set_prepared_statement_cache_capacity(64);
+        // The query planner stability guarantee: a cached statement keeps its
+        // plan whatever values are bound (without it, SQLite's STAT4 build
+        // re-parses a statement whenever an indexed column's bound value changes).
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
         migrate(&mut conn)?;
         Ok(Self { conn: Arc::new(Mutex::new(conn)) })
     }
@@ -121,13 +141,13 @@ where
 
 /// Append one event with the job's next sequence number.
 fn write_event(tx: &Transaction<'_>, job: JobId, kind: EventKind) -> Result<Event> {
-    let seq: i64 = tx.query_row(
-        "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?1",
-        params![job.to_string()],
-        |r| r.get(0),
-    )?;
+    let seq: i64 =
+        row(tx, "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?1", params![job.to_string()], |r| {
+            r.get(0)
+        })?;
     let at = now_ms();
-    tx.execute(
+    exec(
+        tx,
         "INSERT INTO events (job_id, seq, at, kind, payload) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![job.to_string(), seq, at, kind.name(), json(&kind)?],
     )?;
@@ -142,16 +162,15 @@ fn check_fence(tx: &Transaction<'_>, fence: Option<Fence>) -> Result<()> {
 }
 
 fn load_lease(conn: &Connection, job: JobId) -> Result<Option<Lease>> {
-    Ok(conn
-        .query_row("SELECT owner, epoch, expires_at FROM leases WHERE job_id = ?1", params![job.to_string()], |r| {
-            Ok(Lease { job, owner: r.get(0)?, epoch: r.get(1)?, expires_at: r.get(2)? })
-        })
-        .optional()?)
+    Ok(row(conn, "SELECT owner, epoch, expires_at FROM leases WHERE job_id = ?1", params![job.to_string()], |r| {
+        Ok(Lease { job, owner: r.get(0)?, epoch: r.get(1)?, expires_at: r.get(2)? })
+    })
+    .optional()?)
 }
 
 /// Store a lease row as [`rules`] decided it.
 fn write_lease(tx: &Transaction<'_>, lease: &Lease) -> Result<()> {
-    tx.execute(
+    exec(tx,
         "INSERT INTO leases (job_id, owner, epoch, expires_at) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (job_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, expires_at = excluded.expires_at",
         params![lease.job.to_string(), lease.owner, lease.epoch, lease.expires_at],
@@ -189,7 +208,8 @@ const JOB_COLS: &str = "id, name, state, reason, spec, final_answer, idempotency
 
 /// Insert a session row (idempotent); its start event when it is new.
 fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Option<Event>> {
-    let n = tx.execute(
+    let n = exec(
+        tx,
         "INSERT OR IGNORE INTO sessions (id, job_id, role, label, task_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![
             session.id.to_string(),
@@ -262,7 +282,7 @@ fn decode_job(cols: [Option<String>; 8], created_at: i64, updated_at: i64) -> Re
 }
 
 fn load_job(conn: &Connection, id: &str) -> Result<Option<Job>> {
-    conn.query_row(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = ?1"), params![id], |r| {
+    row(conn, &format!("SELECT {JOB_COLS} FROM jobs WHERE id = ?1"), params![id], |r| {
         Ok((job_row(r)?, r.get::<_, i64>(8)?, r.get::<_, i64>(9)?))
     })
     .optional()?
@@ -315,10 +335,10 @@ fn decode_session(r: &Row<'_>) -> Result<Session> {
 fn add_usage(tx: &Transaction<'_>, job: JobId, usage: &Usage) -> Result<()> {
     let id = job.to_string();
     let current: Option<String> =
-        tx.query_row("SELECT usage FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()?;
+        row(tx, "SELECT usage FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()?;
     let mut total: Usage = parse(&current.ok_or_else(|| StoreError::NotFound(format!("job {job}")))?)?;
     total.add(usage);
-    tx.execute("UPDATE jobs SET usage = ?2, updated_at = ?3 WHERE id = ?1", params![id, json(&total)?, now_ms()])?;
+    exec(tx, "UPDATE jobs SET usage = ?2, updated_at = ?3 WHERE id = ?1", params![id, json(&total)?, now_ms()])?;
     Ok(())
 }
 
@@ -327,16 +347,16 @@ impl Store for SqliteStore {
     async fn create_job(&self, job: NewJob) -> Result<(Job, bool)> {
         self.tx(move |tx| {
             if let Some(key) = &job.idempotency_key {
-                let existing: Option<String> = tx
-                    .query_row("SELECT id FROM jobs WHERE idempotency_key = ?1", params![key], |r| r.get(0))
-                    .optional()?;
+                let existing: Option<String> =
+                    row(tx, "SELECT id FROM jobs WHERE idempotency_key = ?1", params![key], |r| r.get(0)).optional()?;
                 if let Some(id) = existing {
                     let found = load_job(tx, &id)?.ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
                     return Ok((found, false));
                 }
             }
             let now = now_ms();
-            tx.execute(
+            exec(
+                tx,
                 &format!("INSERT INTO jobs ({JOB_COLS}) VALUES (?1, ?2, 'queued', NULL, ?3, NULL, ?4, ?5, ?6, ?6)"),
                 params![
                     job.id.to_string(),
@@ -365,7 +385,7 @@ impl Store for SqliteStore {
             return Err(StoreError::NotFound(format!("job `{id_or_prefix}`")));
         }
         self.run(move |c| {
-            let mut stmt = c.prepare("SELECT id FROM jobs WHERE id LIKE ?1 || '%' LIMIT 2")?;
+            let mut stmt = c.prepare_cached("SELECT id FROM jobs WHERE id LIKE ?1 || '%' LIMIT 2")?;
             let ids: Vec<String> = stmt.query_map(params![needle], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
             match ids.as_slice() {
                 [one] => parse_id(one),
@@ -378,7 +398,8 @@ impl Store for SqliteStore {
 
     async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>> {
         self.run(move |c| {
-            let mut stmt = c.prepare(&format!("SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id LIMIT ?1"))?;
+            let mut stmt =
+                c.prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id LIMIT ?1"))?;
             let rows: Vec<_> = stmt
                 .query_map(params![limit], |r| Ok((job_row(r)?, r.get::<_, i64>(8)?, r.get::<_, i64>(9)?)))?
                 .collect::<rusqlite::Result<_>>()?;
@@ -389,7 +410,7 @@ impl Store for SqliteStore {
 
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>> {
         self.run(move |c| {
-            let mut stmt = c.prepare("SELECT state, count(*) FROM jobs GROUP BY state")?;
+            let mut stmt = c.prepare_cached("SELECT state, count(*) FROM jobs GROUP BY state")?;
             let rows: Vec<(String, i64)> =
                 stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
             rows.into_iter()
@@ -415,7 +436,8 @@ impl Store for SqliteStore {
             let current = load_job(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
             let change = rules::set_job_state(&current, state, reason, final_answer, now_ms())?;
             let job = &change.job;
-            tx.execute(
+            exec(
+                tx,
                 "UPDATE jobs SET state = ?2, reason = ?3, final_answer = ?4, updated_at = ?5 WHERE id = ?1",
                 params![id.to_string(), job.state.as_str(), job.reason, job.final_answer, job.updated_at],
             )?;
@@ -427,9 +449,9 @@ impl Store for SqliteStore {
 
     async fn orphaned_jobs(&self, now_ms: i64, limit: u32) -> Result<Vec<JobId>> {
         self.run(move |c| {
-            let mut stmt = c.prepare(
+            let mut stmt = c.prepare_cached(
                 "SELECT j.id FROM jobs j LEFT JOIN leases l ON l.job_id = j.id
-                 WHERE j.state IN ('queued', 'running', 'waiting') AND (l.job_id IS NULL OR l.expires_at < ?1)
+                 WHERE j.state IN ('queued', 'running', 'waiting_for_user') AND (l.job_id IS NULL OR l.expires_at < ?1)
                  ORDER BY j.created_at, j.id LIMIT ?2",
             )?;
             let ids: Vec<String> =
@@ -448,7 +470,7 @@ impl Store for SqliteStore {
 
     async fn sessions(&self, job: JobId) -> Result<Vec<Session>> {
         self.run(move |c| {
-            let mut stmt = c.prepare(
+            let mut stmt = c.prepare_cached(
                 "SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE job_id = ?1 ORDER BY created_at, rowid",
             )?;
             let mut rows = stmt.query(params![job.to_string()])?;
@@ -464,7 +486,7 @@ impl Store for SqliteStore {
     async fn get_session(&self, id: SessionId) -> Result<Session> {
         self.run(move |c| {
             let mut stmt =
-                c.prepare("SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE id = ?1")?;
+                c.prepare_cached("SELECT id, job_id, role, label, task_id, created_at FROM sessions WHERE id = ?1")?;
             let mut rows = stmt.query(params![id.to_string()])?;
             match rows.next()? {
                 Some(r) => decode_session(r),
@@ -515,7 +537,7 @@ impl Store for SqliteStore {
                     out.push((existing, false));
                     continue;
                 }
-                tx.execute(
+                exec(tx,
                     &format!("INSERT INTO tasks ({TASK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', 0, NULL, NULL, NULL, ?8, ?9, ?9)"),
                     params![
                         id,
@@ -545,8 +567,9 @@ impl Store for SqliteStore {
 
     async fn tasks(&self, job: JobId) -> Result<Vec<Task>> {
         self.run(move |c| {
-            let mut stmt =
-                c.prepare(&format!("SELECT {TASK_COLS} FROM tasks WHERE job_id = ?1 ORDER BY created_at, rowid"))?;
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {TASK_COLS} FROM tasks WHERE job_id = ?1 ORDER BY created_at, rowid"
+            ))?;
             let mut rows = stmt.query(params![job.to_string()])?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
@@ -627,7 +650,7 @@ impl Store for SqliteStore {
             // Only unfinished rows are worth loading; which of them to cancel,
             // and in what order, is the rule's.
             let open: Vec<Task> = {
-                let mut stmt = tx.prepare(&format!(
+                let mut stmt = tx.prepare_cached(&format!(
                     "SELECT {TASK_COLS} FROM tasks WHERE job_id = ?1 AND state IN ('queued', 'running')"
                 ))?;
                 let mut rows = stmt.query(params![job.to_string()])?;
@@ -659,13 +682,20 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn renew_lease(&self, lease: &Lease, ttl_ms: i64) -> Result<bool> {
-        let held = lease.clone();
+    async fn renew_leases(&self, leases: &[Lease], ttl_ms: i64) -> Result<Vec<bool>> {
+        let held = leases.to_vec();
         self.tx(move |tx| {
-            let current = load_lease(tx, held.job)?;
-            let Some(renewed) = rules::renew_lease(current.as_ref(), &held, now_ms(), ttl_ms) else { return Ok(false) };
-            write_lease(tx, &renewed)?;
-            Ok(true)
+            let now = now_ms();
+            let mut out = Vec::with_capacity(held.len());
+            for lease in &held {
+                let current = load_lease(tx, lease.job)?;
+                let renewed = rules::renew_lease(current.as_ref(), lease, now, ttl_ms);
+                if let Some(r) = &renewed {
+                    write_lease(tx, r)?;
+                }
+                out.push(renewed.is_some());
+            }
+            Ok(out)
         })
         .await
     }

@@ -41,6 +41,9 @@ pub enum BenchCommand {
     /// Transcript entries/s into Postgres through the store's batch path, beside
     /// a single-row INSERT floor and a binary COPY floor measured in the same run
     Transcript(super::bench_transcript::TranscriptArgs),
+    /// The dispatch and claim path on one thread over in-memory stores, for an
+    /// instruction count that does not move with machine load (bench/callgrind)
+    Hotpath(super::bench_hotpath::HotpathArgs),
     /// From a coordinator's restart to its first resumed request: load the main
     /// thread from the store, prune it, build the request (SQLite and Postgres)
     Resume(ResumeArgs),
@@ -428,6 +431,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Orchestration(args) => orchestration(args).await,
         BenchCommand::Pruning(args) => pruning(args),
         BenchCommand::Resume(args) => resume(args).await,
+        BenchCommand::Hotpath(args) => super::bench_hotpath::hotpath(args).await,
         BenchCommand::Transcript(args) => super::bench_transcript::transcript(args).await,
     }
 }

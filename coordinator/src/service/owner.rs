@@ -98,20 +98,31 @@ impl Owner {
         }
     }
 
+    /// Renew every held lease in one store transaction (a replica running a
+    /// thousand jobs makes one round trip a tick, not a thousand).
     async fn renew(&self) {
         let leases: Vec<Lease> = self.lock().values().map(|r| r.lease.clone()).collect();
+        if leases.is_empty() {
+            return;
+        }
         let ttl = self.lease_ttl.as_millis() as i64;
-        for lease in leases {
-            match self.backends.store.renew_lease(&lease, ttl).await {
-                Ok(true) => {}
-                Ok(false) => {
+        match self.backends.store.renew_leases(&leases, ttl).await {
+            Ok(held) => {
+                for (lease, held) in leases.iter().zip(held) {
+                    if held {
+                        continue;
+                    }
                     tracing::warn!(job = %lease.job, epoch = lease.epoch, "lease lost; stopping the run");
-                    if let Some(r) = self.lock().remove(&lease.job) {
+                    let mut lock = self.lock();
+                    // Only the run this lease belongs to (not a newer one of the same job).
+                    if lock.get(&lease.job).is_some_and(|r| r.lease.epoch == lease.epoch)
+                        && let Some(r) = lock.remove(&lease.job)
+                    {
                         r.stop.stop(StopCause::LeaseLost);
                     }
                 }
-                Err(e) => tracing::warn!(job = %lease.job, error = %e, "lease not renewed; retrying"),
             }
+            Err(e) => tracing::warn!(leases = leases.len(), error = %e, "leases not renewed; retrying"),
         }
     }
 
