@@ -60,6 +60,8 @@ enum Command {
     Cancel(cmd::jobs::CancelArgs),
     /// Send a message to a running job's coordinator
     Interrupt(cmd::jobs::InterruptArgs),
+    /// Answer a question the job asked its user (it waits in `waiting_for_user`)
+    Answer(cmd::jobs::AnswerArgs),
     /// List a job's workbench files, or download one
     Artifacts(cmd::jobs::ArtifactsArgs),
     /// What entered the coordinator's context versus its subagents' (embedded store, or --server)
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
             Command::Watch(args) => cmd::submit::watch(args).await,
             Command::Cancel(args) => cmd::jobs::cancel(args).await,
             Command::Interrupt(args) => cmd::jobs::interrupt(args).await,
+            Command::Answer(args) => cmd::jobs::answer(home, args).await,
             Command::Artifacts(args) => cmd::jobs::artifacts(args).await,
             Command::Bench(c) => cmd::bench::run(c).await,
             Command::Glance(args) => cmd::glance::run(args),

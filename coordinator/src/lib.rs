@@ -4,7 +4,9 @@
 //!
 //! # Layout
 //! - [`prompts`]: the coordinator role's base system prompt
-//! - [`tools`]: `Agent`, `TodoWrite`, `Read` — nothing hands-on
+//! - [`tools`]: `Agent`, `TodoWrite`, `Read`, `ask` — nothing hands-on
+//! - [`qa_log`]: the workbench's `notes/qa-log.md`: every question, answer and
+//!   mid-run message, outside every context
 //! - [`dispatch`]: task creation (derived ids), publish, waiting for reports,
 //!   applying workspace changesets in completion order
 //! - [`runner`]: one job's coordinator session, started or resumed, to its end state
@@ -22,6 +24,7 @@ pub mod dispatch;
 pub mod handoff;
 pub mod index;
 pub mod prompts;
+pub mod qa_log;
 pub mod runner;
 pub mod service;
 pub mod stop;

@@ -18,6 +18,7 @@ use object_store::ObjectStore;
 
 use crate::dispatch::Dispatcher;
 use crate::tools::agent::AgentTool;
+use crate::tools::ask::AskTool;
 use crate::tools::bash::CommandTool;
 use crate::tools::read::CoordinatorRead;
 use crate::tools::todo::TodoTool;
@@ -277,6 +278,16 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
     tools.add(Arc::new(AgentTool::new(dispatcher.clone(), spec)));
     tools.add(Arc::new(TodoTool));
     tools.add(Arc::new(CoordinatorRead::new(workbench.clone(), workspace)));
+    if let Some(ask) = &rt.ask {
+        tools.add(Arc::new(AskTool::new(
+            ctx.journal.clone(),
+            workbench.clone(),
+            ctx.inbox.clone(),
+            ask.clone(),
+            ctx.stop.clone(),
+            "coordinator",
+        )));
+    }
     if rt.glance || !rt.delegate_only {
         tools.add(Arc::new(CommandTool::new(dispatcher, rt.delegate_only)));
     }

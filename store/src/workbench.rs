@@ -23,6 +23,19 @@ pub const MOUNT: &str = ".flower";
 /// The generated index of a workbench.
 pub const INDEX: &str = "INDEX.md";
 
+/// Files kept for the people following a job, never shown to a session:
+/// left out of the index and of workers' mirrors, refused to the
+/// coordinator's `Read`, never overwritten by a mirror's sync. Users read
+/// them like any workbench file (`flower artifacts JOB get …`).
+pub const USER_ONLY: &[&str] = &["notes/qa-log.md"];
+
+/// Whether `rel` names a [`USER_ONLY`] file (however it is spelled: `./`,
+/// doubled slashes).
+pub fn is_user_only(rel: &str) -> bool {
+    let norm: Vec<&str> = rel.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    USER_ONLY.iter().any(|u| u.split('/').eq(norm.iter().copied()))
+}
+
 /// Entries listed in the index before "… N more" (the seed's default).
 pub const INDEX_ENTRIES: usize = 40;
 
@@ -115,7 +128,7 @@ impl Workbench {
     /// [`Workbench::render_index`], reading only descriptions `cache` lacks.
     pub async fn render_index_with(&self, max_entries: usize, cache: &mut DescriptionCache) -> Result<String> {
         let files: Vec<(String, u64, String)> =
-            self.list_versions().await?.into_iter().filter(|(p, _, _)| p != INDEX).collect();
+            self.list_versions().await?.into_iter().filter(|(p, _, _)| p != INDEX && !is_user_only(p)).collect();
         let mut out = String::from("# Workbench index\n");
         let mut shown = 0;
         let mut hidden = 0;
@@ -201,7 +214,7 @@ impl Workbench {
             Ok(())
         })
         .await?;
-        for (rel, _) in self.list().await? {
+        for (rel, _) in self.list().await?.into_iter().filter(|(rel, _)| !is_user_only(rel)) {
             let bytes = self.get(&rel).await?;
             let d = dir.clone();
             blocking(move || localfs::write_file(&d, &rel, &bytes)).await?;
@@ -217,7 +230,7 @@ impl Workbench {
         let now = blocking(move || localfs::scan(&d, &[])).await?;
         let mut report = SyncReport::default();
         for (rel, file) in &now {
-            if base.get(rel) != Some(file) {
+            if base.get(rel) != Some(file) && !is_user_only(rel) {
                 let path = dir.join(rel);
                 let bytes = tokio::fs::read(&path).await.map_err(|e| StoreError::Backend(e.to_string()))?;
                 self.put(rel, bytes).await?;
@@ -225,7 +238,7 @@ impl Workbench {
             }
         }
         for rel in base.keys() {
-            if !now.contains_key(rel) {
+            if !now.contains_key(rel) && !is_user_only(rel) {
                 match self.delete(rel).await {
                     Ok(()) | Err(StoreError::NotFound(_)) => report.deleted.push(rel.clone()),
                     Err(e) => return Err(e),
@@ -290,5 +303,24 @@ mod tests {
         assert!(capped.ends_with("… 8 more\n"), "{capped}");
         let diff = index_diff(&index, &wb.render_index(INDEX_ENTRIES).await.unwrap());
         assert!(diff.contains("+ - notes/n00.md — decision 0 (16 B)") && diff.contains("- (empty)"), "{diff}");
+    }
+
+    #[tokio::test]
+    async fn user_only_files_reach_no_session() {
+        assert!(is_user_only("notes/qa-log.md") && is_user_only("./notes//qa-log.md"));
+        assert!(!is_user_only("notes/qa-log.md.bak") && !is_user_only("qa-log.md"));
+        let wb = Workbench::new(Arc::new(object_store::memory::InMemory::new()), JobId::random());
+        wb.put("notes/qa-log.md", b"# Questions\nsecret answer\n".to_vec()).await.unwrap();
+        wb.put("notes/plan.md", b"desc: the plan\n".to_vec()).await.unwrap();
+        let index = wb.render_index(INDEX_ENTRIES).await.unwrap();
+        assert!(index.contains("notes/plan.md") && !index.contains("qa-log"), "{index}");
+        let dir = tempfile::tempdir().unwrap();
+        let mut base = wb.materialize(dir.path()).await.unwrap();
+        assert!(dir.path().join("notes/plan.md").exists() && !dir.path().join("notes/qa-log.md").exists());
+        // A session writing the file in its mirror changes nothing.
+        std::fs::write(dir.path().join("notes/qa-log.md"), "forged").unwrap();
+        let report = wb.sync(dir.path(), &mut base).await.unwrap();
+        assert!(report.uploaded.is_empty(), "{report:?}");
+        assert_eq!(&wb.get("notes/qa-log.md").await.unwrap()[..], b"# Questions\nsecret answer\n");
     }
 }

@@ -535,3 +535,72 @@ async fn a_cancel_ends_the_running_job_and_its_owner_lets_it_go() {
     assert_eq!(succeeded, 0, "the sleeping task did not run to its end");
     c.stop().await;
 }
+
+/// Acceptance (human channel): the job asks, waits in `waiting_for_user`;
+/// the coordinator that asked is killed; the answer, sent over gRPC to the
+/// surviving replica meanwhile, is not lost: the new owner asks nothing again,
+/// takes the stored answer, and the job finishes with it. The question and
+/// the answer are in `notes/qa-log.md`, and the log is in no context.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_sent_while_the_asking_coordinator_is_killed_is_not_lost() {
+    let mut c = Cluster::start(Options { coordinators: 2, workers: 1, lease_ttl: "2s", ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/ask.yaml"));
+    c.wait_job(&job, "waiting_for_user").await;
+    let pg = c.pg().await;
+    let owner: String =
+        pg.query_one(&format!("SELECT owner FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
+    let victim = c.coordinators.iter_mut().find(|p| p.id() == owner).expect("the owner is one of ours");
+    victim.kill9();
+
+    // Bad answers are refused with statuses that say why, and store nothing.
+    let out = c.flower(&["answer", &job, "--option", "3"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 options"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = c.flower(&["answer", &job, "--question", "toolu_nope", "CSV"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a question of this job"));
+
+    let out = c.flower(&["answer", &job, "--option", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    c.wait_job(&job, "succeeded").await;
+    let answer: String =
+        pg.query_one(&format!("SELECT final_answer FROM jobs WHERE id = '{job}'"), &[]).await.unwrap().get(0);
+    assert_eq!(answer, "asked: The user chose option 2: CSV / wrote: report written");
+    let count = |kind: &'static str| {
+        let (pg, job) = (&pg, job.clone());
+        async move {
+            let q = format!("SELECT count(*) FROM events WHERE job_id = '{job}' AND kind = '{kind}'");
+            pg.query_one(&q, &[]).await.unwrap().get::<_, i64>(0)
+        }
+    };
+    assert_eq!(count("question_asked").await, 1, "the new owner did not ask again");
+    assert_eq!(count("question_answered").await, 1);
+    let states: Vec<String> = pg
+        .query(
+            &format!("SELECT payload->>'state' FROM events WHERE job_id = '{job}' AND kind = 'job_state' ORDER BY seq"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(states.contains(&"waiting_for_user".to_string()), "{states:?}");
+    assert_eq!(states.last().map(String::as_str), Some("succeeded"));
+
+    let log = c.flower(&["artifacts", &job, "get", "notes/qa-log.md"]);
+    assert!(log.status.success(), "{}", String::from_utf8_lossy(&log.stderr));
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(log.contains("Which format should the report use?") && log.contains("option 2: CSV"), "{log}");
+    let leaked: i64 = pg
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM entries WHERE job_id = '{job}' AND body LIKE '%Questions, answers and messages%'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(leaked, 0, "the log enters no context");
+    c.stop().await;
+}

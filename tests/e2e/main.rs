@@ -3,6 +3,8 @@
 //! otherwise). Each test has its own `FLOWER_HOME`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod ask;
+mod bench;
 mod cluster;
 mod pggate;
 mod support;

@@ -109,3 +109,56 @@ pub async fn artifacts(args: ArtifactsArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("reply").required(true).args(["text", "option"])))]
+pub struct AnswerArgs {
+    /// The job (full id, or a unique prefix for the embedded store)
+    pub job: String,
+    /// The answer in words
+    pub text: Option<String>,
+    /// Choose one of the question's options instead (from 1)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub option: Option<u32>,
+    /// The question's id (the `question_asked` event's `id`); default: the one waiting
+    #[arg(long)]
+    pub question: Option<String>,
+    /// Print the job's state as JSON
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `flower answer`: the user's answer to a question the job asked — over the
+/// service with `--server`, else into the embedded store, where the running
+/// `flower run` finds it.
+pub async fn answer(home: PathBuf, args: AnswerArgs) -> anyhow::Result<ExitCode> {
+    let state = if args.server.configured() {
+        let mut c = args.server.connect().await?;
+        let req = pb::AnswerRequest {
+            job_id: args.job.clone(),
+            question_id: args.question.clone().unwrap_or_default(),
+            text: args.text.clone().unwrap_or_default(),
+            option: args.option.unwrap_or(0),
+        };
+        c.answer(req).await.map_err(status_error)?.into_inner().state
+    } else {
+        use flower_coordinator::tools::ask::{Reply, answer};
+        let store = super::open_store(&home)?;
+        let job = super::resolve_job(store.as_ref(), &args.job).await?;
+        let reply = match (&args.text, args.option) {
+            (_, Some(n)) => Reply::Option(n),
+            (Some(t), None) => Reply::Text(t.clone()),
+            (None, None) => anyhow::bail!("give the answer, or --option N"),
+        };
+        answer(store.as_ref(), job, args.question.as_deref(), reply).await?;
+        store.get_job(job).await?.state.to_string()
+    };
+    if args.json {
+        println!("{}", serde_json::json!({"job_id": args.job, "state": state}));
+    } else {
+        println!("answer sent to job {} ({state})", args.job);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -301,6 +301,23 @@ impl Progress {
             EventKind::WorkspaceConflict { path, .. } => {
                 self.line(format!("  ! workspace conflict on {path} (later change kept)"))
             }
+            EventKind::QuestionAsked { id, role, question, options, .. } => {
+                let mut text =
+                    format!("  ? the {role} asks (question {id}):\n    {}", question.replace('\n', "\n    "));
+                for (i, o) in options.iter().enumerate() {
+                    text.push_str(&format!("\n    {}. {o}", i + 1));
+                }
+                text.push_str(&format!(
+                    "\n    answer from another terminal: flower answer {} {}",
+                    self.job,
+                    if options.is_empty() { "TEXT" } else { "[--option N | TEXT]" }
+                ));
+                self.line(text);
+            }
+            EventKind::QuestionAnswered { answer, by, .. } => self.line(format!(
+                "  = answered{}: {answer}",
+                if by == "user" { String::new() } else { format!(" ({by})") }
+            )),
             EventKind::JobState { state, .. } if state.is_terminal() => self.bar.finish_and_clear(),
             _ => {}
         }

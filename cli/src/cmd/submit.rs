@@ -141,9 +141,15 @@ async fn follow(client: &mut Client, job: &str, mut cursor: i64, json: bool) -> 
                         );
                     } else if let Some(b) = &bar {
                         b.set_message(format!("#{} {}", e.seq, e.kind));
-                        if matches!(
+                        if e.kind == "question_asked" {
+                            let q: serde_json::Value = serde_json::from_str(&e.payload_json).unwrap_or_default();
+                            b.suspend(|| eprintln!("{}", show_question(job, &q)));
+                            if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+                                answer_at_terminal(client.clone(), job.to_string(), q);
+                            }
+                        } else if matches!(
                             e.kind.as_str(),
-                            "task_queued" | "task_finished" | "job_state" | "workspace_conflict"
+                            "task_queued" | "task_finished" | "job_state" | "workspace_conflict" | "question_answered"
                         ) {
                             b.suspend(|| eprintln!("  #{} {} {}", e.seq, e.kind, e.payload_json));
                         }
@@ -185,4 +191,56 @@ async fn follow(client: &mut Client, job: &str, mut cursor: i64, json: bool) -> 
             }
         }
     }
+}
+
+/// A question as `flower watch` shows it: the text, the options, how to answer.
+fn show_question(job: &str, q: &serde_json::Value) -> String {
+    let mut out = format!(
+        "\n? the {} asks (question {}):\n  {}\n",
+        q["role"].as_str().unwrap_or("job"),
+        q["id"].as_str().unwrap_or_default(),
+        q["question"].as_str().unwrap_or_default().replace('\n', "\n  ")
+    );
+    let options: Vec<&str> =
+        q["options"].as_array().map(|o| o.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
+    for (i, o) in options.iter().enumerate() {
+        out.push_str(&format!("  {}. {o}\n", i + 1));
+    }
+    out.push_str(&format!(
+        "  answer here ({}words, then Enter), or: flower answer {job} {}\n",
+        if options.is_empty() { "" } else { "an option's number or " },
+        if options.is_empty() { "TEXT" } else { "[--option N | TEXT]" }
+    ));
+    out
+}
+
+/// Read one line from the terminal and send it as the answer to `q`: a
+/// number that names an option chooses it, anything else is the answer in
+/// words. A question answered elsewhere first makes this one's send fail
+/// harmlessly (FAILED_PRECONDITION, printed).
+fn answer_at_terminal(mut client: Client, job: String, q: serde_json::Value) {
+    tokio::spawn(async move {
+        let line = tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).map(|_| line)
+        })
+        .await;
+        let Ok(Ok(line)) = line else { return };
+        let line = line.trim().to_string();
+        if line.is_empty() {
+            return;
+        }
+        let count = q["options"].as_array().map_or(0, Vec::len);
+        let option = line.parse::<u32>().ok().filter(|n| (1..=count as u32).contains(n));
+        let req = pb::AnswerRequest {
+            job_id: job,
+            question_id: q["id"].as_str().unwrap_or_default().to_string(),
+            text: if option.is_some() { String::new() } else { line },
+            option: option.unwrap_or(0),
+        };
+        match client.answer(req).await {
+            Ok(_) => eprintln!("  answer sent"),
+            Err(s) => eprintln!("  answer not taken: {}", s.message()),
+        }
+    });
 }

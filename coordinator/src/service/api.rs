@@ -264,6 +264,42 @@ impl Flower for Api {
         Ok(Response::new(job_to_pb(&job)))
     }
 
+    async fn answer(&self, req: Request<pb::AnswerRequest>) -> Result<Response<pb::Job>, Status> {
+        use crate::tools::ask::{AnswerError, Reply};
+        let r = req.into_inner();
+        let job = self.job("job_id", &r.job_id).await?;
+        let reply = match (r.text.trim().is_empty(), r.option) {
+            (false, 0) => {
+                check_text("text", &r.text, flower_model::spec::MAX_MESSAGE_BYTES)?;
+                Reply::Text(r.text)
+            }
+            (true, 0) => return Err(status::invalid("text", "required (or `option`, from 1)")),
+            (true, n) => Reply::Option(n),
+            (false, _) => return Err(status::invalid("option", "give `text` or `option`, not both")),
+        };
+        if !r.question_id.is_empty() {
+            check_text("question_id", &r.question_id, 256)?;
+        }
+        let question = Some(r.question_id.as_str()).filter(|q| !q.is_empty());
+        let written =
+            crate::tools::ask::answer(self.b.store.as_ref(), job.id, question, reply).await.map_err(|e| match e {
+                AnswerError::Store(e) => from_store(e),
+                AnswerError::UnknownQuestion(_) => Status::not_found(e.to_string()),
+                AnswerError::NoSuchOption { .. } => status::invalid("option", &e),
+                AnswerError::Empty => status::invalid("text", &e),
+                AnswerError::Ambiguous { .. } => status::invalid("question_id", &e),
+                AnswerError::NothingPending(_) | AnswerError::AlreadyAnswered { .. } | AnswerError::JobEnded { .. } => {
+                    Status::failed_precondition(e.to_string())
+                }
+            })?;
+        if let Some(last) = written.events.last() {
+            let _ = self.b.notifier.notify(Notice::Events { job: job.id, seq: last.seq }).await;
+        }
+        // The owner reads the job's events on this one, and wakes the waiting call.
+        let _ = self.b.notifier.notify(Notice::Interrupt { job: job.id }).await;
+        Ok(Response::new(job_to_pb(&self.b.store.get_job(job.id).await.map_err(from_store)?)))
+    }
+
     async fn get_transcript(
         &self,
         req: Request<pb::GetTranscriptRequest>,

@@ -257,15 +257,29 @@ impl Owner {
         let Ok(events) = self.backends.store.events(job, cursor, 1000).await else { return };
         let mut lock = self.lock();
         let Some(r) = lock.get_mut(&job) else { return };
+        let mut messages = Vec::new();
         for e in events {
             r.cursor = r.cursor.max(e.seq);
             match e.kind {
-                EventKind::UserMessage { text } => r.inbox.push(format!(
-                    "[a message from the user, sent while the job runs: adjust and continue — don't start over]\n{text}"
-                )),
+                EventKind::UserMessage { text } => {
+                    r.inbox.push(format!(
+                        "[a message from the user, sent while the job runs: adjust and continue — don't start over]\n{text}"
+                    ));
+                    messages.push(text);
+                }
+                EventKind::QuestionAnswered { .. } => r.inbox.answer_arrived(),
                 EventKind::JobState { state: JobState::Cancelled, .. } => r.stop.stop(StopCause::User),
                 _ => {}
             }
+        }
+        drop(lock);
+        if !messages.is_empty() {
+            let workbench = flower_store::Workbench::new(self.backends.objects.clone(), job);
+            tokio::spawn(async move {
+                for text in messages {
+                    crate::qa_log::message(&workbench, &text).await;
+                }
+            });
         }
     }
 }

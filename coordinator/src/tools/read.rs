@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use flower_agent::tool::read::{number_lines, read_schema};
 use flower_agent::tool::{str_field, uint_field};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
-use flower_store::workbench::MOUNT;
+use flower_store::workbench::{MOUNT, is_user_only};
 use flower_store::workspace::Workspace;
 use flower_store::{StoreError, Workbench};
 use serde_json::Value;
@@ -44,6 +44,11 @@ impl Tool for CoordinatorRead {
         let limit = uint_field(&input, "limit")?.map_or(2000, |l| l as usize);
         let path = given.trim_start_matches("./");
         let got = match path.strip_prefix(MOUNT).and_then(|p| p.strip_prefix('/')) {
+            Some(rel) if is_user_only(rel) => {
+                return Err(ToolError::RespondToModel(format!(
+                    "{given}: kept for the user, not for sessions (the answers to your own questions are their results)"
+                )));
+            }
             Some(rel) => self.workbench.get(rel).await,
             None => self.workspace.read(path).await,
         };
