@@ -12,6 +12,7 @@
 //! - [`runner`]: one job's coordinator session, started or resumed, to its end state
 //! - [`context`]: the context report of a job (main thread vs subagents)
 //! - [`index`]: the workbench index as notices to the main thread (layer 2)
+//! - [`judge`]: the judge session and its verdicts (`workflow.judge`)
 //! - [`handoff`]: a new main-thread session from a handoff document when the context fills
 //! - [`service`]: the gRPC service, leases and takeover (distributed mode)
 //! - [`stop`]: why a run stops (a user's cancel, a lost lease, a shutdown)
@@ -23,6 +24,7 @@ pub mod context;
 pub mod dispatch;
 pub mod handoff;
 pub mod index;
+pub mod judge;
 pub mod prompts;
 pub mod qa_log;
 pub mod runner;

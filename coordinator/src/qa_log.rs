@@ -1,7 +1,7 @@
 //! `notes/qa-log.md` in the job's workbench: every question a session asked
 //! the user, every answer (or "no answer"), and every message the user sent
 //! while the job ran — a record for the people following the job, never
-//! read into a context (docs/design.md section 12).
+//! read into a context (docs/design.md section 10).
 //!
 //! Appends are read-modify-write of one object, serialised in this process
 //! (one owner runs a job at a time). The log is a record, not the source of

@@ -65,7 +65,12 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Option<Finished>
     let start = open_session(ctx, &spec, job_id).await?;
     let limits =
         flower_agent::limits::JobLimits::new(store.clone(), job_id, &spec.runtime.budget, &spec.model, job.created_at);
-    let driven = drive(ctx, &spec, job_id, start, limits).await?;
+    let mut driven = drive(ctx, &spec, job_id, start, limits.clone()).await?;
+    if let Some(judge) = &spec.workflow.judge
+        && !ctx.stop.handing_over()
+    {
+        driven = judged(ctx, &spec, job_id, driven, limits, judge.rounds).await?;
+    }
     if ctx.stop.handing_over() {
         tracing::info!(job = %job_id, cause = ?ctx.stop.cause(), "run stopped; the job is left for the next owner");
         return Ok(None);
@@ -168,6 +173,72 @@ async fn drive(
             }
             other => return Ok(Driven { outcome: Ok(other), session, earlier_turns }),
         }
+    }
+}
+
+/// The judge loop (`workflow.judge`, docs/design.md section 11): each final
+/// answer is judged; `not_yet` sends the failed checks back to the same
+/// coordinator session as its next instruction, until `rounds` verdicts. A
+/// resumed run goes on from the last stored verdict.
+async fn judged(
+    ctx: &JobContext,
+    spec: &JobSpec,
+    job_id: JobId,
+    mut driven: Driven,
+    limits: Option<Arc<flower_agent::limits::JobLimits>>,
+    rounds: u32,
+) -> Result<Driven, StoreError> {
+    use crate::judge::{Verdict, judge, last_verdict, next_round_instruction};
+    let store = ctx.journal.store().clone();
+    let mut last = last_verdict(store.as_ref(), job_id).await?;
+    loop {
+        let round = match &last {
+            None => 1,
+            Some((_, Verdict::Achieved { .. })) => return Ok(driven),
+            Some((n, Verdict::Unreachable { reason })) => {
+                driven.outcome = Err(format!("the judge found the goal unreachable (round {n}): {reason}"));
+                return Ok(driven);
+            }
+            Some((n, Verdict::NotYet { failed, reason })) if *n >= rounds => {
+                driven.outcome = Err(format!(
+                    "the goal is not achieved after {rounds} judge round(s): {reason} (failed: {})",
+                    failed.join("; ")
+                ));
+                return Ok(driven);
+            }
+            Some((n, Verdict::NotYet { failed, reason })) => {
+                // Back to the coordinator, in the same session.
+                let instruction = next_round_instruction(*n, rounds, failed, reason);
+                let stored = store.entries(driven.session, 0, u32::MAX).await?;
+                let history = load_pruned(stored, spec, &Workbench::new(ctx.objects.clone(), job_id)).await?;
+                let generation = store.sessions(job_id).await?.iter().filter(|s| s.role == Role::Coordinator).count();
+                let start = Start {
+                    session: driven.session,
+                    history,
+                    input: Some(vec![ContentBlock::text(instruction)]),
+                    generation: generation.max(1) as u32,
+                };
+                let earlier = driven.earlier_turns + answered_turns(&driven);
+                driven = drive(ctx, spec, job_id, start, limits.clone()).await?;
+                driven.earlier_turns += earlier;
+                n + 1
+            }
+        };
+        let answer = match &driven.outcome {
+            Ok(Ok(Outcome::Answered { text, .. })) if !ctx.stop.is_stopped() => text.clone(),
+            _ => return Ok(driven),
+        };
+        match judge(ctx, spec, job_id, round, rounds, &answer).await? {
+            Some(v) => last = Some((round, v)),
+            None => return Ok(driven),
+        }
+    }
+}
+
+fn answered_turns(d: &Driven) -> u32 {
+    match &d.outcome {
+        Ok(Ok(Outcome::Answered { turns, .. })) => *turns,
+        _ => 0,
     }
 }
 

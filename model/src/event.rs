@@ -155,6 +155,17 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         options: Vec<String>,
     },
+    /// A judge's verdict on the coordinator's answer (`workflow.judge`):
+    /// `achieved`, `not_yet` (the failed checks go back to the coordinator)
+    /// or `unreachable`; `round` counts from 1.
+    JudgeVerdict {
+        round: u32,
+        session: SessionId,
+        verdict: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        failed: Vec<String>,
+        reason: String,
+    },
     /// The answer to question `id`: the user's (`by: user`, with the chosen
     /// option's number from 1 when one was picked), or "no answer" after the
     /// timeout (`by: timeout`) or over the limit (`by: limit`). The first
@@ -184,6 +195,7 @@ impl EventKind {
             Self::WorkspaceConflict { .. } => "workspace_conflict",
             Self::QuestionAsked { .. } => "question_asked",
             Self::QuestionAnswered { .. } => "question_answered",
+            Self::JudgeVerdict { .. } => "judge_verdict",
             Self::UserMessage { .. } => "user_message",
             Self::Spill { .. } => "spill",
             Self::HandoffWarning { .. } => "handoff_warning",

@@ -193,6 +193,8 @@ pub enum TaskOutcome {
 pub enum Role {
     Coordinator,
     Worker,
+    /// Checks the coordinator's result against the goal (`workflow.judge`).
+    Judge,
 }
 
 impl Role {
@@ -200,6 +202,7 @@ impl Role {
         match self {
             Self::Coordinator => "coordinator",
             Self::Worker => "worker",
+            Self::Judge => "judge",
         }
     }
 }
@@ -210,6 +213,7 @@ impl FromStr for Role {
         match s {
             "coordinator" => Ok(Self::Coordinator),
             "worker" => Ok(Self::Worker),
+            "judge" => Ok(Self::Judge),
             other => Err(UnknownState(other.to_string())),
         }
     }

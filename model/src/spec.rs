@@ -49,6 +49,9 @@ pub struct JobSpec {
     pub mcp_servers: BTreeMap<String, McpServerSpec>,
     #[serde(default)]
     pub runtime: RuntimeOptions,
+    /// Steps around the coordinator's run (default: none).
+    #[serde(default, skip_serializing_if = "Workflow::is_empty")]
+    pub workflow: Workflow,
 }
 
 /// An MCP server a job's workers connect to: stdio (`command`) or
@@ -228,6 +231,39 @@ pub struct RuntimeOptions {
     /// (`waiting_for_user`); without it (the default), no session asks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ask: Option<AskOptions>,
+}
+
+/// Steps around the coordinator's run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Workflow {
+    /// After the coordinator's final answer, a judge session checks the
+    /// result against the goal; "not yet" sends the failed checks back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judge: Option<JudgeOptions>,
+}
+
+impl Workflow {
+    pub fn is_empty(&self) -> bool {
+        self.judge.is_none()
+    }
+}
+
+/// `workflow.judge`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JudgeOptions {
+    /// Verdicts before the job ends failed (default 3; 1 to 10).
+    pub rounds: u32,
+    /// Whether the judge may run commands (as tasks on workers). Not
+    /// supported yet: the judge reads the workbench and the workspace.
+    pub can_run: bool,
+}
+
+impl Default for JudgeOptions {
+    fn default() -> Self {
+        Self { rounds: 3, can_run: false }
+    }
 }
 
 /// How a job asks its user (`runtime.ask`).
@@ -551,6 +587,7 @@ impl JobSpec {
         self.validate_coordinator_workers()?;
         self.validate_provider()?;
         self.validate_ask()?;
+        self.validate_workflow()?;
         for (name, m) in &self.mcp_servers {
             validate_mcp_server(name, m)?;
         }
@@ -624,6 +661,20 @@ impl JobSpec {
                     format!("no worker named `{name}` (defined under `workers`: {})", known.join(", ")),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    fn validate_workflow(&self) -> Result<(), SpecError> {
+        let Some(judge) = &self.workflow.judge else { return Ok(()) };
+        if !(1..=10).contains(&judge.rounds) {
+            return Err(SpecError::new("workflow.judge.rounds", "must be between 1 and 10"));
+        }
+        if judge.can_run {
+            return Err(SpecError::new(
+                "workflow.judge.can_run",
+                "not supported yet: the judge reads the workbench and the workspace (leave it false)",
+            ));
         }
         Ok(())
     }
@@ -1049,6 +1100,23 @@ workers:
 
     fn err_v(v: serde_json::Value) -> SpecError {
         JobSpec::from_value(v).unwrap_err()
+    }
+
+    #[test]
+    fn the_judge_is_checked() {
+        for (opts, field, says) in [
+            ("judge: {rounds: 0}", "workflow.judge.rounds", "1 and 10"),
+            ("judge: {rounds: 11}", "workflow.judge.rounds", "1 and 10"),
+            ("judge: {can_run: true}", "workflow.judge.can_run", "not supported yet"),
+            ("judges: {}", "workflow.judges", "unknown field"),
+        ] {
+            let e = err(&format!("{GOOD}workflow:\n  {opts}\n"));
+            assert_eq!(e.field, field, "{opts}: {e}");
+            assert!(e.message.contains(says), "{opts}: {e}");
+        }
+        let spec = JobSpec::parse(&format!("{GOOD}workflow:\n  judge: {{}}\n")).unwrap();
+        assert_eq!(spec.workflow.judge, Some(JudgeOptions { rounds: 3, can_run: false }));
+        assert!(JobSpec::parse(GOOD).unwrap().workflow.is_empty());
     }
 
     #[test]

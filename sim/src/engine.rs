@@ -304,14 +304,29 @@ fn planned(model: String, content: Vec<Value>, input_tokens: u64, drop_stream: b
 
 /// The step chosen by its branches, given the last tool result.
 fn choose<'a>(step: &'a Step, messages: &[Value]) -> (Option<&'a String>, &'a [ToolCall]) {
-    if let Some((text, is_error)) = last_tool_result(messages) {
-        for b in &step.branches {
-            if b.when.matches(&text, is_error) {
-                return (b.text.as_ref(), &b.tool_calls);
-            }
+    let result = last_tool_result(messages);
+    let said = last_user_text(messages);
+    for b in &step.branches {
+        let hit = match &b.when.user {
+            Some(needle) => said.as_deref().is_some_and(|t| t.contains(needle.as_str())),
+            None => result.as_ref().is_some_and(|(text, is_error)| b.when.matches(text, *is_error)),
+        };
+        if hit {
+            return (b.text.as_ref(), &b.tool_calls);
         }
     }
     (step.text.as_ref(), &step.tool_calls)
+}
+
+/// The text of the request's last message when it is the user's own (text
+/// blocks, no tool result).
+fn last_user_text(messages: &[Value]) -> Option<String> {
+    let last = messages.last().filter(|m| m["role"] == "user")?;
+    match &last["content"] {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(blocks) if blocks.iter().all(|b| b["type"] == "text") => Some(content_text(&last["content"])),
+        _ => None,
+    }
 }
 
 /// The step index encoded in a tool_use id written by the simulator.
@@ -579,6 +594,34 @@ roles:
 
         // The same request again gives the same step: choice is stateless.
         assert_eq!(msg(e.reply(&req(history))).content, second.content);
+    }
+
+    #[test]
+    fn an_instruction_after_a_final_answer_takes_a_user_branch() {
+        let e = Engine::new(
+            Scenario::parse(
+                "roles:\n  - name: c\n    match: {system: coordinator}\n    steps:\n      - id: answer\n        text: first\n        branches:\n          - when: {user: \"try again\"}\n            tool_calls: [{name: Read, input: {file_path: a}}]\n      - id: again\n        text: \"second: {{last_result}}\"\n",
+            )
+            .unwrap(),
+        );
+        let first = msg(e.reply(&req(json!([{"role": "user", "content": "go"}]))));
+        assert_eq!(
+            first.content,
+            vec![json!({"type": "text", "text": "first"})],
+            "no instruction yet: the step itself"
+        );
+        let told = json!([
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": [{"type": "text", "text": "[judge] try again"}]},
+        ]);
+        let retry = msg(e.reply(&req(told.clone())));
+        assert_eq!(retry.stop_reason, "tool_use", "the branch's calls");
+        let id = retry.content.iter().find_map(|b| b["id"].as_str()).unwrap().to_string();
+        let mut after = told.as_array().unwrap().clone();
+        after.push(json!({"role": "assistant", "content": retry.content}));
+        after.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "A"}]}));
+        assert_eq!(msg(e.reply(&req(json!(after)))).content, vec![json!({"type": "text", "text": "second: A"})]);
     }
 
     #[test]

@@ -28,7 +28,10 @@
 //! **Branches.** A step may hold `branches`, each with a `when` tested against
 //! the last tool result of the request: `{error: true}` (an error result),
 //! `{denied: true}` (an error result whose text contains `Denied by`), or
-//! `{contains: "text"}`. The first branch that matches replaces the step's
+//! `{contains: "text"}`; or, with `{user: "text"}`, against the request's
+//! last message when it is the user's own text (an instruction given after
+//! a final answer: the step that answered plays again, so a branch on it takes
+//! the conversation on). The first branch that matches replaces the step's
 //! `text`/`tool_calls`; none matching plays the step itself.
 //!
 //! **Templating** in texts and string inputs: `{{last_result}}` is the text of
@@ -166,6 +169,11 @@ pub struct When {
     pub denied: Option<bool>,
     #[serde(default)]
     pub contains: Option<String>,
+    /// Matches when the request ends with a user's own message (no tool
+    /// result) containing this: an instruction after a final answer (a
+    /// judge's verdict, an interrupt) takes the conversation on.
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

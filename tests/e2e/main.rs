@@ -16,6 +16,7 @@ mod handoff;
 mod hostile;
 mod invalid_specs;
 mod isolation;
+mod judge;
 mod long_horizon;
 mod metrics;
 mod migrate;

@@ -318,6 +318,13 @@ impl Progress {
                 "  = answered{}: {answer}",
                 if by == "user" { String::new() } else { format!(" ({by})") }
             )),
+            EventKind::JudgeVerdict { round, verdict, failed, reason, .. } => {
+                let mut text = format!("  ⚖ judge, round {round}: {verdict} — {reason}");
+                for f in failed {
+                    text.push_str(&format!("\n    ✗ {f}"));
+                }
+                self.line(text);
+            }
             EventKind::JobState { state, .. } if state.is_terminal() => self.bar.finish_and_clear(),
             _ => {}
         }

@@ -29,15 +29,25 @@ pub async fn run(home: std::path::PathBuf, args: StatusArgs) -> anyhow::Result<E
         Some(id) => vec![store.get_job(resolve_job(store.as_ref(), id).await?).await?],
         None => store.list_jobs(args.limit).await?,
     };
+    // One job: its workflow record too (the judge's verdicts, the questions asked).
+    let record = match (&args.job, jobs.first()) {
+        (Some(_), Some(j)) => Some(workflow_record(store.as_ref(), j.id).await?),
+        _ => None,
+    };
     if args.json {
         let out: Vec<serde_json::Value> = jobs
             .iter()
             .map(|j| {
-                serde_json::json!({
+                let mut v = serde_json::json!({
                     "id": j.id, "name": j.name, "state": j.state, "reason": j.reason,
                     "final_answer": j.final_answer, "usage": j.usage,
                     "created_at": j.created_at, "updated_at": j.updated_at,
-                })
+                });
+                if let Some((verdicts, questions)) = &record {
+                    v["verdicts"] = serde_json::json!(verdicts);
+                    v["questions"] = serde_json::json!(questions);
+                }
+                v
             })
             .collect();
         let value =
@@ -61,7 +71,63 @@ pub async fn run(home: std::path::PathBuf, args: StatusArgs) -> anyhow::Result<E
             j.reason.as_deref().map(|r| format!("  ({r})")).unwrap_or_default()
         );
     }
+    if let Some((verdicts, questions)) = &record {
+        for v in verdicts {
+            let failed = v["failed"].as_array().map(|f| f.len()).unwrap_or(0);
+            println!(
+                "  judge round {}: {}{} — {}",
+                v["round"],
+                v["verdict"].as_str().unwrap_or_default(),
+                if failed > 0 { format!(" ({failed} checks failed)") } else { String::new() },
+                v["reason"].as_str().unwrap_or_default()
+            );
+        }
+        for q in questions {
+            println!(
+                "  asked ({}): {} → {}",
+                q["role"].as_str().unwrap_or_default(),
+                q["question"].as_str().unwrap_or_default(),
+                q["answer"].as_str().unwrap_or("(waiting)")
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A job's verdicts and questions (with their answers), from its events.
+async fn workflow_record(
+    store: &dyn flower_store::Store,
+    job: flower_model::JobId,
+) -> anyhow::Result<(Vec<serde_json::Value>, Vec<serde_json::Value>)> {
+    use flower_model::EventKind;
+    let (mut verdicts, mut questions) = (Vec::new(), Vec::<serde_json::Value>::new());
+    let mut cursor = 0;
+    loop {
+        let page = store.events(job, cursor, 1_000).await?;
+        for e in &page {
+            cursor = e.seq;
+            match &e.kind {
+                EventKind::JudgeVerdict { round, session, verdict, failed, reason } => {
+                    verdicts.push(serde_json::json!({
+                        "round": round, "session": session, "verdict": verdict, "failed": failed, "reason": reason,
+                    }))
+                }
+                EventKind::QuestionAsked { id, role, question, options, .. } => questions.push(serde_json::json!({
+                    "id": id, "role": role, "question": question, "options": options,
+                })),
+                EventKind::QuestionAnswered { id, answer, by, .. } => {
+                    if let Some(q) = questions.iter_mut().find(|q| q["id"] == *id && q.get("answer").is_none()) {
+                        q["answer"] = serde_json::json!(answer);
+                        q["answered_by"] = serde_json::json!(by);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if page.len() < 1_000 {
+            return Ok((verdicts, questions));
+        }
+    }
 }
 
 /// `flower status` against the service.

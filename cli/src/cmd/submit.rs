@@ -149,7 +149,12 @@ async fn follow(client: &mut Client, job: &str, mut cursor: i64, json: bool) -> 
                             }
                         } else if matches!(
                             e.kind.as_str(),
-                            "task_queued" | "task_finished" | "job_state" | "workspace_conflict" | "question_answered"
+                            "task_queued"
+                                | "task_finished"
+                                | "job_state"
+                                | "workspace_conflict"
+                                | "question_answered"
+                                | "judge_verdict"
                         ) {
                             b.suspend(|| eprintln!("  #{} {} {}", e.seq, e.kind, e.payload_json));
                         }
@@ -219,13 +224,17 @@ fn show_question(job: &str, q: &serde_json::Value) -> String {
 /// words. A question answered elsewhere first makes this one's send fail
 /// harmlessly (FAILED_PRECONDITION, printed).
 fn answer_at_terminal(mut client: Client, job: String, q: serde_json::Value) {
+    // A thread of its own, not the runtime's blocking pool: the process may
+    // end (the job ended) while it still waits for a line.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        if std::io::stdin().read_line(&mut line).is_ok() {
+            let _ = tx.send(line);
+        }
+    });
     tokio::spawn(async move {
-        let line = tokio::task::spawn_blocking(|| {
-            let mut line = String::new();
-            std::io::stdin().read_line(&mut line).map(|_| line)
-        })
-        .await;
-        let Ok(Ok(line)) = line else { return };
+        let Ok(line) = rx.await else { return };
         let line = line.trim().to_string();
         if line.is_empty() {
             return;

@@ -1,5 +1,5 @@
 //! `ask`: a session's question to the job's user (the human channel,
-//! docs/design.md section 12). The question is an event, the job waits in
+//! docs/design.md section 10). The question is an event, the job waits in
 //! `waiting_for_user` (no model call, no worker slot), and the answer — given
 //! over gRPC `Answer` or `flower answer`, or "no answer" after
 //! `runtime.ask.timeout` — is the call's result. Both are logged to the

@@ -1,0 +1,248 @@
+//! The judge (`workflow.judge`, docs/design.md section 11): after the
+//! coordinator's final answer, a session of its own checks the result
+//! against the goal and returns a verdict through its `verdict` tool —
+//! `achieved`, `not_yet` (with the checks that failed: they go back to the
+//! coordinator as the next round's instruction, in the same session) or
+//! `unreachable`. Every verdict is a `judge_verdict` event.
+//!
+//! Its disciplines: judge the artifacts (the workbench, the workspace), not
+//! the coordinator's report; believe nothing it has not checked; "not done"
+//! and "cannot verify" are different, and neither passes.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use flower_agent::provider::SystemBlock;
+use flower_agent::{AgentSession, Outcome, SessionConfig, Tool, ToolContext, ToolError, ToolOutput, ToolSet};
+use flower_model::{ContentBlock, EventKind, JobId, JobSpec, Role, Session, SessionId, now_ms};
+use flower_store::workspace::Workspace;
+use flower_store::{Batch, StoreError, Workbench};
+use serde_json::{Value, json};
+
+use crate::runner::JobContext;
+use crate::tools::read::CoordinatorRead;
+
+/// What a judge decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Achieved { reason: String },
+    NotYet { failed: Vec<String>, reason: String },
+    Unreachable { reason: String },
+}
+
+impl Verdict {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Achieved { .. } => "achieved",
+            Self::NotYet { .. } => "not_yet",
+            Self::Unreachable { .. } => "unreachable",
+        }
+    }
+
+    fn parts(&self) -> (Vec<String>, String) {
+        match self {
+            Self::Achieved { reason } | Self::Unreachable { reason } => (Vec::new(), reason.clone()),
+            Self::NotYet { failed, reason } => (failed.clone(), reason.clone()),
+        }
+    }
+}
+
+pub const JUDGE_PROMPT: &str = "You are the judge of a flower job. The coordinator says the goal is met; you decide \
+whether it is. Rules:\n\
+- Judge the artifacts — the workbench (`.flower/…`) and the workspace files, read with `Read` — never the \
+coordinator's report: it is a claim, not evidence.\n\
+- Believe nothing you have not checked. A check you could not verify is not passed.\n\
+- \"Not done\" and \"cannot verify\" are different; say which, and neither passes.\n\
+- Give your verdict with the `verdict` tool, once: `achieved` when every check passes; `not_yet` with each \
+failed check and what is missing (the coordinator gets them as its next instruction); `unreachable` when the goal \
+cannot be met as stated, with why. Then answer with one line.";
+
+/// The last verdict stored (a resumed run goes on from it): its round and verdict.
+pub async fn last_verdict(store: &dyn flower_store::Store, job: JobId) -> Result<Option<(u32, Verdict)>, StoreError> {
+    let (mut last, mut cursor) = (None, 0);
+    loop {
+        let page = store.events(job, cursor, 1_000).await?;
+        for e in page.iter() {
+            cursor = e.seq;
+            if let EventKind::JudgeVerdict { round, verdict, failed, reason, .. } = &e.kind {
+                let v = match verdict.as_str() {
+                    "achieved" => Verdict::Achieved { reason: reason.clone() },
+                    "unreachable" => Verdict::Unreachable { reason: reason.clone() },
+                    _ => Verdict::NotYet { failed: failed.clone(), reason: reason.clone() },
+                };
+                last = Some((*round, v));
+            }
+        }
+        if page.len() < 1_000 {
+            return Ok(last);
+        }
+    }
+}
+
+/// Run round `round`'s judge on `answer` and store its verdict. A judge that
+/// ends without one is "not yet: cannot verify" — never a pass. `None`: the
+/// run was stopped meanwhile (cancel, hand-over), and nothing was stored.
+pub async fn judge(
+    ctx: &JobContext,
+    spec: &JobSpec,
+    job: JobId,
+    round: u32,
+    rounds: u32,
+    answer: &str,
+) -> Result<Option<Verdict>, StoreError> {
+    let store = ctx.journal.store();
+    let id = SessionId::random();
+    let written = store
+        .create_session(Session {
+            id,
+            job_id: job,
+            role: Role::Judge,
+            label: format!("judge-{round}"),
+            task_id: None,
+            created_at: now_ms(),
+        })
+        .await?;
+    ctx.journal.announce(&written).await;
+    let workbench = Workbench::new(ctx.objects.clone(), job);
+    let index = workbench.render_index(flower_store::workbench::INDEX_ENTRIES).await.unwrap_or_default();
+    let checks = match workbench.get("notes/goal.md").await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(_) => "(no notes/goal.md: judge against the goal as stated)".into(),
+    };
+    let input = format!(
+        "Round {round} of {rounds}.\n\n# The goal\n{goal}\n\n# Its checks\n{checks}\n\n# The workbench now\n{index}\n\
+         # The coordinator's final answer (a claim to check, not evidence)\n{answer}",
+        goal = spec.goal.trim(),
+    );
+    let slot: Arc<Mutex<Option<Verdict>>> = Arc::default();
+    let mut tools = ToolSet::new();
+    tools.add(Arc::new(CoordinatorRead::new(workbench, Workspace::new(ctx.objects.clone(), job))));
+    tools.add(Arc::new(VerdictTool { slot: slot.clone() }));
+    let config = SessionConfig {
+        job_id: job,
+        session_id: id,
+        role: Role::Judge,
+        main_thread: false,
+        model: spec.model.clone(),
+        system: vec![SystemBlock::text(JUDGE_PROMPT.to_string())],
+        max_turns: 20,
+        max_tokens: spec.runtime.max_output_tokens,
+        cache: spec.runtime.prompt_cache,
+        prune_uneventful: false,
+    };
+    let session = AgentSession::new(
+        config,
+        ctx.provider.clone(),
+        Arc::new(tools),
+        flower_agent::hooks::Hooks::default(),
+        ctx.journal.clone(),
+        ctx.stop.token().clone(),
+    );
+    let outcome = session.run(Vec::new(), Some(vec![ContentBlock::text(input)])).await;
+    let verdict = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if ctx.stop.is_stopped() && verdict.is_none() {
+        return Ok(None);
+    }
+    let verdict = match (verdict, outcome) {
+        (Some(v), _) => v,
+        (None, Ok(Outcome::Answered { .. })) => Verdict::NotYet {
+            failed: vec!["the judge gave no verdict".into()],
+            reason: "cannot verify: the judge ended without using `verdict`".into(),
+        },
+        (None, Ok(other)) => Verdict::NotYet {
+            failed: vec!["the judge did not finish".into()],
+            reason: format!("cannot verify: the judge's session ended early ({})", outcome_name(&other)),
+        },
+        (None, Err(e)) => match e {
+            flower_agent::AgentError::Store(e) => return Err(e),
+            e => Verdict::NotYet {
+                failed: vec!["the judge failed".into()],
+                reason: format!("cannot verify: the judge's session failed: {e}"),
+            },
+        },
+    };
+    let (failed, reason) = verdict.parts();
+    let event = EventKind::JudgeVerdict { round, session: id, verdict: verdict.name().into(), failed, reason };
+    let written = ctx.journal.commit(Batch { events: vec![(job, event)], ..Default::default() }).await?;
+    ctx.journal.announce(&written).await;
+    Ok(Some(verdict))
+}
+
+fn outcome_name(o: &Outcome) -> &'static str {
+    match o {
+        Outcome::Answered { .. } => "answered",
+        Outcome::Handoff { .. } => "context full",
+        Outcome::Budget { .. } => "budget",
+        Outcome::TurnLimit { .. } => "turn limit",
+        Outcome::Cancelled { .. } => "cancelled",
+    }
+}
+
+/// What the coordinator is told after a `not_yet` verdict.
+pub fn next_round_instruction(round: u32, rounds: u32, failed: &[String], reason: &str) -> String {
+    let mut text = format!(
+        "[the judge, round {round} of {rounds}: the goal is not yet achieved]\n{reason}\nChecks that failed:\n"
+    );
+    for f in failed {
+        text.push_str(&format!("- {f}\n"));
+    }
+    text.push_str("Make these pass (delegate the work), then give a new final answer.");
+    text
+}
+
+struct VerdictTool {
+    slot: Arc<Mutex<Option<Verdict>>>,
+}
+
+#[async_trait]
+impl Tool for VerdictTool {
+    fn name(&self) -> &str {
+        "verdict"
+    }
+
+    fn description(&self) -> String {
+        "Record your verdict on the coordinator's result, once: `achieved`, `not_yet` (list every failed check \
+         in `failed`) or `unreachable`, with the reason."
+            .into()
+    }
+
+    fn input_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "verdict": {"type": "string", "enum": ["achieved", "not_yet", "unreachable"]},
+                "failed": {"type": "array", "items": {"type": "string"}, "description": "For not_yet: each check that failed, and what is missing"},
+                "reason": {"type": "string"}
+            },
+            "required": ["verdict", "reason"]
+        })
+    }
+
+    async fn call(&self, input: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        let reason = input["reason"].as_str().unwrap_or_default().trim().to_string();
+        if reason.is_empty() {
+            return Err(ToolError::RespondToModel("`reason` is required".into()));
+        }
+        let failed: Vec<String> = input["failed"]
+            .as_array()
+            .map(|a| {
+                a.iter().filter_map(|v| v.as_str()).map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+            })
+            .unwrap_or_default();
+        let verdict = match input["verdict"].as_str() {
+            Some("achieved") => Verdict::Achieved { reason },
+            Some("not_yet") if failed.is_empty() => {
+                return Err(ToolError::RespondToModel("`not_yet` needs the failed checks in `failed`".into()));
+            }
+            Some("not_yet") => Verdict::NotYet { failed, reason },
+            Some("unreachable") => Verdict::Unreachable { reason },
+            _ => return Err(ToolError::RespondToModel("`verdict` is achieved, not_yet or unreachable".into())),
+        };
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return Err(ToolError::RespondToModel("the verdict is already recorded".into()));
+        }
+        *slot = Some(verdict);
+        Ok(ToolOutput::text("verdict recorded"))
+    }
+}
