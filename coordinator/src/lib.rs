@@ -12,6 +12,7 @@
 //! - [`runner`]: one job's coordinator session, started or resumed, to its end state
 //! - [`context`]: the context report of a job (main thread vs subagents)
 //! - [`index`]: the workbench index as notices to the main thread (layer 2)
+//! - [`clarify`]: the brief and the goal before the coordinator starts (`workflow.clarify`)
 //! - [`judge`]: the judge session and its verdicts (`workflow.judge`)
 //! - [`handoff`]: a new main-thread session from a handoff document when the context fills
 //! - [`service`]: the gRPC service, leases and takeover (distributed mode)
@@ -20,6 +21,7 @@
 //! The coordinator never runs a tool on files itself and never writes a
 //! worker's transcript; everything it learns from workers arrives as reports.
 
+pub mod clarify;
 pub mod context;
 pub mod dispatch;
 pub mod handoff;

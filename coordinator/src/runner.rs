@@ -62,7 +62,25 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Option<Finished>
         let written = store.set_job_state(job_id, JobState::Running, None, None, ctx.journal.fence()).await?;
         ctx.journal.announce(&written).await;
     }
-    let start = open_session(ctx, &spec, job_id).await?;
+    let first = match first_message(ctx, &spec, job_id).await? {
+        Ok(first) => first,
+        Err(None) if ctx.stop.handing_over() => return Ok(None),
+        Err(why) => {
+            let (state, reason) = match why {
+                Some(why) => (JobState::Failed, why),
+                None => (JobState::Cancelled, "cancelled".to_string()),
+            };
+            record_end(ctx, job_id, state, Some(reason.clone()), None).await?;
+            return Ok(Some(Finished {
+                state,
+                reason: Some(reason),
+                answer: None,
+                session: SessionId::random(),
+                turns: 0,
+            }));
+        }
+    };
+    let start = open_session(ctx, &spec, job_id, first).await?;
     let limits =
         flower_agent::limits::JobLimits::new(store.clone(), job_id, &spec.runtime.budget, &spec.model, job.created_at);
     let mut driven = drive(ctx, &spec, job_id, start, limits.clone()).await?;
@@ -96,7 +114,27 @@ struct Start {
     generation: u32,
 }
 
-async fn open_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId) -> Result<Start, StoreError> {
+/// The coordinator's first message: the goal, or with `workflow.clarify`
+/// the goal with the brief and the checks (the steps run first, those whose
+/// output is not in the workbench yet). `Err(None)`: stopped meanwhile;
+/// `Err(Some(why))`: the job cannot start.
+async fn first_message(
+    ctx: &JobContext,
+    spec: &JobSpec,
+    job_id: JobId,
+) -> Result<Result<String, Option<String>>, StoreError> {
+    if !spec.workflow.clarify {
+        return Ok(Ok(spec.goal.clone()));
+    }
+    // A resumed job finds its brief and goal in the workbench: no step runs again.
+    Ok(match crate::clarify::prepare(ctx, spec, job_id).await? {
+        crate::clarify::Prepared::Ready(first) => Ok(first),
+        crate::clarify::Prepared::Failed(why) => Err(Some(why)),
+        crate::clarify::Prepared::Stopped => Err(None),
+    })
+}
+
+async fn open_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, first: String) -> Result<Start, StoreError> {
     let store = ctx.journal.store();
     let coordinator_sessions: Vec<Session> =
         store.sessions(job_id).await?.into_iter().filter(|s| s.role == Role::Coordinator).collect();
@@ -112,7 +150,7 @@ async fn open_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId) -> Result
         if !history.is_empty() {
             tracing::info!(job = %job_id, entries = history.len(), epoch = ctx.epoch, "resuming the coordinator session");
         }
-        let input = history.is_empty().then(|| vec![ContentBlock::text(spec.goal.clone())]);
+        let input = history.is_empty().then(|| vec![ContentBlock::text(first)]);
         return Ok(Start { session: s.id, history, input, generation });
     }
     let id = SessionId::random();
@@ -127,7 +165,7 @@ async fn open_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId) -> Result
         })
         .await?;
     ctx.journal.announce(&written).await;
-    Ok(Start { session: id, history: Vec::new(), input: Some(vec![ContentBlock::text(spec.goal.clone())]), generation })
+    Ok(Start { session: id, history: Vec::new(), input: Some(vec![ContentBlock::text(first)]), generation })
 }
 
 /// How the main thread ended: its outcome (or the generation cap's

@@ -195,6 +195,9 @@ pub enum Role {
     Worker,
     /// Checks the coordinator's result against the goal (`workflow.judge`).
     Judge,
+    /// Turns the request into a brief and a goal before the coordinator
+    /// starts (`workflow.clarify`).
+    Clarifier,
 }
 
 impl Role {
@@ -203,6 +206,7 @@ impl Role {
             Self::Coordinator => "coordinator",
             Self::Worker => "worker",
             Self::Judge => "judge",
+            Self::Clarifier => "clarifier",
         }
     }
 }
@@ -214,6 +218,7 @@ impl FromStr for Role {
             "coordinator" => Ok(Self::Coordinator),
             "worker" => Ok(Self::Worker),
             "judge" => Ok(Self::Judge),
+            "clarifier" => Ok(Self::Clarifier),
             other => Err(UnknownState(other.to_string())),
         }
     }

@@ -237,6 +237,9 @@ pub struct RuntimeOptions {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Workflow {
+    /// Before the coordinator starts: a clarifier writes a brief (asking the
+    /// user what changes the approach), then a goal with checks.
+    pub clarify: bool,
     /// After the coordinator's final answer, a judge session checks the
     /// result against the goal; "not yet" sends the failed checks back.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -245,7 +248,7 @@ pub struct Workflow {
 
 impl Workflow {
     pub fn is_empty(&self) -> bool {
-        self.judge.is_none()
+        !self.clarify && self.judge.is_none()
     }
 }
 

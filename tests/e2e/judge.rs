@@ -60,3 +60,65 @@ fn a_goal_still_not_met_when_the_rounds_run_out_fails_the_job() {
     );
     assert!(reason.contains("no totals row"), "{reason}");
 }
+
+fn workbench_file(summary: &Value, path: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(summary["workbench"].as_str().unwrap()).join(path)).unwrap()
+}
+
+/// Acceptance (workflow): clarify → goal → coordinator → judge, rejected once
+/// and accepted the second round; the clarifier's question unanswered (the
+/// user is away), its assumption in the brief; each step its own session.
+#[test]
+fn clarify_then_goal_then_a_judged_run() {
+    let home = Home::new();
+    let summary = home.run_job(&repo().join("tests/fixtures/workflow/job.yaml"), &[]);
+    assert_eq!(summary["final_answer"], "Report fixed: report written", "{summary}");
+    let brief = workbench_file(&summary, "notes/brief.md");
+    for section in ["## Goal", "## Acceptance criteria", "## Boundaries", "## Unknowns and assumptions"] {
+        assert!(brief.contains(section), "{section} in {brief}");
+    }
+    assert!(brief.contains("no answer within 1s") && brief.contains("Assumed: last month"), "{brief}");
+    let goal = workbench_file(&summary, "notes/goal.md");
+    assert!(goal.contains("## Checks\n- open .flower/artifacts/report.md, see a totals row"), "{goal}");
+    let log = workbench_file(&summary, "notes/qa-log.md");
+    assert!(log.contains("Question from the clarifier") && log.contains("no answer (timeout)"), "{log}");
+
+    let job = summary["job_id"].as_str().unwrap();
+    let t = home.transcripts(job);
+    let clarifiers = sessions(&t, "clarifier");
+    assert_eq!(clarifiers.len(), 2, "the clarify and goal steps, each a session");
+    assert_eq!(sessions(&t, "judge").len(), 2);
+    let main = sessions(&t, "coordinator");
+    assert_eq!(main.len(), 1);
+    let main = main[0].to_string();
+    assert!(
+        main.contains("# The brief") && main.contains("see last month's dates only"),
+        "the coordinator starts from both"
+    );
+    assert!(!main.contains("Should the report cover"), "the clarifier's question is not the coordinator's");
+    let status: Value = serde_json::from_slice(&home.run(&["status", job, "--json"]).stdout).unwrap();
+    let verdicts: Vec<&str> =
+        status["verdicts"].as_array().unwrap().iter().map(|v| v["verdict"].as_str().unwrap()).collect();
+    assert_eq!(verdicts, vec!["not_yet", "achieved"]);
+    assert_eq!(status["questions"][0]["answered_by"], "timeout");
+}
+
+#[test]
+fn a_brief_missing_a_section_is_asked_for_again_then_the_job_fails_naming_it() {
+    let home = Home::new();
+    let out = home
+        .cmd()
+        .args(["run", repo().join("tests/fixtures/workflow/sloppy.yaml").to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        summary["reason"], "the clarify step's brief: sections missing: Boundaries, Unknowns and assumptions",
+        "the second answer was checked, and the reason names what it lacks"
+    );
+    let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    let clarify = sessions(&t, "clarifier")[0].to_string();
+    assert!(clarify.contains("Your answer is incomplete (sections missing: Boundaries)"), "asked again once");
+    assert!(sessions(&t, "coordinator").is_empty(), "the coordinator never started");
+}
