@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use flower_agent::provider::SystemBlock;
 use flower_agent::{AgentSession, Outcome, SessionConfig, ToolSet};
-use flower_model::spec::AskOptions;
 use flower_model::{ContentBlock, JobId, JobSpec, Role, Session, SessionId, now_ms};
 use flower_store::workspace::Workspace;
 use flower_store::{StoreError, Workbench};
@@ -165,7 +164,7 @@ async fn run_step(
     let mut tools = ToolSet::new();
     tools.add(Arc::new(CoordinatorRead::new(workbench.clone(), Workspace::new(ctx.objects.clone(), job))));
     if step.ask {
-        let options = spec.runtime.ask.clone().unwrap_or_else(AskOptions::default);
+        let options = spec.runtime.ask.clone().unwrap_or_default();
         tools.add(Arc::new(AskTool::new(
             ctx.journal.clone(),
             workbench.clone(),
