@@ -62,6 +62,8 @@ enum Command {
     Interrupt(cmd::jobs::InterruptArgs),
     /// Answer a question the job asked its user (it waits in `waiting_for_user`)
     Answer(cmd::jobs::AnswerArgs),
+    /// Ask a side question about a job; a read-only session answers, the job is not touched
+    Aside(cmd::jobs::AsideArgs),
     /// List a job's workbench files, or download one
     Artifacts(cmd::jobs::ArtifactsArgs),
     /// What entered the coordinator's context versus its subagents' (embedded store, or --server)
@@ -129,6 +131,7 @@ fn main() -> ExitCode {
             Command::Cancel(args) => cmd::jobs::cancel(args).await,
             Command::Interrupt(args) => cmd::jobs::interrupt(args).await,
             Command::Answer(args) => cmd::jobs::answer(home, args).await,
+            Command::Aside(args) => cmd::jobs::aside(home, args).await,
             Command::Artifacts(args) => cmd::jobs::artifacts(args).await,
             Command::Bench(c) => cmd::bench::run(c).await,
             Command::Glance(args) => cmd::glance::run(args),

@@ -168,7 +168,7 @@ pub async fn judge(
     Ok(Some(verdict))
 }
 
-fn outcome_name(o: &Outcome) -> &'static str {
+pub(crate) fn outcome_name(o: &Outcome) -> &'static str {
     match o {
         Outcome::Answered { .. } => "answered",
         Outcome::Handoff { .. } => "context full",

@@ -198,6 +198,8 @@ pub enum Role {
     /// Turns the request into a brief and a goal before the coordinator
     /// starts (`workflow.clarify`).
     Clarifier,
+    /// Answers a side question about a job (`flower aside`), read-only.
+    Aside,
 }
 
 impl Role {
@@ -207,6 +209,7 @@ impl Role {
             Self::Worker => "worker",
             Self::Judge => "judge",
             Self::Clarifier => "clarifier",
+            Self::Aside => "aside",
         }
     }
 }
@@ -219,6 +222,7 @@ impl FromStr for Role {
             "worker" => Ok(Self::Worker),
             "judge" => Ok(Self::Judge),
             "clarifier" => Ok(Self::Clarifier),
+            "aside" => Ok(Self::Aside),
             other => Err(UnknownState(other.to_string())),
         }
     }

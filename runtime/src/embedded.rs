@@ -42,6 +42,8 @@ pub enum RunError {
     HandedOver,
     #[error("home directory {path}: {source}")]
     Home { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Aside(#[from] flower_coordinator::aside::AsideError),
 }
 
 /// What a finished run reports.
@@ -190,6 +192,21 @@ impl EmbeddedRuntime {
         let mut summary = self.summary(job_id, finished.session, finished.turns).await?;
         summary.cache_audit = records.map(|r| flower_sim::audit::join(&r, &summary.context.rewrites()));
         Ok(summary)
+    }
+
+    /// A side question about `job` (`flower aside`), answered by a read-only
+    /// session of its own with the job's provider; the job is not touched.
+    pub async fn aside(&self, job: JobId, question: &str) -> Result<flower_coordinator::aside::Aside, RunError> {
+        let store: Arc<dyn Store> = self.store.clone();
+        let spec = JobSpec::from_value(store.get_job(job).await?.spec)?;
+        let (provider, sim) = self.provider(&spec).await?;
+        let journal = Journal::new(store, self.notifier());
+        let answered =
+            flower_coordinator::aside::aside(&journal, self.objects.clone(), provider, &spec, job, question).await;
+        if let Some(sim) = sim {
+            sim.shutdown().await;
+        }
+        Ok(answered?)
     }
 
     /// The provider a spec names; for `sim`, a simulator started here on an

@@ -80,6 +80,21 @@ fn an_absent_users_silence_is_no_answer_and_the_job_goes_on() {
     assert!(answer.contains("record the assumption"), "{answer}");
     let log = qa_log(&summary);
     assert!(log.contains("no answer (timeout)"), "{log}");
-    let events = home.run(&["status", summary["job_id"].as_str().unwrap(), "--json"]);
-    assert!(events.status.success());
+    let job = summary["job_id"].as_str().unwrap();
+    let status: Value = serde_json::from_slice(&home.run(&["status", job, "--json"]).stdout).unwrap();
+    assert_eq!(status["questions"][0]["answered_by"], "timeout", "{status}");
+
+    // A side question: answered by a session of its own, the job untouched.
+    let before = home.transcripts(job);
+    let out = home.run(&["aside", job, "what is it doing?", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let aside: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(aside["answer"], "It asked which format to use, then had the report written.");
+    let after = home.transcripts(job);
+    let asides = sessions(&after, "aside");
+    assert_eq!(asides.len(), 1);
+    assert!(asides[0].to_string().contains("what is it doing?") && asides[0].to_string().contains("question_asked"));
+    assert_eq!(sessions(&after, "coordinator"), sessions(&before, "coordinator"), "the main thread is untouched");
+    let empty = home.run(&["aside", job, "  "]);
+    assert!(!empty.status.success() && String::from_utf8_lossy(&empty.stderr).contains("empty"));
 }

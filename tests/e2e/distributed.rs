@@ -602,5 +602,18 @@ async fn an_answer_sent_while_the_asking_coordinator_is_killed_is_not_lost() {
         .unwrap()
         .get(0);
     assert_eq!(leaked, 0, "the log enters no context");
+
+    // A side question over gRPC: its own session, the job untouched.
+    let out = c.flower(&["aside", &job, "what happened?"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("had the report written"));
+    let asides: i64 = pg
+        .query_one(&format!("SELECT count(*) FROM sessions WHERE job_id = '{job}' AND role = 'aside'"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(asides, 1);
+    let out = c.flower(&["aside", &job, ""]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("question"), "{}", String::from_utf8_lossy(&out.stderr));
     c.stop().await;
 }

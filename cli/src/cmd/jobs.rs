@@ -162,3 +162,43 @@ pub async fn answer(home: PathBuf, args: AnswerArgs) -> anyhow::Result<ExitCode>
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[derive(Args)]
+pub struct AsideArgs {
+    /// The job (full id, or a unique prefix for the embedded store)
+    pub job: String,
+    /// The side question ("what is it doing?")
+    pub question: String,
+    /// Print `{"answer", "session_id"}` as JSON
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `flower aside`: a side question answered by a read-only session from the
+/// job's recent events and workbench; nothing enters the job's main thread.
+pub async fn aside(home: PathBuf, args: AsideArgs) -> anyhow::Result<ExitCode> {
+    let (answer, session) = if args.server.configured() {
+        let mut c = args.server.connect().await?;
+        let r = c
+            .aside(pb::AsideRequest { job_id: args.job.clone(), question: args.question.clone() })
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        (r.answer, r.session_id)
+    } else {
+        let runtime = flower_runtime::embedded::EmbeddedRuntime::open(&home)
+            .with_context(|| format!("opening {}", home.display()))?;
+        let store = runtime.store();
+        let job = super::resolve_job(store.as_ref(), &args.job).await?;
+        let a = runtime.aside(job, &args.question).await?;
+        (a.answer, a.session.to_string())
+    };
+    if args.json {
+        println!("{}", serde_json::json!({"answer": answer, "session_id": session}));
+    } else {
+        println!("{}", answer.trim_end());
+    }
+    Ok(ExitCode::SUCCESS)
+}

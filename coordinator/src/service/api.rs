@@ -300,6 +300,32 @@ impl Flower for Api {
         Ok(Response::new(job_to_pb(&self.b.store.get_job(job.id).await.map_err(from_store)?)))
     }
 
+    async fn aside(&self, req: Request<pb::AsideRequest>) -> Result<Response<pb::AsideResponse>, Status> {
+        use crate::aside::{AsideError, MAX_QUESTION_BYTES};
+        let r = req.into_inner();
+        let job = self.job("job_id", &r.job_id).await?;
+        if r.question.trim().is_empty() {
+            return Err(status::invalid("question", "required"));
+        }
+        check_text("question", &r.question, MAX_QUESTION_BYTES)?;
+        let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| status::internal("the job's stored spec", e))?;
+        let provider = self
+            .b
+            .providers
+            .check(&spec)
+            .map(|_| self.b.providers.for_spec(&spec))
+            .map_err(|e| Status::failed_precondition(format!("no provider for this job here: {e}")))?
+            .ok_or_else(|| Status::failed_precondition("no provider for this job here"))?;
+        let journal = flower_agent::Journal::new(self.b.store.clone(), self.b.notifier.clone());
+        let done = crate::aside::aside(&journal, self.b.objects.clone(), provider, &spec, job.id, &r.question).await;
+        match done {
+            Ok(a) => Ok(Response::new(pb::AsideResponse { answer: a.answer, session_id: a.session.to_string() })),
+            Err(AsideError::Store(e)) => Err(from_store(e)),
+            Err(e @ (AsideError::Empty | AsideError::TooLong)) => Err(status::invalid("question", e)),
+            Err(e @ AsideError::NoAnswer(_)) => Err(Status::unavailable(e.to_string())),
+        }
+    }
+
     async fn get_transcript(
         &self,
         req: Request<pb::GetTranscriptRequest>,
