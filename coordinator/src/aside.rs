@@ -6,15 +6,14 @@
 
 use std::sync::Arc;
 
-use flower_agent::provider::{Provider, SystemBlock};
-use flower_agent::{AgentError, AgentSession, Journal, Outcome, SessionConfig, ToolSet};
-use flower_model::{ContentBlock, EventKind, JobId, JobSpec, Role, Session, SessionId, now_ms};
-use flower_store::workspace::Workspace;
+use flower_agent::provider::Provider;
+use flower_agent::{AgentError, Journal, Outcome};
+use flower_model::{ContentBlock, EventKind, JobId, JobSpec, Role, SessionId};
 use flower_store::{StoreError, Workbench};
 use object_store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
-use crate::tools::read::CoordinatorRead;
+use crate::side::{Side, Wiring};
 
 /// Events shown to an aside, the most recent.
 pub const RECENT_EVENTS: usize = 60;
@@ -60,74 +59,35 @@ pub async fn aside(
         return Err(AsideError::TooLong);
     }
     let store = journal.store();
-    let last = last_seq(store.as_ref(), job).await?;
-    let events = store.events(job, (last - RECENT_EVENTS as i64).max(0), RECENT_EVENTS as u32).await?;
-    let mut recent = String::new();
-    for e in &events {
-        recent.push_str(&format!("#{} {} {}\n", e.seq, e.kind.name(), describe(&e.kind)));
-    }
-    let workbench = Workbench::new(objects.clone(), job);
-    let index = workbench.render_index(flower_store::workbench::INDEX_ENTRIES).await.unwrap_or_default();
+    // One pass, keeping the last lines only.
+    let mut lines = std::collections::VecDeque::with_capacity(RECENT_EVENTS);
+    flower_store::scan_events(store.as_ref(), job, 0, |e| {
+        if lines.len() == RECENT_EVENTS {
+            lines.pop_front();
+        }
+        lines.push_back(format!("#{} {} {}\n", e.seq, e.kind.name(), describe(&e.kind)));
+    })
+    .await?;
+    let recent: String = lines.iter().map(String::as_str).collect();
+    let index = Workbench::new(objects.clone(), job)
+        .render_index(flower_store::workbench::INDEX_ENTRIES)
+        .await
+        .unwrap_or_default();
     let state = store.get_job(job).await?.state;
     let input = format!(
         "# The question\n{question}\n\n# The job\n`{}` ({state}): {}\n\n# Its last {} events\n{recent}\n{index}",
         spec.name,
         spec.goal.trim(),
-        events.len()
+        lines.len()
     );
-    let id = SessionId::random();
-    let written = store
-        .create_session(Session {
-            id,
-            job_id: job,
-            role: Role::Aside,
-            label: "aside".into(),
-            task_id: None,
-            created_at: now_ms(),
-        })
-        .await?;
-    journal.announce(&written).await;
-    let mut tools = ToolSet::new();
-    tools.add(Arc::new(CoordinatorRead::new(workbench, Workspace::new(objects, job))));
-    let config = SessionConfig {
-        job_id: job,
-        session_id: id,
-        role: Role::Aside,
-        main_thread: false,
-        model: spec.model.clone(),
-        system: vec![SystemBlock::text(ASIDE_PROMPT.to_string())],
-        max_turns: 10,
-        max_tokens: spec.runtime.max_output_tokens.min(4096),
-        cache: spec.runtime.prompt_cache,
-        prune_uneventful: false,
-    };
-    let session = AgentSession::new(
-        config,
-        provider,
-        Arc::new(tools),
-        flower_agent::hooks::Hooks::default(),
-        journal.clone(),
-        CancellationToken::new(),
-    );
+    let side = Side { role: Role::Aside, label: "aside".into(), prompt: ASIDE_PROMPT, max_turns: 10 };
+    let wiring = Wiring { journal, provider, objects, cancel: CancellationToken::new() };
+    let (id, session) = crate::side::open(wiring, spec, job, side, Vec::new()).await?;
     match session.run(Vec::new(), Some(vec![ContentBlock::text(input)])).await {
         Ok(Outcome::Answered { text, .. }) => Ok(Aside { session: id, answer: text }),
         Ok(other) => Err(AsideError::NoAnswer(crate::judge::outcome_name(&other).into())),
         Err(AgentError::Store(e)) => Err(e.into()),
         Err(e) => Err(AsideError::NoAnswer(e.to_string())),
-    }
-}
-
-/// The job's last event number (0 without events), a page at a time.
-async fn last_seq(store: &dyn flower_store::Store, job: JobId) -> Result<i64, StoreError> {
-    let mut cursor = 0;
-    loop {
-        let page = store.events(job, cursor, 1_000).await?;
-        if let Some(e) = page.last() {
-            cursor = e.seq;
-        }
-        if page.len() < 1_000 {
-            return Ok(cursor);
-        }
     }
 }
 

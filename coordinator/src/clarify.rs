@@ -9,15 +9,13 @@
 
 use std::sync::Arc;
 
-use flower_agent::provider::SystemBlock;
-use flower_agent::{AgentSession, Outcome, SessionConfig, ToolSet};
-use flower_model::{ContentBlock, JobId, JobSpec, Role, Session, SessionId, now_ms};
-use flower_store::workspace::Workspace;
+use flower_agent::Outcome;
+use flower_model::{ContentBlock, JobId, JobSpec, Role};
 use flower_store::{StoreError, Workbench};
 
 use crate::runner::JobContext;
+use crate::side::Side;
 use crate::tools::ask::AskTool;
-use crate::tools::read::CoordinatorRead;
 
 pub const BRIEF: &str = "notes/brief.md";
 pub const GOAL: &str = "notes/goal.md";
@@ -147,25 +145,10 @@ async fn run_step(
     input: String,
     check: impl Fn(&str) -> Option<String>,
 ) -> Result<StepEnd, StoreError> {
-    let id = SessionId::random();
-    let written = ctx
-        .journal
-        .store()
-        .create_session(Session {
-            id,
-            job_id: job,
-            role: Role::Clarifier,
-            label: step.label.into(),
-            task_id: None,
-            created_at: now_ms(),
-        })
-        .await?;
-    ctx.journal.announce(&written).await;
-    let mut tools = ToolSet::new();
-    tools.add(Arc::new(CoordinatorRead::new(workbench.clone(), Workspace::new(ctx.objects.clone(), job))));
+    let mut extra: Vec<Arc<dyn flower_agent::Tool>> = Vec::new();
     if step.ask {
         let options = spec.runtime.ask.clone().unwrap_or_default();
-        tools.add(Arc::new(AskTool::new(
+        extra.push(Arc::new(AskTool::new(
             ctx.journal.clone(),
             workbench.clone(),
             ctx.inbox.clone(),
@@ -174,29 +157,10 @@ async fn run_step(
             "clarifier",
         )));
     }
-    let tools = Arc::new(tools);
-    let config = SessionConfig {
-        job_id: job,
-        session_id: id,
-        role: Role::Clarifier,
-        main_thread: false,
-        model: spec.model.clone(),
-        system: vec![SystemBlock::text(step.prompt.to_string())],
-        max_turns: 30,
-        max_tokens: spec.runtime.max_output_tokens,
-        cache: spec.runtime.prompt_cache,
-        prune_uneventful: false,
-    };
+    let side = Side { role: Role::Clarifier, label: step.label.into(), prompt: step.prompt, max_turns: 30 };
+    let (id, session) = crate::side::open(ctx.wiring(), spec, job, side, extra).await?;
     let mut input = Some(vec![ContentBlock::text(input)]);
     for attempt in 0..2 {
-        let session = AgentSession::new(
-            config.clone(),
-            ctx.provider.clone(),
-            tools.clone(),
-            flower_agent::hooks::Hooks::default(),
-            ctx.journal.clone(),
-            ctx.stop.token().clone(),
-        );
         let history = if attempt == 0 { Vec::new() } else { ctx.journal.store().entries(id, 0, u32::MAX).await? };
         let text = match session.run(history, input.take()).await {
             _ if ctx.stop.is_stopped() => return Ok(StepEnd::Stopped),

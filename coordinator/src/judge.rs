@@ -12,15 +12,13 @@
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use flower_agent::provider::SystemBlock;
-use flower_agent::{AgentSession, Outcome, SessionConfig, Tool, ToolContext, ToolError, ToolOutput, ToolSet};
-use flower_model::{ContentBlock, EventKind, JobId, JobSpec, Role, Session, SessionId, now_ms};
-use flower_store::workspace::Workspace;
+use flower_agent::{Outcome, Tool, ToolContext, ToolError, ToolOutput};
+use flower_model::{ContentBlock, EventKind, JobId, JobSpec, Role};
 use flower_store::{Batch, StoreError, Workbench};
 use serde_json::{Value, json};
 
 use crate::runner::JobContext;
-use crate::tools::read::CoordinatorRead;
+use crate::side::Side;
 
 /// What a judge decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,24 +57,19 @@ cannot be met as stated, with why. Then answer with one line.";
 
 /// The last verdict stored (a resumed run goes on from it): its round and verdict.
 pub async fn last_verdict(store: &dyn flower_store::Store, job: JobId) -> Result<Option<(u32, Verdict)>, StoreError> {
-    let (mut last, mut cursor) = (None, 0);
-    loop {
-        let page = store.events(job, cursor, 1_000).await?;
-        for e in page.iter() {
-            cursor = e.seq;
-            if let EventKind::JudgeVerdict { round, verdict, failed, reason, .. } = &e.kind {
-                let v = match verdict.as_str() {
-                    "achieved" => Verdict::Achieved { reason: reason.clone() },
-                    "unreachable" => Verdict::Unreachable { reason: reason.clone() },
-                    _ => Verdict::NotYet { failed: failed.clone(), reason: reason.clone() },
-                };
-                last = Some((*round, v));
-            }
+    let mut last = None;
+    flower_store::scan_events(store, job, 0, |e| {
+        if let EventKind::JudgeVerdict { round, verdict, failed, reason, .. } = &e.kind {
+            let v = match verdict.as_str() {
+                "achieved" => Verdict::Achieved { reason: reason.clone() },
+                "unreachable" => Verdict::Unreachable { reason: reason.clone() },
+                _ => Verdict::NotYet { failed: failed.clone(), reason: reason.clone() },
+            };
+            last = Some((*round, v));
         }
-        if page.len() < 1_000 {
-            return Ok(last);
-        }
-    }
+    })
+    .await?;
+    Ok(last)
 }
 
 /// Run round `round`'s judge on `answer` and store its verdict. A judge that
@@ -90,19 +83,6 @@ pub async fn judge(
     rounds: u32,
     answer: &str,
 ) -> Result<Option<Verdict>, StoreError> {
-    let store = ctx.journal.store();
-    let id = SessionId::random();
-    let written = store
-        .create_session(Session {
-            id,
-            job_id: job,
-            role: Role::Judge,
-            label: format!("judge-{round}"),
-            task_id: None,
-            created_at: now_ms(),
-        })
-        .await?;
-    ctx.journal.announce(&written).await;
     let workbench = Workbench::new(ctx.objects.clone(), job);
     let index = workbench.render_index(flower_store::workbench::INDEX_ENTRIES).await.unwrap_or_default();
     let checks = match workbench.get("notes/goal.md").await {
@@ -115,29 +95,9 @@ pub async fn judge(
         goal = spec.goal.trim(),
     );
     let slot: Arc<Mutex<Option<Verdict>>> = Arc::default();
-    let mut tools = ToolSet::new();
-    tools.add(Arc::new(CoordinatorRead::new(workbench, Workspace::new(ctx.objects.clone(), job))));
-    tools.add(Arc::new(VerdictTool { slot: slot.clone() }));
-    let config = SessionConfig {
-        job_id: job,
-        session_id: id,
-        role: Role::Judge,
-        main_thread: false,
-        model: spec.model.clone(),
-        system: vec![SystemBlock::text(JUDGE_PROMPT.to_string())],
-        max_turns: 20,
-        max_tokens: spec.runtime.max_output_tokens,
-        cache: spec.runtime.prompt_cache,
-        prune_uneventful: false,
-    };
-    let session = AgentSession::new(
-        config,
-        ctx.provider.clone(),
-        Arc::new(tools),
-        flower_agent::hooks::Hooks::default(),
-        ctx.journal.clone(),
-        ctx.stop.token().clone(),
-    );
+    let side = Side { role: Role::Judge, label: format!("judge-{round}"), prompt: JUDGE_PROMPT, max_turns: 20 };
+    let (id, session) =
+        crate::side::open(ctx.wiring(), spec, job, side, vec![Arc::new(VerdictTool { slot: slot.clone() })]).await?;
     let outcome = session.run(Vec::new(), Some(vec![ContentBlock::text(input)])).await;
     let verdict = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
     if ctx.stop.is_stopped() && verdict.is_none() {

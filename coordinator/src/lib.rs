@@ -16,6 +16,7 @@
 //! - [`clarify`]: the brief and the goal before the coordinator starts (`workflow.clarify`)
 //! - [`judge`]: the judge session and its verdicts (`workflow.judge`)
 //! - [`handoff`]: a new main-thread session from a handoff document when the context fills
+//! - [`side`]: the sessions beside the main thread (clarifier, goal, judge, aside), built one way
 //! - [`service`]: the gRPC service, leases and takeover (distributed mode)
 //! - [`stop`]: why a run stops (a user's cancel, a lost lease, a shutdown)
 //!
@@ -33,5 +34,6 @@ pub mod prompts;
 pub mod qa_log;
 pub mod runner;
 pub mod service;
+pub mod side;
 pub mod stop;
 pub mod tools;

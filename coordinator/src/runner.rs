@@ -40,6 +40,18 @@ pub struct JobContext {
     pub sweep: crate::dispatch::Sweep,
 }
 
+impl JobContext {
+    /// What a side session (judge, clarifier) of this run runs with.
+    pub fn wiring(&self) -> crate::side::Wiring<'_> {
+        crate::side::Wiring {
+            journal: &self.journal,
+            provider: self.provider.clone(),
+            objects: self.objects.clone(),
+            cancel: self.stop.token().clone(),
+        }
+    }
+}
+
 /// How a run ended.
 #[derive(Clone, Debug)]
 pub struct Finished {
@@ -246,16 +258,11 @@ async fn judged(
             }
             Some((n, Verdict::NotYet { failed, reason })) => {
                 // Back to the coordinator, in the same session.
+                // The latest coordinator session (the one that answered),
+                // loaded as any resume is, with the verdict as its input.
                 let instruction = next_round_instruction(*n, rounds, failed, reason);
-                let stored = store.entries(driven.session, 0, u32::MAX).await?;
-                let history = load_pruned(stored, spec, &Workbench::new(ctx.objects.clone(), job_id)).await?;
-                let generation = store.sessions(job_id).await?.iter().filter(|s| s.role == Role::Coordinator).count();
-                let start = Start {
-                    session: driven.session,
-                    history,
-                    input: Some(vec![ContentBlock::text(instruction)]),
-                    generation: generation.max(1) as u32,
-                };
+                let mut start = open_session(ctx, spec, job_id, String::new()).await?;
+                start.input = Some(vec![ContentBlock::text(instruction)]);
                 let earlier = driven.earlier_turns + answered_turns(&driven);
                 driven = drive(ctx, spec, job_id, start, limits.clone()).await?;
                 driven.earlier_turns += earlier;

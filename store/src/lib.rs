@@ -290,3 +290,23 @@ pub trait Store: Send + Sync + 'static {
     /// Events after `after_seq`, in order.
     async fn events(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<Event>>;
 }
+
+/// Events read by [`scan_events`] per round trip.
+const SCAN_PAGE: u32 = 1_000;
+
+/// Walk `job`'s events after `after_seq` in order, a page at a time (memory
+/// bounded by the page, whatever the job's length); the last number seen
+/// (`after_seq` when there were none).
+pub async fn scan_events(store: &dyn Store, job: JobId, after_seq: i64, mut each: impl FnMut(&Event)) -> Result<i64> {
+    let mut cursor = after_seq;
+    loop {
+        let page = store.events(job, cursor, SCAN_PAGE).await?;
+        for e in &page {
+            cursor = e.seq;
+            each(e);
+        }
+        if page.len() < SCAN_PAGE as usize {
+            return Ok(cursor);
+        }
+    }
+}

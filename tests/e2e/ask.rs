@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{Home, repo, sessions};
+use crate::support::{Home, repo, sessions, workbench_file};
 
 /// The job in `state`, polled through `flower status --json` (another process).
 fn wait_state(home: &Home, state: &str) -> String {
@@ -24,11 +24,6 @@ fn wait_state(home: &Home, state: &str) -> String {
         assert!(Instant::now() < deadline, "no job became {state}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn qa_log(summary: &Value) -> String {
-    let dir = std::path::Path::new(summary["workbench"].as_str().unwrap());
-    std::fs::read_to_string(dir.join("notes/qa-log.md")).unwrap()
 }
 
 #[test]
@@ -58,7 +53,7 @@ fn a_question_waits_for_the_users_answer_from_another_process() {
         summary["final_answer"], "asked: The user answered: CSV, with a header row / wrote: report written",
         "{summary}"
     );
-    let log = qa_log(&summary);
+    let log = workbench_file(&summary, "notes/qa-log.md");
     assert!(log.contains("Which format should the report use?\n1. Markdown\n2. CSV"), "{log}");
     assert!(log.contains("> CSV, with a header row"), "{log}");
 
@@ -78,7 +73,7 @@ fn an_absent_users_silence_is_no_answer_and_the_job_goes_on() {
     let answer = summary["final_answer"].as_str().unwrap();
     assert!(answer.starts_with("asked: [no answer within 1s (the user may be away)] Go on without it"), "{answer}");
     assert!(answer.contains("record the assumption"), "{answer}");
-    let log = qa_log(&summary);
+    let log = workbench_file(&summary, "notes/qa-log.md");
     assert!(log.contains("no answer (timeout)"), "{log}");
     let job = summary["job_id"].as_str().unwrap();
     let status: Value = serde_json::from_slice(&home.run(&["status", job, "--json"]).stdout).unwrap();

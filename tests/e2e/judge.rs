@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::support::{Home, repo, sessions};
+use crate::support::{Home, repo, sessions, workbench_file};
 
 #[test]
 fn a_rejected_result_goes_back_to_the_coordinator_and_the_second_round_passes() {
@@ -59,10 +59,6 @@ fn a_goal_still_not_met_when_the_rounds_run_out_fails_the_job() {
         "{reason}"
     );
     assert!(reason.contains("no totals row"), "{reason}");
-}
-
-fn workbench_file(summary: &Value, path: &str) -> String {
-    std::fs::read_to_string(std::path::Path::new(summary["workbench"].as_str().unwrap()).join(path)).unwrap()
 }
 
 /// Acceptance (workflow): clarify → goal → coordinator → judge, rejected once

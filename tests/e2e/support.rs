@@ -57,6 +57,12 @@ impl Home {
     }
 }
 
+/// A file of a finished `flower run`'s workbench (its summary names the folder).
+pub fn workbench_file(summary: &Value, path: &str) -> String {
+    let dir = Path::new(summary["workbench"].as_str().unwrap());
+    std::fs::read_to_string(dir.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 /// Sessions of a transcript dump with the given role.
 pub fn sessions<'a>(t: &'a Value, role: &str) -> Vec<&'a Value> {
     t["sessions"].as_array().unwrap().iter().filter(|s| s["role"] == role).collect()

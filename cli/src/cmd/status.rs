@@ -101,33 +101,23 @@ async fn workflow_record(
 ) -> anyhow::Result<(Vec<serde_json::Value>, Vec<serde_json::Value>)> {
     use flower_model::EventKind;
     let (mut verdicts, mut questions) = (Vec::new(), Vec::<serde_json::Value>::new());
-    let mut cursor = 0;
-    loop {
-        let page = store.events(job, cursor, 1_000).await?;
-        for e in &page {
-            cursor = e.seq;
-            match &e.kind {
-                EventKind::JudgeVerdict { round, session, verdict, failed, reason } => {
-                    verdicts.push(serde_json::json!({
-                        "round": round, "session": session, "verdict": verdict, "failed": failed, "reason": reason,
-                    }))
-                }
-                EventKind::QuestionAsked { id, role, question, options, .. } => questions.push(serde_json::json!({
-                    "id": id, "role": role, "question": question, "options": options,
-                })),
-                EventKind::QuestionAnswered { id, answer, by, .. } => {
-                    if let Some(q) = questions.iter_mut().find(|q| q["id"] == *id && q.get("answer").is_none()) {
-                        q["answer"] = serde_json::json!(answer);
-                        q["answered_by"] = serde_json::json!(by);
-                    }
-                }
-                _ => {}
+    flower_store::scan_events(store, job, 0, |e| match &e.kind {
+        EventKind::JudgeVerdict { round, session, verdict, failed, reason } => verdicts.push(serde_json::json!({
+            "round": round, "session": session, "verdict": verdict, "failed": failed, "reason": reason,
+        })),
+        EventKind::QuestionAsked { id, role, question, options, .. } => questions.push(serde_json::json!({
+            "id": id, "role": role, "question": question, "options": options,
+        })),
+        EventKind::QuestionAnswered { id, answer, by, .. } => {
+            if let Some(q) = questions.iter_mut().find(|q| q["id"] == *id && q.get("answer").is_none()) {
+                q["answer"] = serde_json::json!(answer);
+                q["answered_by"] = serde_json::json!(by);
             }
         }
-        if page.len() < 1_000 {
-            return Ok((verdicts, questions));
-        }
-    }
+        _ => {}
+    })
+    .await?;
+    Ok((verdicts, questions))
 }
 
 /// `flower status` against the service.

@@ -64,34 +64,34 @@ struct Questions {
 impl Questions {
     fn read(&mut self, events: &[flower_model::Event], id: &str) {
         for e in events {
-            self.cursor = self.cursor.max(e.seq);
-            match &e.kind {
-                EventKind::QuestionAsked { id: asked, .. } => {
-                    self.count += 1;
-                    if asked == id {
-                        self.asked_at = Some(e.at);
-                    }
+            self.see(e, id);
+        }
+    }
+
+    fn see(&mut self, e: &flower_model::Event, id: &str) {
+        self.cursor = self.cursor.max(e.seq);
+        match &e.kind {
+            EventKind::QuestionAsked { id: asked, .. } => {
+                self.count += 1;
+                if asked == id {
+                    self.asked_at = Some(e.at);
                 }
-                EventKind::QuestionAnswered { id: answered, answer, option, by }
-                    if answered == id && self.answer.is_none() =>
-                {
-                    self.answer = Some((answer.clone(), *option, by.clone()));
-                }
-                _ => {}
             }
+            EventKind::QuestionAnswered { id: answered, answer, option, by }
+                if answered == id && self.answer.is_none() =>
+            {
+                self.answer = Some((answer.clone(), *option, by.clone()));
+            }
+            _ => {}
         }
     }
 }
 
-/// Read the job's events from `q.cursor` on, a page at a time.
+/// Read the job's events from `q.cursor` on.
 async fn read_on(store: &dyn flower_store::Store, job: JobId, id: &str, q: &mut Questions) -> Result<(), StoreError> {
-    loop {
-        let page = store.events(job, q.cursor, 1_000).await?;
-        q.read(&page, id);
-        if page.len() < 1_000 {
-            return Ok(());
-        }
-    }
+    let from = q.cursor;
+    flower_store::scan_events(store, job, from, |e| q.see(e, id)).await?;
+    Ok(())
 }
 
 fn store_err(e: StoreError) -> ToolError {
@@ -306,23 +306,15 @@ pub async fn pending(
     job: JobId,
 ) -> Result<Vec<(String, String, Vec<String>)>, StoreError> {
     let mut open: Vec<(String, String, Vec<String>)> = Vec::new();
-    let mut cursor = 0;
-    loop {
-        let page = store.events(job, cursor, 1_000).await?;
-        for e in &page {
-            cursor = e.seq;
-            match &e.kind {
-                EventKind::QuestionAsked { id, question, options, .. } => {
-                    open.push((id.clone(), question.clone(), options.clone()))
-                }
-                EventKind::QuestionAnswered { id, .. } => open.retain(|(q, ..)| q != id),
-                _ => {}
-            }
+    flower_store::scan_events(store, job, 0, |e| match &e.kind {
+        EventKind::QuestionAsked { id, question, options, .. } => {
+            open.push((id.clone(), question.clone(), options.clone()))
         }
-        if page.len() < 1_000 {
-            return Ok(open);
-        }
-    }
+        EventKind::QuestionAnswered { id, .. } => open.retain(|(q, ..)| q != id),
+        _ => {}
+    })
+    .await?;
+    Ok(open)
 }
 
 /// Store the user's answer to `question` (or to the one question waiting,
