@@ -64,6 +64,8 @@ enum Command {
     Answer(cmd::jobs::AnswerArgs),
     /// Ask a side question about a job; a read-only session answers, the job is not touched
     Aside(cmd::jobs::AsideArgs),
+    /// Continue a finished job with a new instruction: a new job from its workbench, workspace and brief
+    Continue(cmd::run::ContinueArgs),
     /// List a job's workbench files, or download one
     Artifacts(cmd::jobs::ArtifactsArgs),
     /// What entered the coordinator's context versus its subagents' (embedded store, or --server)
@@ -132,6 +134,7 @@ fn main() -> ExitCode {
             Command::Interrupt(args) => cmd::jobs::interrupt(args).await,
             Command::Answer(args) => cmd::jobs::answer(home, args).await,
             Command::Aside(args) => cmd::jobs::aside(home, args).await,
+            Command::Continue(args) => cmd::run::continue_job(home, args).await,
             Command::Artifacts(args) => cmd::jobs::artifacts(args).await,
             Command::Bench(c) => cmd::bench::run(c).await,
             Command::Glance(args) => cmd::glance::run(args),

@@ -72,6 +72,100 @@ pub async fn last_verdict(store: &dyn flower_store::Store, job: JobId) -> Result
     Ok(last)
 }
 
+/// What the user said to an `unreachable` verdict.
+#[derive(Debug, PartialEq)]
+pub enum Overruled {
+    /// Option 1: the result is accepted as it is; the job succeeds with it.
+    Accepted,
+    /// In words: how to go on (the goal amended, or why the judge is
+    /// wrong) — the coordinator's next instruction.
+    Words(String),
+    /// The job ends failed; what to add to its reason.
+    No(String),
+}
+
+/// The question's id for round `round`'s `unreachable` verdict.
+pub fn unreachable_question(round: u32) -> String {
+    format!("judge-{round}-unreachable")
+}
+
+/// The options offered after an `unreachable` verdict, in order.
+pub const UNREACHABLE_OPTIONS: [&str; 2] =
+    ["accept the result as it is (the job succeeds with it)", "end the job: the goal is unreachable"];
+
+/// Ask the user what to do about round `round`'s `unreachable` verdict
+/// (no answer within `runtime.ask.timeout`: the verdict stands). A resumed
+/// run asks the same question again and so finds the answer stored to it.
+pub async fn overrule(
+    ctx: &JobContext,
+    spec: &JobSpec,
+    job: JobId,
+    round: u32,
+    reason: &str,
+) -> Result<Overruled, StoreError> {
+    use crate::tools::ask::{Asked, Asker};
+    // As the clarifier does, with the default `runtime.ask` when the spec sets none.
+    let options = spec.runtime.ask.clone().unwrap_or_default();
+    let workbench = Workbench::new(ctx.objects.clone(), job);
+    let asker = Asker::new(ctx.journal.clone(), workbench, ctx.inbox.clone(), options, ctx.stop.clone(), "judge");
+    let question = format!(
+        "The judge found the goal unreachable (round {round}): {reason}\nChoose 1 to accept the result as it is, 2 to \
+         end the job, or answer in words — amend the goal, or say why the judge is wrong — and the work goes on \
+         with your words."
+    );
+    let options: Vec<String> = UNREACHABLE_OPTIONS.iter().map(|o| o.to_string()).collect();
+    let verdict_session = last_judge_session(ctx.journal.store().as_ref(), job, round).await?;
+    let asked =
+        asker.ask(job, verdict_session, &unreachable_question(round), &question, &options, ctx.stop.token()).await?;
+    Ok(match asked {
+        Asked::Answer { option: Some(1), by, .. } if by == "user" => Overruled::Accepted,
+        Asked::Answer { option: Some(_), by, .. } if by == "user" => {
+            Overruled::No(" (the user agreed: the job ends)".into())
+        }
+        Asked::Answer { text, by, .. } if by == "user" => Overruled::Words(format!(
+            "[the judge found the goal unreachable (round {round}): {reason}]\nThe user answered: {text}\nGo on \
+             with the user's words (delegate what they need), then give a new final answer."
+        )),
+        Asked::Answer { .. } => Overruled::No(" (the user did not answer)".into()),
+        Asked::Cancelled | Asked::HandingOver => Overruled::No(" (stopped while asking the user)".into()),
+    })
+}
+
+/// The session of round `round`'s verdict (the question is asked on its behalf).
+async fn last_judge_session(
+    store: &dyn flower_store::Store,
+    job: JobId,
+    round: u32,
+) -> Result<flower_model::SessionId, StoreError> {
+    let mut found = flower_model::SessionId::random();
+    flower_store::scan_events(store, job, 0, |e| {
+        if let EventKind::JudgeVerdict { round: r, session, .. } = &e.kind
+            && *r == round
+        {
+            found = *session;
+        }
+    })
+    .await?;
+    Ok(found)
+}
+
+/// What the user said in words after `unreachable` verdicts, by round:
+/// the next judges weigh it.
+async fn user_words(store: &dyn flower_store::Store, job: JobId) -> Result<Vec<(String, String)>, StoreError> {
+    let mut words = Vec::new();
+    flower_store::scan_events(store, job, 0, |e| {
+        if let EventKind::QuestionAnswered { id, answer, option: None, by } = &e.kind
+            && by == "user"
+            && id.starts_with("judge-")
+            && id.ends_with("-unreachable")
+        {
+            words.push((id.clone(), answer.clone()));
+        }
+    })
+    .await?;
+    Ok(words)
+}
+
 /// Run round `round`'s judge on `answer` and store its verdict. A judge that
 /// ends without one is "not yet: cannot verify" — never a pass. `None`: the
 /// run was stopped meanwhile (cancel, hand-over), and nothing was stored.
@@ -89,15 +183,35 @@ pub async fn judge(
         Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
         Err(_) => "(no notes/goal.md: judge against the goal as stated)".into(),
     };
-    let input = format!(
+    let mut input = format!(
         "Round {round} of {rounds}.\n\n# The goal\n{goal}\n\n# Its checks\n{checks}\n\n# The workbench now\n{index}\n\
          # The coordinator's final answer (a claim to check, not evidence)\n{answer}",
         goal = spec.goal.trim(),
     );
+    let words = user_words(ctx.journal.store().as_ref(), job).await?;
+    if !words.is_empty() {
+        input.push_str(
+            "\n\n# The user's word on earlier verdicts (it amends the goal, or says why a judge was wrong)\n",
+        );
+        for (id, text) in words {
+            input.push_str(&format!("- {id}: {text}\n"));
+        }
+    }
+    let can_run = spec.workflow.judge.as_ref().is_some_and(|j| j.can_run);
+    if can_run {
+        input.push_str(
+            "\n\nYou may run commands (`Bash`, run by a worker in the job's workspace) to check; never to change \
+             anything.",
+        );
+    }
     let slot: Arc<Mutex<Option<Verdict>>> = Arc::default();
     let side = Side { role: Role::Judge, label: format!("judge-{round}"), prompt: JUDGE_PROMPT, max_turns: 20 };
-    let (id, session) =
-        crate::side::open(ctx.wiring(), spec, job, side, vec![Arc::new(VerdictTool { slot: slot.clone() })]).await?;
+    let mut tools: Vec<Arc<dyn Tool>> = vec![Arc::new(VerdictTool { slot: slot.clone() })];
+    if can_run {
+        // Its commands run as tool-only tasks on workers, as the coordinator's own do.
+        tools.push(Arc::new(crate::tools::bash::CommandTool::new(crate::runner::dispatcher(ctx, job), false)));
+    }
+    let (id, session) = crate::side::open(ctx.wiring(), spec, job, side, tools).await?;
     let outcome = session.run(Vec::new(), Some(vec![ContentBlock::text(input)])).await;
     let verdict = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
     if ctx.stop.is_stopped() && verdict.is_none() {

@@ -15,6 +15,8 @@
 //! - [`aside`]: side questions answered from a job's events and workbench, outside its main thread
 //! - [`clarify`]: the brief and the goal before the coordinator starts (`workflow.clarify`)
 //! - [`judge`]: the judge session and its verdicts (`workflow.judge`)
+//! - [`continuation`]: a finished job continued as a new job with its lineage (`flower continue`)
+//! - [`record`]: a job's workflow record — lineage, steps, verdicts, questions (`flower status JOB`)
 //! - [`handoff`]: a new main-thread session from a handoff document when the context fills
 //! - [`side`]: the sessions beside the main thread (clarifier, goal, judge, aside), built one way
 //! - [`service`]: the gRPC service, leases and takeover (distributed mode)
@@ -26,12 +28,14 @@
 pub mod aside;
 pub mod clarify;
 pub mod context;
+pub mod continuation;
 pub mod dispatch;
 pub mod handoff;
 pub mod index;
 pub mod judge;
 pub mod prompts;
 pub mod qa_log;
+pub mod record;
 pub mod runner;
 pub mod service;
 pub mod side;

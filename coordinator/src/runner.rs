@@ -75,7 +75,14 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Option<Finished>
         ctx.journal.announce(&written).await;
     }
     let first = match first_message(ctx, &spec, job_id).await? {
-        Ok(first) => first,
+        // A continuation says first where its parent ended and what is asked now.
+        Ok(first) => match &job.continues {
+            Some(lineage) => {
+                let workbench = Workbench::new(ctx.objects.clone(), job_id);
+                format!("{}{first}", crate::continuation::preamble(store.as_ref(), &workbench, lineage).await?)
+            }
+            None => first,
+        },
         Err(None) if ctx.stop.handing_over() => return Ok(None),
         Err(why) => {
             let (state, reason) = match why {
@@ -228,8 +235,11 @@ async fn drive(
 
 /// The judge loop (`workflow.judge`, docs/design.md section 11): each final
 /// answer is judged; `not_yet` sends the failed checks back to the same
-/// coordinator session as its next instruction, until `rounds` verdicts. A
-/// resumed run goes on from the last stored verdict.
+/// coordinator session as its next instruction, until `rounds` verdicts.
+/// `unreachable` asks the user: accept the result, end
+/// the job, or say in words how to go on — the words go to the coordinator
+/// and the next round's judge, and earn one more round. A resumed run goes
+/// on from the last stored verdict (and the answer stored to it).
 async fn judged(
     ctx: &JobContext,
     spec: &JobSpec,
@@ -238,46 +248,69 @@ async fn judged(
     limits: Option<Arc<flower_agent::limits::JobLimits>>,
     rounds: u32,
 ) -> Result<Driven, StoreError> {
-    use crate::judge::{Verdict, judge, last_verdict, next_round_instruction};
+    use crate::judge::{Overruled, Verdict, judge, last_verdict, next_round_instruction, overrule};
     let store = ctx.journal.store().clone();
     let mut last = last_verdict(store.as_ref(), job_id).await?;
+    let mut limit = rounds;
     loop {
-        let round = match &last {
-            None => 1,
+        let (n, instruction) = match &last {
+            None => (0, None),
             Some((_, Verdict::Achieved { .. })) => return Ok(driven),
-            Some((n, Verdict::Unreachable { reason })) => {
-                driven.outcome = Err(format!("the judge found the goal unreachable (round {n}): {reason}"));
-                return Ok(driven);
-            }
-            Some((n, Verdict::NotYet { failed, reason })) if *n >= rounds => {
+            Some((n, Verdict::Unreachable { reason })) => match overrule(ctx, spec, job_id, *n, reason).await? {
+                Overruled::Accepted => return Ok(driven),
+                Overruled::Words(instruction) => {
+                    limit = limit.max(n + 1);
+                    (*n, Some(instruction))
+                }
+                Overruled::No(why) => {
+                    driven.outcome = Err(format!("the judge found the goal unreachable (round {n}): {reason}{why}"));
+                    return Ok(driven);
+                }
+            },
+            Some((n, Verdict::NotYet { failed, reason })) if *n >= limit => {
                 driven.outcome = Err(format!(
-                    "the goal is not achieved after {rounds} judge round(s): {reason} (failed: {})",
+                    "the goal is not achieved after {n} judge round(s): {reason} (failed: {})",
                     failed.join("; ")
                 ));
                 return Ok(driven);
             }
             Some((n, Verdict::NotYet { failed, reason })) => {
-                // Back to the coordinator, in the same session.
-                // The latest coordinator session (the one that answered),
-                // loaded as any resume is, with the verdict as its input.
-                let instruction = next_round_instruction(*n, rounds, failed, reason);
-                let mut start = open_session(ctx, spec, job_id, String::new()).await?;
-                start.input = Some(vec![ContentBlock::text(instruction)]);
-                let earlier = driven.earlier_turns + answered_turns(&driven);
-                driven = drive(ctx, spec, job_id, start, limits.clone()).await?;
-                driven.earlier_turns += earlier;
-                n + 1
+                (*n, Some(next_round_instruction(*n, rounds.max(limit), failed, reason)))
             }
         };
+        if let Some(instruction) = instruction {
+            driven = another_round(ctx, spec, job_id, driven, limits.clone(), instruction).await?;
+        }
+        let round = n + 1;
         let answer = match &driven.outcome {
             Ok(Ok(Outcome::Answered { text, .. })) if !ctx.stop.is_stopped() => text.clone(),
             _ => return Ok(driven),
         };
-        match judge(ctx, spec, job_id, round, rounds, &answer).await? {
+        match judge(ctx, spec, job_id, round, limit.max(round), &answer).await? {
             Some(v) => last = Some((round, v)),
             None => return Ok(driven),
         }
     }
+}
+
+/// Back to the coordinator, in its latest session (loaded as any resume
+/// is), with `instruction` as its input — unless that session already has
+/// it (a run resumed mid-round goes on where it was).
+async fn another_round(
+    ctx: &JobContext,
+    spec: &JobSpec,
+    job_id: JobId,
+    driven: Driven,
+    limits: Option<Arc<flower_agent::limits::JobLimits>>,
+    instruction: String,
+) -> Result<Driven, StoreError> {
+    let mut start = open_session(ctx, spec, job_id, String::new()).await?;
+    let told = start.history.iter().any(|e| e.kind == flower_model::EntryKind::User && e.text() == instruction);
+    start.input = (!told).then(|| vec![ContentBlock::text(instruction)]);
+    let earlier = driven.earlier_turns + answered_turns(&driven);
+    let mut next = drive(ctx, spec, job_id, start, limits).await?;
+    next.earlier_turns += earlier;
+    Ok(next)
 }
 
 fn answered_turns(d: &Driven) -> u32 {
@@ -382,12 +415,18 @@ pub async fn load_pruned(
     Ok(pruned.entries)
 }
 
+/// The dispatcher of this run's tasks in `job_id`'s workspace.
+pub(crate) fn dispatcher(ctx: &JobContext, job_id: JobId) -> Arc<Dispatcher> {
+    let workspace = Workspace::new(ctx.objects.clone(), job_id);
+    Arc::new(
+        Dispatcher::new(ctx.journal.clone(), ctx.queue.clone(), workspace, ctx.epoch, ctx.sweep)
+            .with_stop(ctx.stop.clone()),
+    )
+}
+
 fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session: SessionId) -> AgentSession {
     let workspace = Workspace::new(ctx.objects.clone(), job_id);
-    let dispatcher = Arc::new(
-        Dispatcher::new(ctx.journal.clone(), ctx.queue.clone(), workspace.clone(), ctx.epoch, ctx.sweep)
-            .with_stop(ctx.stop.clone()),
-    );
+    let dispatcher = dispatcher(ctx, job_id);
     let workbench = Workbench::new(ctx.objects.clone(), job_id);
     let rt = &spec.runtime;
     let mut tools = ToolSet::new();

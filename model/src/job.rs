@@ -78,6 +78,17 @@ pub struct Job {
     pub usage: Usage,
     pub created_at: i64,
     pub updated_at: i64,
+    /// Set on a continuation (`flower continue`): the job it continues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continues: Option<Lineage>,
+}
+
+/// Where a continuation comes from: the finished job it goes on from and the
+/// user's new instruction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lineage {
+    pub parent: JobId,
+    pub instruction: String,
 }
 
 /// The worker name of a tool-only task: the coordinator's own `Bash` call,

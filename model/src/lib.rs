@@ -30,7 +30,7 @@ pub use content::{ContentBlock, ResultBlock};
 pub use entry::{Entry, EntryKind, Markers};
 pub use event::{Event, EventKind};
 pub use ids::{JobId, SessionId, TaskId};
-pub use job::{Job, JobState, Role, Session, Task, TaskOutcome, TaskState};
+pub use job::{Job, JobState, Lineage, Role, Session, Task, TaskOutcome, TaskState};
 pub use spec::{JobSpec, SpecError, WorkerSpec};
 pub use usage::Usage;
 

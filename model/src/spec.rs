@@ -258,8 +258,9 @@ impl Workflow {
 pub struct JudgeOptions {
     /// Verdicts before the job ends failed (default 3; 1 to 10).
     pub rounds: u32,
-    /// Whether the judge may run commands (as tasks on workers). Not
-    /// supported yet: the judge reads the workbench and the workspace.
+    /// Whether the judge may run commands to check the result (`Bash`, run
+    /// as tool-only tasks by workers in the job's workspace, under the
+    /// workers' sandbox); otherwise it reads the workbench and the workspace.
     pub can_run: bool,
 }
 
@@ -672,12 +673,6 @@ impl JobSpec {
         let Some(judge) = &self.workflow.judge else { return Ok(()) };
         if !(1..=10).contains(&judge.rounds) {
             return Err(SpecError::new("workflow.judge.rounds", "must be between 1 and 10"));
-        }
-        if judge.can_run {
-            return Err(SpecError::new(
-                "workflow.judge.can_run",
-                "not supported yet: the judge reads the workbench and the workspace (leave it false)",
-            ));
         }
         Ok(())
     }
@@ -1110,7 +1105,7 @@ workers:
         for (opts, field, says) in [
             ("judge: {rounds: 0}", "workflow.judge.rounds", "1 and 10"),
             ("judge: {rounds: 11}", "workflow.judge.rounds", "1 and 10"),
-            ("judge: {can_run: true}", "workflow.judge.can_run", "not supported yet"),
+            ("judge: {can_run: yes please}", "workflow.judge.can_run", "invalid"),
             ("judges: {}", "workflow.judges", "unknown field"),
         ] {
             let e = err(&format!("{GOOD}workflow:\n  {opts}\n"));
@@ -1119,6 +1114,8 @@ workers:
         }
         let spec = JobSpec::parse(&format!("{GOOD}workflow:\n  judge: {{}}\n")).unwrap();
         assert_eq!(spec.workflow.judge, Some(JudgeOptions { rounds: 3, can_run: false }));
+        let spec = JobSpec::parse(&format!("{GOOD}workflow:\n  judge: {{can_run: true}}\n")).unwrap();
+        assert_eq!(spec.workflow.judge, Some(JudgeOptions { rounds: 3, can_run: true }));
         assert!(JobSpec::parse(GOOD).unwrap().workflow.is_empty());
     }
 

@@ -44,6 +44,8 @@ pub enum RunError {
     Home { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Aside(#[from] flower_coordinator::aside::AsideError),
+    #[error(transparent)]
+    Continue(#[from] flower_coordinator::continuation::ContinueError),
 }
 
 /// What a finished run reports.
@@ -111,11 +113,32 @@ impl EmbeddedRuntime {
         let value = serde_json::to_value(spec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let (job, _) = self
             .store
-            .create_job(NewJob { id: JobId::random(), name: spec.name.clone(), spec: value, idempotency_key: None })
+            .create_job(NewJob {
+                id: JobId::random(),
+                name: spec.name.clone(),
+                spec: value,
+                idempotency_key: None,
+                continues: None,
+            })
             .await?;
         if let Some(dir) = workspace.or(spec.workspace.as_deref()) {
             Workspace::new(self.objects.clone(), job.id).upload_dir(dir, spec.runtime.workspace_limit.as_u64()).await?;
         }
+        Ok(job.id)
+    }
+
+    /// Record the continuation of the finished job `parent` (`flower
+    /// continue`): a new queued job starting from its workbench and
+    /// workspace, with `instruction`. Run it with [`Self::run`].
+    pub async fn continue_job(&self, parent: JobId, instruction: &str) -> Result<JobId, RunError> {
+        let (job, _) = flower_coordinator::continuation::create(
+            self.store.as_ref(),
+            self.objects.clone(),
+            parent,
+            instruction,
+            None,
+        )
+        .await?;
         Ok(job.id)
     }
 

@@ -27,6 +27,7 @@ macro_rules! store_conformance_tests {
     ($make:path) => {
         $crate::store_conformance_tests!(@each $make;
             jobs_and_idempotency,
+            continuations_name_their_parent,
             job_counts_by_state,
             transcripts_are_ordered_per_session,
             task_attempts_are_fenced,
@@ -85,6 +86,7 @@ async fn new_job(store: &dyn Store, key: Option<&str>) -> JobId {
             name: "t".into(),
             spec: serde_json::json!({"name": "t"}),
             idempotency_key: key.map(str::to_string),
+            continues: None,
         })
         .await
         .unwrap();
@@ -104,6 +106,7 @@ pub async fn jobs_and_idempotency(store: &dyn Store) {
             name: "t".into(),
             spec: serde_json::json!({}),
             idempotency_key: Some("key-1".into()),
+            continues: None,
         })
         .await
         .unwrap();
@@ -128,6 +131,38 @@ pub async fn jobs_and_idempotency(store: &dyn Store) {
     store.set_job_state(id, JobState::Failed, None, None, None).await.unwrap_err();
     assert_eq!(store.get_job(id).await.unwrap().final_answer.as_deref(), Some("42"), "the first end stands");
     assert!(store.list_jobs(10).await.unwrap().iter().any(|j| j.id == id));
+}
+
+pub async fn continuations_name_their_parent(store: &dyn Store) {
+    let parent = new_job(store, None).await;
+    assert!(store.get_job(parent).await.unwrap().continues.is_none());
+    let mut children = Vec::new();
+    for n in 0..2 {
+        let lineage = flower_model::Lineage { parent, instruction: format!("also do {n}: 'quoted' \\ \u{e9}") };
+        let (child, created) = store
+            .create_job(NewJob {
+                id: JobId::random(),
+                name: "t".into(),
+                spec: serde_json::json!({"name": "t"}),
+                idempotency_key: None,
+                continues: Some(lineage.clone()),
+            })
+            .await
+            .unwrap();
+        assert!(created);
+        assert_eq!(child.continues.as_ref(), Some(&lineage));
+        assert_eq!(store.get_job(child.id).await.unwrap().continues, Some(lineage.clone()));
+        children.push(child.id);
+        // The next one is younger by at least a millisecond (ties go by id).
+        let made = child.created_at;
+        while now_ms() <= made {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(store.continuations(parent).await.unwrap(), children, "oldest first");
+    assert!(store.continuations(children[0]).await.unwrap().is_empty());
+    let listed = store.list_jobs(10).await.unwrap();
+    assert!(listed.iter().any(|j| j.continues.as_ref().map(|l| l.parent) == Some(parent)));
 }
 
 pub async fn job_counts_by_state(store: &dyn Store) {

@@ -128,6 +128,8 @@ pub struct NewJob {
     pub name: String,
     pub spec: serde_json::Value,
     pub idempotency_key: Option<String>,
+    /// A continuation: the finished job it goes on from.
+    pub continues: Option<flower_model::Lineage>,
 }
 
 /// Writes that must land together, in one transaction: transcript entries, the
@@ -177,6 +179,9 @@ pub trait Store: Send + Sync + 'static {
     async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId>;
     /// Newest first.
     async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>>;
+    /// The continuations of `job` (jobs created by `flower continue` from
+    /// it), oldest first.
+    async fn continuations(&self, job: JobId) -> Result<Vec<JobId>>;
     /// How many jobs are in each state (states without a job left out): one
     /// aggregate query, cheap enough for every metrics scrape.
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>>;

@@ -13,6 +13,7 @@ pub type Migration = (i32, &'static str);
 pub const POSTGRES: &[Migration] = &[
     (1, include_str!("../migrations/postgres/0001_initial.sql")),
     (2, include_str!("../migrations/postgres/0002_waiting_for_user.sql")),
+    (3, include_str!("../migrations/postgres/0003_continuations.sql")),
 ];
 
 /// The SQLite schema, in order. Version 1 is the schema shipped before
@@ -22,6 +23,7 @@ pub const SQLITE: &[Migration] = &[
     (1, include_str!("../migrations/sqlite/0001_initial.sql")),
     (2, include_str!("../migrations/sqlite/0002_job_indexes.sql")),
     (3, include_str!("../migrations/sqlite/0003_waiting_for_user.sql")),
+    (4, include_str!("../migrations/sqlite/0004_continuations.sql")),
 ];
 
 /// Creates the version table where it is missing (same SQL on both backends).
@@ -63,9 +65,9 @@ mod tests {
     #[test]
     fn only_missing_versions_are_pending_and_newer_databases_are_refused() {
         assert_eq!(pending(SQLITE, &[]).unwrap().len(), SQLITE.len());
-        assert_eq!(pending(SQLITE, &[1]).unwrap().iter().map(|(v, _)| *v).collect::<Vec<_>>(), vec![2, 3]);
-        assert!(pending(SQLITE, &[1, 2, 3]).unwrap().is_empty());
+        assert_eq!(pending(SQLITE, &[1]).unwrap().iter().map(|(v, _)| *v).collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert!(pending(SQLITE, &[1, 2, 3, 4]).unwrap().is_empty());
         assert!(matches!(pending(POSTGRES, &[1, 99]), Err(StoreError::Corrupt(_))));
-        assert_eq!(latest(SQLITE), 3);
+        assert_eq!(latest(SQLITE), 4);
     }
 }

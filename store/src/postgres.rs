@@ -473,7 +473,8 @@ async fn write_events(
     Ok(out)
 }
 
-const JOB_COLS: &str = "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at";
+const JOB_COLS: &str =
+    "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at, parent, instruction";
 
 fn decode_job(r: &Row) -> Result<Job> {
     Ok(Job {
@@ -487,6 +488,12 @@ fn decode_job(r: &Row) -> Result<Job> {
         usage: from_json(r.get(7))?,
         created_at: r.get(8),
         updated_at: r.get(9),
+        continues: match (r.get::<_, Option<uuid::Uuid>>(10), r.get::<_, Option<String>>(11)) {
+            (Some(parent), instruction) => {
+                Some(flower_model::Lineage { parent: JobId(parent), instruction: instruction.unwrap_or_default() })
+            }
+            (None, _) => None,
+        },
     })
 }
 
@@ -556,10 +563,19 @@ impl Store for PostgresStore {
                 let now = now_ms();
                 let inserted = db_query_opt(
                     tx,
-                    "INSERT INTO jobs (id, name, state, spec, idempotency_key, usage, created_at, updated_at)
-                         VALUES ($1, $2, 'queued', $3, $4, $5, $6, $6)
+                    "INSERT INTO jobs (id, name, state, spec, idempotency_key, usage, created_at, updated_at, parent, instruction)
+                         VALUES ($1, $2, 'queued', $3, $4, $5, $6, $6, $7, $8)
                          ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
-                    &[&job.id.0, &job.name, &job.spec, &job.idempotency_key, &json(&Usage::default())?, &now],
+                    &[
+                        &job.id.0,
+                        &job.name,
+                        &job.spec,
+                        &job.idempotency_key,
+                        &json(&Usage::default())?,
+                        &now,
+                        &job.continues.as_ref().map(|l| l.parent.0),
+                        &job.continues.as_ref().map(|l| l.instruction.as_str()),
+                    ],
                 )
                 .await?;
                 if inserted.is_none() {
@@ -602,6 +618,13 @@ impl Store for PostgresStore {
         )
         .await?;
         rows.iter().map(decode_job).collect()
+    }
+
+    async fn continuations(&self, job: JobId) -> Result<Vec<JobId>> {
+        let client = self.pool.get().await?;
+        let rows =
+            db_query(&client, "SELECT id FROM jobs WHERE parent = $1 ORDER BY created_at, id", &[&job.0]).await?;
+        Ok(rows.iter().map(|r| JobId(r.get(0))).collect())
     }
 
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>> {

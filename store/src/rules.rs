@@ -340,6 +340,7 @@ mod tests {
             usage: Usage::default(),
             created_at: 0,
             updated_at: 0,
+            continues: None,
         };
         let done = set_job_state(&job, JobState::Succeeded, None, None, 3).unwrap();
         assert_eq!(done.job.final_answer.as_deref(), Some("42"));

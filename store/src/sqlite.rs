@@ -204,7 +204,8 @@ fn apply_task_change(tx: &Transaction<'_>, change: TaskChange) -> Result<(Task, 
     Ok((change.task, event))
 }
 
-const JOB_COLS: &str = "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at";
+const JOB_COLS: &str =
+    "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at, parent, instruction";
 
 /// Insert a session row (idempotent); its start event when it is new.
 fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Option<Event>> {
@@ -260,12 +261,15 @@ fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<i64>> 
     Ok(seqs)
 }
 
-fn job_row(r: &Row<'_>) -> rusqlite::Result<[Option<String>; 8]> {
-    Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?])
+/// A job row's text columns (in `JOB_COLS` order, the two times left out).
+type JobRow = [Option<String>; 10];
+
+fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRow> {
+    Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(10)?, r.get(11)?])
 }
 
-fn decode_job(cols: [Option<String>; 8], created_at: i64, updated_at: i64) -> Result<Job> {
-    let [id, name, state, reason, spec, final_answer, idempotency_key, usage] = cols;
+fn decode_job(cols: JobRow, created_at: i64, updated_at: i64) -> Result<Job> {
+    let [id, name, state, reason, spec, final_answer, idempotency_key, usage, parent, instruction] = cols;
     let need = |v: Option<String>| v.ok_or_else(|| corrupt("null in a required job column"));
     Ok(Job {
         id: parse_id(&need(id)?)?,
@@ -278,6 +282,12 @@ fn decode_job(cols: [Option<String>; 8], created_at: i64, updated_at: i64) -> Re
         usage: parse(&need(usage)?)?,
         created_at,
         updated_at,
+        continues: match parent {
+            Some(p) => {
+                Some(flower_model::Lineage { parent: parse_id(&p)?, instruction: instruction.unwrap_or_default() })
+            }
+            None => None,
+        },
     })
 }
 
@@ -357,14 +367,18 @@ impl Store for SqliteStore {
             let now = now_ms();
             exec(
                 tx,
-                &format!("INSERT INTO jobs ({JOB_COLS}) VALUES (?1, ?2, 'queued', NULL, ?3, NULL, ?4, ?5, ?6, ?6)"),
+                &format!(
+                    "INSERT INTO jobs ({JOB_COLS}) VALUES (?1, ?2, 'queued', NULL, ?3, NULL, ?4, ?5, ?6, ?6, ?7, ?8)"
+                ),
                 params![
                     job.id.to_string(),
                     job.name,
                     json(&job.spec)?,
                     job.idempotency_key,
                     json(&Usage::default())?,
-                    now
+                    now,
+                    job.continues.as_ref().map(|l| l.parent.to_string()),
+                    job.continues.as_ref().map(|l| l.instruction.clone()),
                 ],
             )?;
             write_event(tx, job.id, rules::job_created())?;
@@ -404,6 +418,16 @@ impl Store for SqliteStore {
                 .query_map(params![limit], |r| Ok((job_row(r)?, r.get::<_, i64>(8)?, r.get::<_, i64>(9)?)))?
                 .collect::<rusqlite::Result<_>>()?;
             rows.into_iter().map(|(c, a, b)| decode_job(c, a, b)).collect()
+        })
+        .await
+    }
+
+    async fn continuations(&self, job: JobId) -> Result<Vec<JobId>> {
+        self.run(move |c| {
+            let mut stmt = c.prepare_cached("SELECT id FROM jobs WHERE parent = ?1 ORDER BY created_at, id")?;
+            let ids: Vec<String> =
+                stmt.query_map(params![job.to_string()], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+            ids.iter().map(|id| parse_id(id)).collect()
         })
         .await
     }

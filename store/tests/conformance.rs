@@ -78,7 +78,8 @@ async fn stored_entries_cannot_be_rewritten() {
     let _store = SqliteStore::open(&path).unwrap();
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
-        "INSERT INTO jobs VALUES ('j','n','queued',NULL,'{}',NULL,NULL,'{}',0,0);
+        "INSERT INTO jobs (id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at)
+           VALUES ('j','n','queued',NULL,'{}',NULL,NULL,'{}',0,0);
          INSERT INTO sessions VALUES ('s','j','worker','w',NULL,0);
          INSERT INTO entries VALUES ('s',1,'u','j','user','{}',0);",
     )

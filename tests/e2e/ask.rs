@@ -4,27 +4,10 @@
 //! (Over gRPC with a killed coordinator: `distributed.rs`.)
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{Home, repo, sessions, workbench_file};
-
-/// The job in `state`, polled through `flower status --json` (another process).
-fn wait_state(home: &Home, state: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = home.run(&["status", "--json"]);
-        if out.status.success() {
-            let jobs: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            if let Some(j) = jobs.as_array().and_then(|a| a.iter().find(|j| j["state"] == state)) {
-                return j["id"].as_str().unwrap().to_string();
-            }
-        }
-        assert!(Instant::now() < deadline, "no job became {state}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use crate::support::{Home, repo, sessions, wait_state, workbench_file};
 
 #[test]
 fn a_question_waits_for_the_users_answer_from_another_process() {

@@ -178,16 +178,19 @@ impl Cluster {
         let prefix = format!("flowertest_{}", uuid::Uuid::new_v4().simple());
         let objects_dir = tempfile::tempdir().unwrap();
         let s3 = if opts.s3 { Some(S3TestServer::start("flower-e2e").await.unwrap()) } else { None };
-        let sim = Proc::spawn(
-            &[
-                "sim",
-                "--listen",
-                "127.0.0.1:0",
-                "--scenario",
-                repo().join("tests/fixtures/distributed/scenario.yaml").to_str().unwrap(),
-            ],
-            &[],
-        );
+        // The test scenarios: the cluster's own, then the workflow's roles
+        // (clarifier, goal, judges) it does not have.
+        let tests = tempfile::NamedTempFile::new().unwrap();
+        let mut scenario =
+            flower_sim::Scenario::load(&repo().join("tests/fixtures/distributed/scenario.yaml")).unwrap();
+        let workflow = flower_sim::Scenario::load(&repo().join("tests/fixtures/workflow/scenario.yaml")).unwrap();
+        for role in workflow.roles {
+            if !scenario.roles.iter().any(|r| r.name == role.name) {
+                scenario.roles.push(role);
+            }
+        }
+        std::fs::write(tests.path(), serde_json::to_string(&scenario).unwrap()).unwrap();
+        let sim = Proc::spawn(&["sim", "--listen", "127.0.0.1:0", "--scenario", tests.path().to_str().unwrap()], &[]);
         // The examples' roles (the demo's, the long-horizon job's) are played by a
         // second simulator, on one merged scenario.
         let examples = tempfile::NamedTempFile::new().unwrap();

@@ -617,3 +617,73 @@ async fn an_answer_sent_while_the_asking_coordinator_is_killed_is_not_lost() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("question"), "{}", String::from_utf8_lossy(&out.stderr));
     c.stop().await;
 }
+
+/// Acceptance (workflow, distributed): clarify → goal → coordinator → judge
+/// (rejected once, accepted the second round) on a cluster, shown by
+/// `flower status --server`; then `flower continue --server` (gRPC
+/// `Continue`) makes a new job with its lineage, which a coordinator runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clarified_judged_job_runs_on_a_cluster_and_continues_over_grpc() {
+    let mut c = Cluster::start(Options { coordinators: 1, workers: 1, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/workflow.yaml"));
+    c.wait_job(&job, "succeeded").await;
+    let status = |c: &mut Cluster, job: &str| -> serde_json::Value {
+        let out = c.flower(&["status", job, "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let s = status(&mut c, &job);
+    assert_eq!(s["final_answer"], "Report fixed: report written", "{s}");
+    let verdicts: Vec<&str> =
+        s["verdicts"].as_array().unwrap().iter().map(|v| v["verdict"].as_str().unwrap()).collect();
+    assert_eq!(verdicts, vec!["not_yet", "achieved"]);
+    assert_eq!(s["questions"][0]["answered_by"], "timeout", "the clarifier's question, unanswered");
+    let steps: Vec<&str> = s["steps"].as_array().unwrap().iter().map(|s| s["label"].as_str().unwrap()).collect();
+    assert_eq!(steps, vec!["clarify", "goal", "planner", "judge-1", "judge-2"], "each step its own session");
+    let text = stdout(&c.flower(&["status", &job]));
+    assert!(text.contains("judge round 1: not_yet (1 checks failed)"), "{text}");
+    let brief = c.flower(&["artifacts", &job, "get", "notes/brief.md"]);
+    assert!(String::from_utf8_lossy(&brief.stdout).contains("## Unknowns and assumptions"));
+
+    // Continue it over gRPC; the same key returns the same continuation.
+    let out =
+        c.flower(&["continue", &job, "Also add a chart of the totals.", "--idempotency-key", "chart-1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let made: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let child = made["job_id"].as_str().unwrap().to_string();
+    assert_eq!(made["existing"], false);
+    let again =
+        c.flower(&["continue", &job, "Also add a chart of the totals.", "--idempotency-key", "chart-1", "--json"]);
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!((again["job_id"].as_str(), again["existing"].as_bool()), (Some(child.as_str()), Some(true)));
+    let out = c.flower(&["continue", &job, " "]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("instruction"), "{}", String::from_utf8_lossy(&out.stderr));
+    c.wait_job(&child, "succeeded").await;
+
+    let s = status(&mut c, &child);
+    assert_eq!(
+        (s["continues"]["parent"].as_str(), s["state"].as_str()),
+        (Some(job.as_str()), Some("succeeded")),
+        "{s}"
+    );
+    let steps: Vec<&str> = s["steps"].as_array().unwrap().iter().map(|s| s["label"].as_str().unwrap()).collect();
+    assert_eq!(steps.first(), Some(&"goal"), "the brief carried over, the goal set again: {steps:?}");
+    assert_eq!(status(&mut c, &job)["continued_by"], serde_json::json!([child]));
+    let brief = c.flower(&["artifacts", &child, "get", "notes/brief.md"]);
+    assert!(String::from_utf8_lossy(&brief.stdout).contains("> Also add a chart of the totals."));
+    let pg = c.pg().await;
+    let first: String = pg
+        .query_one(
+            &format!(
+                "SELECT e.body::text FROM entries e JOIN sessions s ON s.id = e.session_id
+                 WHERE e.job_id = '{child}' AND s.role = 'coordinator' ORDER BY e.seq LIMIT 1"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(first.contains(&format!("This job continues job {job} (succeeded)")), "{first}");
+    assert!(first.contains("Report fixed: report written"), "where the parent ended: {first}");
+    c.stop().await;
+}

@@ -70,9 +70,13 @@ enum Rpc {
     ListArtifacts,
     GetArtifact,
     GetContext,
+    Answer,
+    Aside,
+    Continue,
+    GetWorkflow,
 }
 
-const RPCS: [Rpc; 10] = [
+const RPCS: [Rpc; 14] = [
     Rpc::Submit,
     Rpc::Get,
     Rpc::List,
@@ -83,6 +87,10 @@ const RPCS: [Rpc; 10] = [
     Rpc::ListArtifacts,
     Rpc::GetArtifact,
     Rpc::GetContext,
+    Rpc::Answer,
+    Rpc::Aside,
+    Rpc::Continue,
+    Rpc::GetWorkflow,
 ];
 
 impl Rpc {
@@ -98,6 +106,10 @@ impl Rpc {
             Rpc::ListArtifacts => "/flower.v1.Flower/ListArtifacts",
             Rpc::GetArtifact => "/flower.v1.Flower/GetArtifact",
             Rpc::GetContext => "/flower.v1.Flower/GetContext",
+            Rpc::Answer => "/flower.v1.Flower/Answer",
+            Rpc::Aside => "/flower.v1.Flower/Aside",
+            Rpc::Continue => "/flower.v1.Flower/Continue",
+            Rpc::GetWorkflow => "/flower.v1.Flower/GetWorkflow",
         }
     }
 
@@ -118,6 +130,12 @@ impl Rpc {
             Rpc::ListArtifacts => pb::ListArtifactsRequest { job_id }.encode_to_vec(),
             Rpc::GetArtifact => pb::GetArtifactRequest { job_id, path: "artifacts/x.md".into() }.encode_to_vec(),
             Rpc::GetContext => pb::GetContextRequest { job_id }.encode_to_vec(),
+            Rpc::Answer => pb::AnswerRequest { job_id, text: "CSV".into(), ..Default::default() }.encode_to_vec(),
+            Rpc::Aside => pb::AsideRequest { job_id, question: "what now?".into() }.encode_to_vec(),
+            Rpc::Continue => {
+                pb::ContinueRequest { job_id, instruction: "also this".into(), ..Default::default() }.encode_to_vec()
+            }
+            Rpc::GetWorkflow => pb::GetWorkflowRequest { job_id }.encode_to_vec(),
         }
     }
 
@@ -358,6 +376,19 @@ fn corpus(job: &str, session: &str) -> Vec<Case> {
         FailedPrecondition,
         Some("already"),
     ));
+    let cont = |i: String, k: String| {
+        pb::ContinueRequest { job_id: job_s.clone(), instruction: i, idempotency_key: k }.encode_to_vec()
+    };
+    for (label, i, k, field) in [
+        ("empty instruction", String::new(), String::new(), "instruction"),
+        ("blank instruction", " \n ".into(), String::new(), "instruction"),
+        ("NUL in instruction", "a\0b".into(), String::new(), "instruction"),
+        ("300 KiB instruction", "i".repeat(300 << 10), String::new(), "instruction"),
+        ("NUL in idempotency key", "ok".into(), "k\0".into(), "idempotency_key"),
+        ("257-byte idempotency key", "ok".into(), "k".repeat(257), "idempotency_key"),
+    ] {
+        cases.push(case(format!("Continue: {label}"), Rpc::Continue, cont(i, k), InvalidArgument, Some(field)));
+    }
     let cancel = |r: String| pb::CancelRequest { job_id: job_s.clone(), reason: r }.encode_to_vec();
     cases.push(case("Cancel: NUL in reason", Rpc::Cancel, cancel("r\0".into()), InvalidArgument, Some("reason")));
     cases.push(case(
@@ -625,13 +656,14 @@ async fn hostile_inputs_heavy_random_mutations() {
             s.code(),
             s.message()
         );
-        if rpc == Rpc::Submit && s.code() == Code::Ok {
+        // A submit, or a continue of the finished job, creates a job.
+        if matches!(rpc, Rpc::Submit | Rpc::Continue) && s.code() == Code::Ok {
             accepted += 1;
         }
     }
     healthy(&channel).await;
     let after = counts(&c).await;
-    assert!(after.0 - before.0 <= accepted, "jobs were written only for accepted submits");
+    assert!(after.0 - before.0 <= accepted, "jobs were written only for accepted submits and continues");
     println!("{n} mutations: {accepted} submits accepted, no internal error, still serving");
     c.stop().await;
 }

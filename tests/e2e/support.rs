@@ -94,3 +94,19 @@ pub fn tool_results(session: &Value) -> Vec<(String, bool)> {
     }
     out
 }
+
+/// The job in `state`, polled through `flower status --json` (another process).
+pub fn wait_state(home: &Home, state: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let out = home.run(&["status", "--json"]);
+        if out.status.success() {
+            let jobs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            if let Some(j) = jobs.as_array().and_then(|a| a.iter().find(|j| j["state"] == state)) {
+                return j["id"].as_str().unwrap().to_string();
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "no job became {state}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

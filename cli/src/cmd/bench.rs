@@ -99,6 +99,7 @@ async fn seed_main_thread(
             name: "resume".into(),
             spec: serde_json::to_value(&spec)?,
             idempotency_key: None,
+            continues: None,
         })
         .await?;
     let session = SessionId::random();

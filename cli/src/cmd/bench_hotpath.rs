@@ -46,6 +46,7 @@ async fn run(tasks: usize, fan_out: usize) -> anyhow::Result<usize> {
             name: "hotpath".into(),
             spec: serde_json::json!({}),
             idempotency_key: None,
+            continues: None,
         })
         .await?
         .0

@@ -52,6 +52,7 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
             name: "bench-transcript".into(),
             spec: json!({}),
             idempotency_key: None,
+            continues: None,
         })
         .await?
         .0

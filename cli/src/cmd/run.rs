@@ -37,6 +37,9 @@ pub struct RunArgs {
     pub tools: super::isolation::ToolArgs,
     #[command(flatten)]
     pub policy: super::isolation::PolicyArgs,
+    /// Set by `flower continue`: the finished job and the new instruction.
+    #[arg(skip)]
+    pub continues: Option<(String, String)>,
 }
 
 #[derive(Args)]
@@ -72,6 +75,74 @@ pub async fn demo(home: PathBuf, args: DemoArgs) -> anyhow::Result<ExitCode> {
             overrides: args.overrides,
             tools: args.tools,
             policy: args.policy,
+            continues: None,
+        },
+    )
+    .await
+}
+
+#[derive(Args)]
+pub struct ContinueArgs {
+    /// The finished job (full id; a unique prefix for the embedded store)
+    pub job: String,
+    /// What to do now ("also do X")
+    pub instruction: String,
+    /// With --server: repeating a continue with the same key returns the first continuation
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Print JSON on stdout (the run's summary; with --server `{job_id, existing}`), and no progress
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: super::client::ServerArgs,
+    #[command(flatten)]
+    pub tools: super::isolation::ToolArgs,
+    #[command(flatten)]
+    pub policy: super::isolation::PolicyArgs,
+}
+
+/// `flower continue`: a finished job goes on with a new instruction, as a new
+/// job naming it (its lineage). With --server the service runs it (follow it
+/// with `flower watch`); else it runs here, like `flower run`.
+pub async fn continue_job(home: PathBuf, args: ContinueArgs) -> anyhow::Result<ExitCode> {
+    if args.server.configured() {
+        use flower_proto::v1 as pb;
+        let mut c = args.server.connect().await?;
+        let r = c
+            .r#continue(pb::ContinueRequest {
+                job_id: args.job.clone(),
+                instruction: args.instruction,
+                idempotency_key: args.idempotency_key.unwrap_or_default(),
+            })
+            .await
+            .map_err(super::client::status_error)?
+            .into_inner();
+        if args.json {
+            println!("{}", serde_json::json!({"job_id": r.job_id, "existing": r.existing, "continues": args.job}));
+        } else {
+            println!("{}", r.job_id);
+            eprintln!(
+                "job {} continues {}{}; follow it with: flower watch {}",
+                r.job_id,
+                args.job,
+                if r.existing { " (already submitted with this key)" } else { "" },
+                r.job_id
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    anyhow::ensure!(args.idempotency_key.is_none(), "--idempotency-key needs --server");
+    run(
+        home,
+        RunArgs {
+            spec: None,
+            resume: None,
+            workspace: None,
+            json: args.json,
+            overrides: Default::default(),
+            tools: args.tools,
+            policy: args.policy,
+            continues: Some((args.job, args.instruction)),
         },
     )
     .await
@@ -122,7 +193,15 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
             (job, found.name, true)
         }
         (Some(spec), None) => (runtime.submit(&spec, args.workspace.as_deref()).await?, spec.name.clone(), false),
-        (None, None) => anyhow::bail!("give a job spec, or --resume JOB"),
+        (None, None) => match &args.continues {
+            Some((parent, instruction)) => {
+                let parent = runtime.store().resolve_job(parent).await?;
+                let job = runtime.continue_job(parent, instruction).await?;
+                eprintln!("job {job} continues {parent}");
+                (job, runtime.store().get_job(job).await?.name, false)
+            }
+            None => anyhow::bail!("give a job spec, or --resume JOB"),
+        },
     };
 
     let cancel = CancellationToken::new();

@@ -29,9 +29,9 @@ pub async fn run(home: std::path::PathBuf, args: StatusArgs) -> anyhow::Result<E
         Some(id) => vec![store.get_job(resolve_job(store.as_ref(), id).await?).await?],
         None => store.list_jobs(args.limit).await?,
     };
-    // One job: its workflow record too (the judge's verdicts, the questions asked).
+    // One job: its workflow record too (lineage, steps, verdicts, questions).
     let record = match (&args.job, jobs.first()) {
-        (Some(_), Some(j)) => Some(workflow_record(store.as_ref(), j.id).await?),
+        (Some(_), Some(j)) => Some(flower_coordinator::record::workflow(store.as_ref(), j.id).await?),
         _ => None,
     };
     if args.json {
@@ -41,11 +41,10 @@ pub async fn run(home: std::path::PathBuf, args: StatusArgs) -> anyhow::Result<E
                 let mut v = serde_json::json!({
                     "id": j.id, "name": j.name, "state": j.state, "reason": j.reason,
                     "final_answer": j.final_answer, "usage": j.usage,
-                    "created_at": j.created_at, "updated_at": j.updated_at,
+                    "created_at": j.created_at, "updated_at": j.updated_at, "continues": j.continues,
                 });
-                if let Some((verdicts, questions)) = &record {
-                    v["verdicts"] = serde_json::json!(verdicts);
-                    v["questions"] = serde_json::json!(questions);
+                if let Some(record) = &record {
+                    merge(&mut v, record);
                 }
                 v
             })
@@ -71,53 +70,17 @@ pub async fn run(home: std::path::PathBuf, args: StatusArgs) -> anyhow::Result<E
             j.reason.as_deref().map(|r| format!("  ({r})")).unwrap_or_default()
         );
     }
-    if let Some((verdicts, questions)) = &record {
-        for v in verdicts {
-            let failed = v["failed"].as_array().map(|f| f.len()).unwrap_or(0);
-            println!(
-                "  judge round {}: {}{} — {}",
-                v["round"],
-                v["verdict"].as_str().unwrap_or_default(),
-                if failed > 0 { format!(" ({failed} checks failed)") } else { String::new() },
-                v["reason"].as_str().unwrap_or_default()
-            );
-        }
-        for q in questions {
-            println!(
-                "  asked ({}): {} → {}",
-                q["role"].as_str().unwrap_or_default(),
-                q["question"].as_str().unwrap_or_default(),
-                q["answer"].as_str().unwrap_or("(waiting)")
-            );
-        }
+    for line in record.iter().flat_map(|r| r.lines()) {
+        println!("{line}");
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// A job's verdicts and questions (with their answers), from its events.
-async fn workflow_record(
-    store: &dyn flower_store::Store,
-    job: flower_model::JobId,
-) -> anyhow::Result<(Vec<serde_json::Value>, Vec<serde_json::Value>)> {
-    use flower_model::EventKind;
-    let (mut verdicts, mut questions) = (Vec::new(), Vec::<serde_json::Value>::new());
-    flower_store::scan_events(store, job, 0, |e| match &e.kind {
-        EventKind::JudgeVerdict { round, session, verdict, failed, reason } => verdicts.push(serde_json::json!({
-            "round": round, "session": session, "verdict": verdict, "failed": failed, "reason": reason,
-        })),
-        EventKind::QuestionAsked { id, role, question, options, .. } => questions.push(serde_json::json!({
-            "id": id, "role": role, "question": question, "options": options,
-        })),
-        EventKind::QuestionAnswered { id, answer, by, .. } => {
-            if let Some(q) = questions.iter_mut().find(|q| q["id"] == *id && q.get("answer").is_none()) {
-                q["answer"] = serde_json::json!(answer);
-                q["answered_by"] = serde_json::json!(by);
-            }
-        }
-        _ => {}
-    })
-    .await?;
-    Ok((verdicts, questions))
+/// The workflow record's fields beside the job's own.
+fn merge(job: &mut serde_json::Value, record: &flower_coordinator::record::Record) {
+    if let (Some(out), Ok(serde_json::Value::Object(fields))) = (job.as_object_mut(), serde_json::to_value(record)) {
+        out.extend(fields);
+    }
 }
 
 /// `flower status` against the service.
@@ -136,6 +99,18 @@ async fn remote(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 .jobs
         }
     };
+    // One job: its workflow record too.
+    let record = match &args.job {
+        Some(_) => {
+            let r = c
+                .get_workflow(pb::GetWorkflowRequest { job_id: jobs[0].id.clone() })
+                .await
+                .map_err(super::client::status_error)?
+                .into_inner();
+            Some(serde_json::from_str::<flower_coordinator::record::Record>(&r.record_json)?)
+        }
+        None => None,
+    };
     let to_json = |j: &pb::Job| {
         let u = j.usage.unwrap_or_default();
         serde_json::json!({
@@ -143,11 +118,15 @@ async fn remote(args: StatusArgs) -> anyhow::Result<ExitCode> {
             "usage": {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
                       "cache_creation_input_tokens": u.cache_creation_input_tokens, "cache_read_input_tokens": u.cache_read_input_tokens},
             "created_at": j.created_at_ms, "updated_at": j.updated_at_ms,
+            "continues": (!j.continues_job_id.is_empty())
+                .then(|| serde_json::json!({"parent": j.continues_job_id, "instruction": j.instruction})),
         })
     };
     if args.json {
-        let value = if args.job.is_some() {
-            to_json(&jobs[0])
+        let value = if let Some(record) = &record {
+            let mut v = to_json(&jobs[0]);
+            merge(&mut v, record);
+            v
         } else {
             serde_json::Value::Array(jobs.iter().map(to_json).collect())
         };
@@ -165,6 +144,9 @@ async fn remote(args: StatusArgs) -> anyhow::Result<ExitCode> {
             human_count(u.output_tokens),
             if j.reason.is_empty() { String::new() } else { format!("  ({})", j.reason) }
         );
+    }
+    for line in record.iter().flat_map(|r| r.lines()) {
+        println!("{line}");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -296,6 +296,7 @@ async fn import(home: std::path::PathBuf, args: ImportArgs) -> anyhow::Result<Ex
             name: name.clone(),
             spec: serde_json::json!({"imported_from": args.file.display().to_string()}),
             idempotency_key: None,
+            continues: None,
         })
         .await?;
     let mut sessions = Vec::new();

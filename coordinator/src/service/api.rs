@@ -60,6 +60,8 @@ pub fn job_to_pb(j: &Job) -> pb::Job {
             cache_creation_input_tokens: j.usage.cache_creation_input_tokens,
             cache_read_input_tokens: j.usage.cache_read_input_tokens,
         }),
+        continues_job_id: j.continues.as_ref().map(|l| l.parent.to_string()).unwrap_or_default(),
+        instruction: j.continues.as_ref().map(|l| l.instruction.clone()).unwrap_or_default(),
     }
 }
 
@@ -109,7 +111,13 @@ impl Flower for Api {
         let (job, created) = self
             .b
             .store
-            .create_job(NewJob { id: JobId::random(), name: spec.name.clone(), spec: value, idempotency_key: key })
+            .create_job(NewJob {
+                id: JobId::random(),
+                name: spec.name.clone(),
+                spec: value,
+                idempotency_key: key,
+                continues: None,
+            })
             .await
             .map_err(from_store)?;
         if created && !files.is_empty() {
@@ -371,6 +379,43 @@ impl Flower for Api {
         Ok(Response::new(pb::ListArtifactsResponse {
             artifacts: files.into_iter().map(|(path, size)| pb::Artifact { path, size }).collect(),
         }))
+    }
+
+    async fn r#continue(&self, req: Request<pb::ContinueRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+        use crate::continuation::{ContinueError, MAX_INSTRUCTION_BYTES};
+        let r = req.into_inner();
+        if r.instruction.trim().is_empty() {
+            return Err(status::invalid("instruction", "required (what to do now)"));
+        }
+        check_text("instruction", &r.instruction, MAX_INSTRUCTION_BYTES)?;
+        check_text("idempotency_key", &r.idempotency_key, MAX_IDEMPOTENCY_KEY)?;
+        let parent = self.job("job_id", &r.job_id).await?;
+        let key = Some(r.idempotency_key).filter(|k| !k.is_empty());
+        let (job, created) =
+            crate::continuation::create(self.b.store.as_ref(), self.b.objects.clone(), parent.id, &r.instruction, key)
+                .await
+                .map_err(|e| match e {
+                    ContinueError::NotFinished { .. } => Status::failed_precondition(e.to_string()),
+                    ContinueError::Empty | ContinueError::TooLong => status::invalid("instruction", &e),
+                    ContinueError::Spec(_) => status::invalid("instruction", &e),
+                    ContinueError::Store(e) => from_store(e),
+                })?;
+        if created {
+            tracing::info!(job = %job.id, parent = %parent.id, "job continued");
+            self.owner.submitted(job.id);
+        }
+        Ok(Response::new(pb::SubmitResponse { job_id: job.id.to_string(), existing: !created }))
+    }
+
+    async fn get_workflow(
+        &self,
+        req: Request<pb::GetWorkflowRequest>,
+    ) -> Result<Response<pb::GetWorkflowResponse>, Status> {
+        let job = self.job("job_id", &req.into_inner().job_id).await?;
+        let record = crate::record::workflow(self.b.store.as_ref(), job.id).await.map_err(from_store)?;
+        let record_json = serde_json::to_string(&record)
+            .map_err(|e| status::internal("the workflow record could not be encoded", e))?;
+        Ok(Response::new(pb::GetWorkflowResponse { record_json }))
     }
 
     async fn get_context(

@@ -28,13 +28,126 @@ pub const MAX_OPTION_CHARS: usize = 200;
 /// What a question left without an answer is answered.
 pub const NO_ANSWER: &str = "no answer";
 
-pub struct AskTool {
+/// Asks the job's user a question and waits for the answer, everything
+/// read back from the job's events (the `ask` tool, and the judge after an
+/// `unreachable` verdict).
+#[derive(Clone)]
+pub struct Asker {
     journal: Journal,
     workbench: Workbench,
     inbox: Inbox,
     options: AskOptions,
     stop: crate::stop::Stop,
     role: String,
+}
+
+/// How a question ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Asked {
+    /// The user's answer (`by` = `user`), or "no answer" (`by` = `timeout`,
+    /// or `limit` when the job's questions were all asked).
+    Answer { text: String, option: Option<u32>, by: String },
+    /// The user cancelled the job meanwhile.
+    Cancelled,
+    /// The run stopped to hand the job over; the next owner waits on.
+    HandingOver,
+}
+
+impl Asker {
+    pub fn new(
+        journal: Journal,
+        workbench: Workbench,
+        inbox: Inbox,
+        options: AskOptions,
+        stop: crate::stop::Stop,
+        role: &str,
+    ) -> Self {
+        Self { journal, workbench, inbox, options, stop, role: role.to_string() }
+    }
+
+    pub fn options(&self) -> &AskOptions {
+        &self.options
+    }
+
+    /// Ask question `id` (stored once: asked again after a resume, it goes on
+    /// waiting for the same answer until the first deadline) and wait.
+    pub async fn ask(
+        &self,
+        job: JobId,
+        session: flower_model::SessionId,
+        id: &str,
+        question: &str,
+        options: &[String],
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<Asked, StoreError> {
+        let mut q = Questions::default();
+        read_on(self.journal.store().as_ref(), job, id, &mut q).await?;
+        if q.asked_at.is_none() {
+            if q.count >= self.options.max_asks {
+                let why = format!("{NO_ANSWER} (the job's {} questions are asked: runtime.ask.max_asks)", q.count);
+                crate::qa_log::question(&self.workbench, &self.role, id, question, options).await;
+                crate::qa_log::answer(&self.workbench, id, &why).await;
+                return Ok(Asked::Answer { text: why, option: None, by: "limit".into() });
+            }
+            let asked = EventKind::QuestionAsked {
+                id: id.to_string(),
+                session,
+                role: self.role.clone(),
+                question: question.to_string(),
+                options: options.to_vec(),
+            };
+            let written = self.journal.commit(Batch { events: vec![(job, asked)], ..Default::default() }).await?;
+            self.journal.announce(&written).await;
+            q.read(&written.events, id);
+            self.set_state(job, JobState::WaitingForUser).await?;
+            crate::qa_log::question(&self.workbench, &self.role, id, question, options).await;
+        }
+        let deadline_ms = q.asked_at.unwrap_or_else(now_ms) + self.options.timeout.as_millis() as i64;
+        while q.answer.is_none() {
+            let left = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
+            if left.is_zero() {
+                let timed_out = EventKind::QuestionAnswered {
+                    id: id.to_string(),
+                    answer: NO_ANSWER.into(),
+                    option: None,
+                    by: "timeout".into(),
+                };
+                let written =
+                    self.journal.commit(Batch { events: vec![(job, timed_out)], ..Default::default() }).await?;
+                self.journal.announce(&written).await;
+                // An answer stored just before the timeout's comes first: read in order.
+                read_on(self.journal.store().as_ref(), job, id, &mut q).await?;
+                break;
+            }
+            tokio::select! {
+                _ = self.inbox.answer_notice() => {}
+                _ = tokio::time::sleep(left.min(BACKSTOP)) => {}
+                _ = cancel.cancelled() => {
+                    return Ok(if self.stop.handing_over() { Asked::HandingOver } else { Asked::Cancelled });
+                }
+            }
+            read_on(self.journal.store().as_ref(), job, id, &mut q).await?;
+        }
+        let (text, option, by) = q.answer.unwrap_or_else(|| (NO_ANSWER.into(), None, "timeout".into()));
+        self.set_state(job, JobState::Running).await?;
+        crate::qa_log::answer(&self.workbench, id, &logged(&text, option, &by)).await;
+        Ok(Asked::Answer { text, option, by })
+    }
+
+    async fn set_state(&self, job: JobId, state: JobState) -> Result<(), StoreError> {
+        let store = self.journal.store();
+        match store.set_job_state(job, state, None, None, self.journal.fence()).await {
+            Ok(written) => self.journal.announce(&written).await,
+            // A user's cancel ended the job meanwhile: the run is being stopped.
+            Err(StoreError::JobEnded { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+}
+
+pub struct AskTool {
+    asker: Asker,
 }
 
 impl AskTool {
@@ -46,7 +159,7 @@ impl AskTool {
         stop: crate::stop::Stop,
         role: &str,
     ) -> Self {
-        Self { journal, workbench, inbox, options, stop, role: role.to_string() }
+        Self { asker: Asker::new(journal, workbench, inbox, options, stop, role) }
     }
 }
 
@@ -105,13 +218,14 @@ impl Tool for AskTool {
     }
 
     fn description(&self) -> String {
+        let o = self.asker.options();
         format!(
             "Ask the job's user one question, and wait for the answer. Ask only what changes the approach and \
              cannot be found in the workspace or the workbench; one question at a time, with `options` when the \
              choices are known. The user may be away: after {} the answer is \"{NO_ANSWER}\" — then assume what \
              is most reasonable, say so, and record the assumption. At most {} questions per job.",
-            humantime::format_duration(self.options.timeout),
-            self.options.max_asks
+            humantime::format_duration(o.timeout),
+            o.max_asks
         )
     }
 
@@ -138,93 +252,26 @@ impl Tool for AskTool {
 
     async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
         let (question, options) = parse(&input)?;
-        let (job, id) = (ctx.job_id, ctx.tool_use_id.as_str());
-        let mut q = Questions::default();
-        read_on(self.journal.store().as_ref(), job, id, &mut q).await.map_err(store_err)?;
-        if q.asked_at.is_none() {
-            if q.count >= self.options.max_asks {
-                let why = format!("{NO_ANSWER} (the job's {} questions are asked: runtime.ask.max_asks)", q.count);
-                crate::qa_log::question(&self.workbench, &self.role, id, &question, &options).await;
-                crate::qa_log::answer(&self.workbench, id, &why).await;
-                return Ok(ToolOutput::text(assume(&why)));
-            }
-            let asked = EventKind::QuestionAsked {
-                id: id.to_string(),
-                session: ctx.session_id,
-                role: self.role.clone(),
-                question: question.clone(),
-                options: options.clone(),
-            };
-            let written = self
-                .journal
-                .commit(Batch { events: vec![(job, asked)], ..Default::default() })
-                .await
-                .map_err(store_err)?;
-            self.journal.announce(&written).await;
-            q.read(&written.events, id);
-            self.set_state(job, JobState::WaitingForUser).await?;
-            crate::qa_log::question(&self.workbench, &self.role, id, &question, &options).await;
-        }
-        let deadline_ms = q.asked_at.unwrap_or_else(now_ms) + self.options.timeout.as_millis() as i64;
-        while q.answer.is_none() {
-            let left = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
-            if left.is_zero() {
-                let timed_out = EventKind::QuestionAnswered {
-                    id: id.to_string(),
-                    answer: NO_ANSWER.into(),
-                    option: None,
-                    by: "timeout".into(),
-                };
-                let written = self
-                    .journal
-                    .commit(Batch { events: vec![(job, timed_out)], ..Default::default() })
-                    .await
-                    .map_err(store_err)?;
-                self.journal.announce(&written).await;
-                // An answer stored just before the timeout's comes first: read in order.
-                read_on(self.journal.store().as_ref(), job, id, &mut q).await.map_err(store_err)?;
-                break;
-            }
-            tokio::select! {
-                _ = self.inbox.answer_notice() => {}
-                _ = tokio::time::sleep(left.min(BACKSTOP)) => {}
-                _ = ctx.cancel.cancelled() => {
-                    if self.stop.handing_over() {
-                        // Left without a result: the next owner asks nothing
-                        // again and goes on waiting for the same answer.
-                        return Err(ToolError::fatal("the run stopped to hand the job over"));
-                    }
-                    return Ok(ToolOutput::error("[cancelled while waiting for the user's answer]"));
-                }
-            }
-            read_on(self.journal.store().as_ref(), job, id, &mut q).await.map_err(store_err)?;
-        }
-        let (answer, option, by) = q.answer.unwrap_or_else(|| (NO_ANSWER.into(), None, "timeout".into()));
-        self.set_state(job, JobState::Running).await?;
-        crate::qa_log::answer(&self.workbench, id, &logged(&answer, option, &by)).await;
-        Ok(ToolOutput::text(match by.as_str() {
-            "user" => match option {
-                Some(n) => format!("The user chose option {n}: {answer}"),
-                None => format!("The user answered: {answer}"),
+        let asked = self
+            .asker
+            .ask(ctx.job_id, ctx.session_id, &ctx.tool_use_id, &question, &options, &ctx.cancel)
+            .await
+            .map_err(store_err)?;
+        Ok(ToolOutput::text(match asked {
+            Asked::Answer { text, option, by } => match (by.as_str(), option) {
+                ("user", Some(n)) => format!("The user chose option {n}: {text}"),
+                ("user", None) => format!("The user answered: {text}"),
+                ("limit", _) => assume(&text),
+                _ => assume(&format!(
+                    "{NO_ANSWER} within {} (the user may be away)",
+                    humantime::format_duration(self.asker.options().timeout)
+                )),
             },
-            _ => assume(&format!(
-                "{NO_ANSWER} within {} (the user may be away)",
-                humantime::format_duration(self.options.timeout)
-            )),
+            // Left without a result: the next owner asks nothing again and
+            // goes on waiting for the same answer.
+            Asked::HandingOver => return Err(ToolError::fatal("the run stopped to hand the job over")),
+            Asked::Cancelled => return Ok(ToolOutput::error("[cancelled while waiting for the user's answer]")),
         }))
-    }
-}
-
-impl AskTool {
-    async fn set_state(&self, job: JobId, state: JobState) -> Result<(), ToolError> {
-        let store = self.journal.store();
-        match store.set_job_state(job, state, None, None, self.journal.fence()).await {
-            Ok(written) => self.journal.announce(&written).await,
-            // A user's cancel ended the job meanwhile: the run is being stopped.
-            Err(StoreError::JobEnded { .. }) => {}
-            Err(e) => return Err(store_err(e)),
-        }
-        Ok(())
     }
 }
 

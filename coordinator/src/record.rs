@@ -1,0 +1,137 @@
+//! A job's workflow record (`flower status JOB`, gRPC `GetWorkflow`): its
+//! lineage, its sessions by step, the judge's verdicts, the questions asked
+//! and their answers — read from the job row, its sessions and its events.
+
+use flower_model::{EventKind, JobId, Lineage, Role, SessionId};
+use flower_store::{Store, StoreError};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The job this one continues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continues: Option<Lineage>,
+    /// Its continuations, oldest first.
+    #[serde(default)]
+    pub continued_by: Vec<JobId>,
+    /// Its sessions but the workers', in the order started: the steps
+    /// (clarify, goal, coordinator generations, judge rounds, asides).
+    #[serde(default)]
+    pub steps: Vec<Step>,
+    /// How many worker sessions ran (one per task attempt).
+    #[serde(default)]
+    pub worker_sessions: usize,
+    #[serde(default)]
+    pub verdicts: Vec<VerdictLine>,
+    #[serde(default)]
+    pub questions: Vec<QuestionLine>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    pub session: SessionId,
+    pub role: String,
+    pub label: String,
+    pub started_at: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VerdictLine {
+    pub round: u32,
+    pub session: SessionId,
+    pub verdict: String,
+    pub failed: Vec<String>,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QuestionLine {
+    pub id: String,
+    pub role: String,
+    pub question: String,
+    pub options: Vec<String>,
+    /// `None` while it waits.
+    pub answer: Option<String>,
+    /// `user` or `timeout`.
+    pub answered_by: Option<String>,
+}
+
+/// Read `job`'s record.
+pub async fn workflow(store: &dyn Store, job: JobId) -> Result<Record, StoreError> {
+    let row = store.get_job(job).await?;
+    let mut record =
+        Record { continues: row.continues, continued_by: store.continuations(job).await?, ..Default::default() };
+    for s in store.sessions(job).await? {
+        if s.role == Role::Worker {
+            record.worker_sessions += 1;
+        } else {
+            record.steps.push(Step {
+                session: s.id,
+                role: s.role.as_str().into(),
+                label: s.label,
+                started_at: s.created_at,
+            });
+        }
+    }
+    flower_store::scan_events(store, job, 0, |e| match &e.kind {
+        EventKind::JudgeVerdict { round, session, verdict, failed, reason } => record.verdicts.push(VerdictLine {
+            round: *round,
+            session: *session,
+            verdict: verdict.clone(),
+            failed: failed.clone(),
+            reason: reason.clone(),
+        }),
+        EventKind::QuestionAsked { id, role, question, options, .. } => record.questions.push(QuestionLine {
+            id: id.clone(),
+            role: role.clone(),
+            question: question.clone(),
+            options: options.clone(),
+            answer: None,
+            answered_by: None,
+        }),
+        EventKind::QuestionAnswered { id, answer, by, .. } => {
+            if let Some(q) = record.questions.iter_mut().find(|q| q.id == *id && q.answer.is_none()) {
+                q.answer = Some(answer.clone());
+                q.answered_by = Some(by.clone());
+            }
+        }
+        _ => {}
+    })
+    .await?;
+    Ok(record)
+}
+
+impl Record {
+    /// The record for people, one line each, indented under the job's line.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(l) = &self.continues {
+            out.push(format!("  continues {} with: {}", l.parent, one_line(&l.instruction)));
+        }
+        for c in &self.continued_by {
+            out.push(format!("  continued by {c}"));
+        }
+        if !self.steps.is_empty() {
+            let steps: Vec<String> = self.steps.iter().map(|s| format!("{} ({})", s.label, s.role)).collect();
+            out.push(format!("  sessions: {}; {} worker session(s)", steps.join(" → "), self.worker_sessions));
+        }
+        for v in &self.verdicts {
+            let failed =
+                if v.failed.is_empty() { String::new() } else { format!(" ({} checks failed)", v.failed.len()) };
+            out.push(format!("  judge round {}: {}{failed} — {}", v.round, v.verdict, one_line(&v.reason)));
+        }
+        for q in &self.questions {
+            out.push(format!(
+                "  asked ({}): {} → {}",
+                q.role,
+                one_line(&q.question),
+                q.answer.as_deref().map(one_line).unwrap_or_else(|| "(waiting)".into())
+            ));
+        }
+        out
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
