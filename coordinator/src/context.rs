@@ -42,6 +42,10 @@ pub struct ContextReport {
     pub job: String,
     pub main: Side,
     pub subagents: Side,
+    /// The workflow's sessions beside the main thread (clarify, goal,
+    /// judge rounds, asides): neither the main thread nor subagents.
+    #[serde(default)]
+    pub workflow: Side,
     pub main_turns: Vec<MainTurn>,
     /// Least-squares slope of the main thread's context, tokens per turn.
     pub main_slope_tokens_per_turn: f64,
@@ -148,12 +152,13 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
         let view = session_view(s, &entries, spec.as_ref(), &mut cost);
         all.add(&view.usage);
         r.sessions.push(view);
-        count_entries(&mut r, s.role == Role::Coordinator, &entries);
+        count_entries(&mut r, Who::of(s.role), &entries);
     }
     r.cost_usd = cost;
     r.cache_rate = all.cache_rate();
     r.main.cache_rate = r.main.usage.cache_rate();
     r.subagents.cache_rate = r.subagents.usage.cache_rate();
+    r.workflow.cache_rate = r.workflow.usage.cache_rate();
     let points: Vec<(f64, f64)> = r.main_turns.iter().map(|t| (t.turn as f64, t.context_tokens as f64)).collect();
     r.main_slope_tokens_per_turn = slope(&points);
     r.main_first_tokens = r.main_turns.first().map_or(0, |t| t.context_tokens);
@@ -194,33 +199,52 @@ fn session_view(
     view
 }
 
-/// What one session's entries add to the main-thread or subagent side.
-fn count_entries(r: &mut ContextReport, main: bool, entries: &[Entry]) {
-    if main {
-        r.main.sessions += 1;
-    } else {
-        r.subagents.sessions += 1;
+/// Whose a session's entries are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Main,
+    Subagent,
+    Workflow,
+}
+
+impl Who {
+    fn of(role: Role) -> Self {
+        match role {
+            Role::Coordinator => Self::Main,
+            Role::Worker => Self::Subagent,
+            _ => Self::Workflow,
+        }
     }
+
+    fn side(self, r: &mut ContextReport) -> &mut Side {
+        match self {
+            Self::Main => &mut r.main,
+            Self::Subagent => &mut r.subagents,
+            Self::Workflow => &mut r.workflow,
+        }
+    }
+}
+
+/// What one session's entries add to its side (main thread, subagents, workflow).
+fn count_entries(r: &mut ContextReport, who: Who, entries: &[Entry]) {
+    let main = who == Who::Main;
+    who.side(r).sessions += 1;
     let mut tool_names: BTreeMap<String, String> = BTreeMap::new();
     // Characters the model, the goal, mandates and reports wrote, so far.
     let mut authored = 0usize;
     let mut harness_sum = 0.0;
     for e in entries {
-        if main {
-            r.main.body_chars += e.body_chars();
-        } else {
-            r.subagents.body_chars += e.body_chars();
-        }
+        who.side(r).body_chars += e.body_chars();
         match e.kind {
             EntryKind::Assistant => {
-                let side = if main { &mut r.main } else { &mut r.subagents };
+                let side = who.side(r);
                 side.turns += 1;
                 if let Some(u) = &e.usage {
                     side.usage.add(u);
                 }
                 let turn = side.turns;
                 for (id, name, input) in e.tool_uses() {
-                    count_call(r, main, &mut tool_names, id, name, input);
+                    count_call(r, who, &mut tool_names, id, name, input);
                 }
                 if main {
                     let tokens = e.usage.map_or(0, |u| u.context_tokens());
@@ -243,17 +267,14 @@ fn count_entries(r: &mut ContextReport, main: bool, entries: &[Entry]) {
 /// the mandates, glances and workbench scripts it shows.
 fn count_call(
     r: &mut ContextReport,
-    main: bool,
+    who: Who,
     tool_names: &mut BTreeMap<String, String>,
     id: &str,
     name: &str,
     input: &serde_json::Value,
 ) {
-    if main {
-        r.main.tool_calls += 1;
-    } else {
-        r.subagents.tool_calls += 1;
-    }
+    who.side(r).tool_calls += 1;
+    let main = who == Who::Main;
     // A deliberate read of a spilled file is exempt: it passes the guard by design.
     let exempt = input.to_string().contains("spill/");
     tool_names.insert(id.to_string(), if exempt { String::new() } else { name.to_string() });

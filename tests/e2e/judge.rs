@@ -40,6 +40,14 @@ fn a_rejected_result_goes_back_to_the_coordinator_and_the_second_round_passes() 
     );
     assert!(first < told && told < second, "answer, verdict, new answer in order");
     assert_eq!(sessions(&t, "worker").len(), 2, "the fix was delegated");
+
+    // The context report counts the judges apart from the subagents.
+    let out = home.run(&["context", job, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["workflow"]["sessions"], 2, "two judge rounds");
+    assert_eq!(report["workflow"]["turns"], 4);
+    assert_eq!(report["subagents"]["sessions"], 2, "only the workers");
 }
 
 #[test]

@@ -145,6 +145,9 @@ fn print_table(main: &ContextReport, base: Option<&ContextReport>) {
     row("main thread: body chars / subagents", &|r| format!("{} / {}", r.main.body_chars, r.subagents.body_chars));
     row("main thread: tool calls / subagents", &|r| format!("{} / {}", r.main.tool_calls, r.subagents.tool_calls));
     row("subagent sessions", &|r| r.subagents.sessions.to_string());
+    row("workflow sessions / turns (clarify, judge, …)", &|r| {
+        format!("{} / {}", r.workflow.sessions, r.workflow.turns)
+    });
     row("main context: first → last (tokens)", &|r| format!("{} → {}", r.main_first_tokens, r.main_last_tokens));
     row("main context slope (tokens/turn)", &|r| format!("{:.0}", r.main_slope_tokens_per_turn));
     row("harness tokens per main turn (estimate)", &|r| format!("{:.0}", r.harness_tokens_per_turn_estimate));
