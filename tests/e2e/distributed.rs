@@ -687,3 +687,25 @@ async fn a_clarified_judged_job_runs_on_a_cluster_and_continues_over_grpc() {
     assert!(first.contains("Report fixed: report written"), "where the parent ended: {first}");
     c.stop().await;
 }
+
+/// The judge finds the goal unreachable on a cluster; the user, asked over
+/// gRPC, accepts the result; the job succeeds with the answer judged.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_verdict_is_put_to_the_user_over_grpc() {
+    let mut c = Cluster::start(Options { coordinators: 1, workers: 1, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/unreachable.yaml"));
+    c.wait_job(&job, "waiting_for_user").await;
+    let s: serde_json::Value = serde_json::from_slice(&c.flower(&["status", &job, "--json"]).stdout).unwrap();
+    assert_eq!(s["verdicts"][0]["verdict"], "unreachable", "{s}");
+    assert_eq!(
+        (s["questions"][0]["id"].as_str(), s["questions"][0]["answer"].as_str()),
+        (Some("judge-1-unreachable"), None)
+    );
+    let out = c.flower(&["answer", &job, "--option", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    c.wait_job(&job, "succeeded").await;
+    let s: serde_json::Value = serde_json::from_slice(&c.flower(&["status", &job, "--json"]).stdout).unwrap();
+    assert_eq!(s["final_answer"], "counted: report written", "{s}");
+    assert_eq!(s["questions"][0]["answered_by"], "user");
+    c.stop().await;
+}
