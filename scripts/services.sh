@@ -63,3 +63,13 @@ ensure_nats() {
   wait_for_port 4222 || die "NATS did not start (see $state/nats.log)"
 }
 
+
+# The web console's browser test drives Debian's Chromium through its
+# ChromeDriver: install both when missing.
+ensure_chromium() {
+  if [ -x /usr/lib/chromium/chromium ] && command -v chromedriver >/dev/null; then
+    return 0
+  fi
+  apt_install chromium chromium-driver ||
+    die "chromium and chromium-driver are missing and cannot be installed here (needs root or sudo, and apt-get): install them for the console's browser test"
+}

@@ -66,6 +66,8 @@ enum Command {
     Aside(cmd::jobs::AsideArgs),
     /// Continue a finished job with a new instruction: a new job from its workbench, workspace and brief
     Continue(cmd::run::ContinueArgs),
+    /// Serve the web console over the embedded store (jobs, live task tree, transcripts, context meter)
+    Ui(cmd::ui::UiArgs),
     /// List a job's workbench files, or download one
     Artifacts(cmd::jobs::ArtifactsArgs),
     /// What entered the coordinator's context versus its subagents' (embedded store, or --server)
@@ -135,6 +137,7 @@ fn main() -> ExitCode {
             Command::Answer(args) => cmd::jobs::answer(home, args).await,
             Command::Aside(args) => cmd::jobs::aside(home, args).await,
             Command::Continue(args) => cmd::run::continue_job(home, args).await,
+            Command::Ui(args) => cmd::ui::ui(home, args).await,
             Command::Artifacts(args) => cmd::jobs::artifacts(args).await,
             Command::Bench(c) => cmd::bench::run(c).await,
             Command::Glance(args) => cmd::glance::run(args),

@@ -12,6 +12,7 @@
 //! - [`runner`]: one job's coordinator session, started or resumed, to its end state
 //! - [`context`]: the context report of a job (main thread vs subagents)
 //! - [`index`]: the workbench index as notices to the main thread (layer 2)
+//! - [`actions`]: cancel a job, send it a message — for the gRPC API and the web console
 //! - [`aside`]: side questions answered from a job's events and workbench, outside its main thread
 //! - [`clarify`]: the brief and the goal before the coordinator starts (`workflow.clarify`)
 //! - [`judge`]: the judge session and its verdicts (`workflow.judge`)
@@ -25,6 +26,7 @@
 //! The coordinator never runs a tool on files itself and never writes a
 //! worker's transcript; everything it learns from workers arrives as reports.
 
+pub mod actions;
 pub mod aside;
 pub mod clarify;
 pub mod context;

@@ -95,6 +95,11 @@ impl EmbeddedRuntime {
         self.store.clone()
     }
 
+    /// The objects (workbenches, workspaces) under the home.
+    pub fn objects(&self) -> Arc<dyn ObjectStore> {
+        self.objects.clone()
+    }
+
     pub fn notifier(&self) -> Arc<dyn Notifier> {
         Arc::new(self.bus.clone())
     }

@@ -11,12 +11,14 @@
 //!   worker`, `flower bench`)
 //! - [`home`]: the embedded mode's home directory
 //! - [`metrics`]: the distributed processes' `/metrics` endpoint
+//! - [`console`]: the web console (`--http-listen`, `flower ui`)
 //! - [`audit`]: the simulator's cache audit fetched from a `flower sim` server
 //!
 //! It holds no policy of its own: rules live in the crates it wires (see
 //! docs/design.md, section 1).
 
 pub mod audit;
+pub mod console;
 pub mod distributed;
 pub mod embedded;
 pub mod home;

@@ -65,6 +65,11 @@ impl Proc {
         self.wait_line("metrics on ").trim_start_matches("metrics on ").trim().to_string()
     }
 
+    /// The web console's URL (the process was started with `--http-listen`).
+    pub fn console_url(&self) -> String {
+        self.wait_line("console on ").trim_start_matches("console on ").trim().trim_end_matches('/').to_string()
+    }
+
     /// The http:// address in the first line.
     pub fn url(&self) -> String {
         self.first_line
@@ -125,6 +130,8 @@ pub struct Options {
     /// Coordinators and workers serve metrics on a free port each
     /// ([`Proc::metrics_url`]).
     pub metrics: bool,
+    /// Coordinators serve the web console on a free port each ([`Proc::console_url`]).
+    pub console: bool,
 }
 
 impl Default for Options {
@@ -143,6 +150,7 @@ impl Default for Options {
             pg_gate: false,
             private_nats: false,
             metrics: false,
+            console: false,
         }
     }
 }
@@ -239,6 +247,9 @@ impl Cluster {
             let tls = repo().join("tests/fixtures/tls");
             coord_env.push(("FLOWER_TLS_CERT".into(), tls.join("server.crt").display().to_string()));
             coord_env.push(("FLOWER_TLS_KEY".into(), tls.join("server.key").display().to_string()));
+        }
+        if opts.console {
+            coord_env.push(("FLOWER_HTTP_LISTEN".into(), "127.0.0.1:0".into()));
         }
         if opts.metrics {
             env.push(("FLOWER_METRICS_LISTEN".into(), "127.0.0.1:0".into()));

@@ -6,6 +6,7 @@
 mod ask;
 mod bench;
 mod cluster;
+mod console;
 mod continuation;
 mod pggate;
 mod support;

@@ -14,6 +14,7 @@ pub mod sim;
 pub mod status;
 pub mod submit;
 pub mod transcript;
+pub mod ui;
 
 use std::sync::Arc;
 

@@ -36,6 +36,10 @@ pub struct CoordinatorArgs {
     /// Serve Prometheus metrics at `GET /metrics` on this address (port 0: any free port; the address is printed) [default: off]
     #[arg(long, env = "FLOWER_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve the web console on this address (port 0: any free port; the address is printed) [default: off].
+    /// With --token, the console asks for it
+    #[arg(long, env = "FLOWER_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub backends: BackendArgs,
 }
@@ -78,8 +82,13 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("--listen {}", args.listen))?;
     let addr = listener.local_addr()?;
     let metrics = bind_metrics(args.metrics_listen).await?;
+    let console = match args.http_listen {
+        Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("--http-listen {a}"))?),
+        None => None,
+    };
+    let token = args.token.filter(|t| !t.is_empty());
     let config = ServiceConfig {
-        token: args.token.filter(|t| !t.is_empty()),
+        token: token.clone(),
         max_request_bytes: args.max_request_bytes.as_u64() as usize,
         lease_ttl: args.lease_ttl,
         tls,
@@ -94,6 +103,16 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     );
     serve_metrics(metrics, Some(connected.store.clone()))?;
     let shutdown = CancellationToken::new();
+    if let Some(listener) = console {
+        println!("console on http://{}/", listener.local_addr()?);
+        flower_runtime::console::Console::new(
+            backends.store.clone(),
+            backends.objects.clone(),
+            Some(backends.notifier.clone()),
+            token,
+        )
+        .serve(listener, shutdown.clone());
+    }
     let stop = shutdown.clone();
     tokio::spawn(async move {
         terminated().await;

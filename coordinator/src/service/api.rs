@@ -13,7 +13,7 @@ use flower_model::{EventKind, Job, JobId, JobSpec, JobState, SessionId};
 use flower_proto::v1 as pb;
 use flower_proto::v1::flower_server::Flower;
 use flower_store::workspace::Workspace;
-use flower_store::{Batch, NewJob, StoreError, Workbench};
+use flower_store::{NewJob, StoreError, Workbench};
 use futures::Stream;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
@@ -62,6 +62,13 @@ pub fn job_to_pb(j: &Job) -> pb::Job {
         }),
         continues_job_id: j.continues.as_ref().map(|l| l.parent.to_string()).unwrap_or_default(),
         instruction: j.continues.as_ref().map(|l| l.instruction.clone()).unwrap_or_default(),
+    }
+}
+
+fn action_error(e: crate::actions::ActionError) -> Status {
+    match e {
+        crate::actions::ActionError::Ended { .. } => Status::failed_precondition(e.to_string()),
+        crate::actions::ActionError::Store(e) => from_store(e),
     }
 }
 
@@ -234,19 +241,10 @@ impl Flower for Api {
         if job.state.is_terminal() {
             return Err(status::job_ended(&job));
         }
-        let reason = if r.reason.trim().is_empty() { "cancelled by the user".to_string() } else { r.reason };
-        let store = &self.b.store;
-        let tasks = store.cancel_tasks(job.id, &reason).await.map_err(from_store)?;
-        let ended =
-            store.set_job_state(job.id, JobState::Cancelled, Some(reason), None, None).await.map_err(from_store)?;
-        for w in [tasks, ended] {
-            if let Some(last) = w.events.last() {
-                let _ = self.b.notifier.notify(Notice::Events { job: job.id, seq: last.seq }).await;
-            }
-        }
-        // Workers stop the job's running tasks on this notice.
-        let _ = self.b.notifier.notify(Notice::Cancel { job: job.id }).await;
-        Ok(Response::new(job_to_pb(&store.get_job(job.id).await.map_err(from_store)?)))
+        let ended = crate::actions::cancel(self.b.store.as_ref(), Some(self.b.notifier.as_ref()), job.id, &r.reason)
+            .await
+            .map_err(action_error)?;
+        Ok(Response::new(job_to_pb(&ended)))
     }
 
     async fn interrupt(&self, req: Request<pb::InterruptRequest>) -> Result<Response<pb::Job>, Status> {
@@ -262,13 +260,9 @@ impl Flower for Api {
         if job.state.is_terminal() {
             return Err(status::job_ended(&job));
         }
-        let batch = Batch { events: vec![(job.id, EventKind::UserMessage { text: r.message })], ..Default::default() };
-        let written = self.b.store.append(batch).await.map_err(from_store)?;
-        if let Some(last) = written.events.last() {
-            let _ = self.b.notifier.notify(Notice::Events { job: job.id, seq: last.seq }).await;
-        }
-        // The owner reads the job's events on this one.
-        let _ = self.b.notifier.notify(Notice::Interrupt { job: job.id }).await;
+        let job = crate::actions::interrupt(self.b.store.as_ref(), Some(self.b.notifier.as_ref()), job.id, r.message)
+            .await
+            .map_err(action_error)?;
         Ok(Response::new(job_to_pb(&job)))
     }
 

@@ -1,0 +1,286 @@
+//! The web console in a real browser: Debian's Chromium driven by its
+//! ChromeDriver over the W3C WebDriver protocol (a few JSON calls, below),
+//! against a coordinator serving the console on `--http-listen` with a
+//! token. The test signs in, sees a submitted job appear in the list live,
+//! opens it while it waits for its user, answers from the page, sees its
+//! tasks appear live, opens a subagent's transcript and finds its denial
+//! marker, cancels the job from the page, and checks the state through the
+//! CLI. Screenshots go to `target/console-screenshots/`.
+//!
+//! `scripts/test` installs `chromium` and `chromium-driver` when missing;
+//! without them this test fails saying so.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::cluster::{Cluster, Options};
+use crate::support::repo;
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+const TOKEN: &str = "console-s3cret";
+
+/// One browser session through ChromeDriver.
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+    driver: Child,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+fn tool(names: &[&str]) -> String {
+    names
+        .iter()
+        .find(|n| Command::new(n).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .unwrap_or_else(|| {
+            panic!("{} not found: install Debian's chromium and chromium-driver (scripts/test does)", names[0])
+        })
+        .to_string()
+}
+
+impl Browser {
+    async fn start() -> Self {
+        // ChromeDriver wants the browser itself (Debian's /usr/bin/chromium is a wrapper script).
+        let chromium = ["/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .unwrap_or_else(|| {
+                panic!("chromium not found: install Debian's chromium and chromium-driver (scripts/test does)")
+            });
+        let driver_bin = tool(&["chromedriver", "/usr/bin/chromedriver"]);
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let driver = Command::new(driver_bin)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let http = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{port}");
+        let ready = Instant::now();
+        loop {
+            if let Ok(r) = http.get(format!("{base}/status")).send().await
+                && let Ok(v) = r.json::<Value>().await
+                && v["value"]["ready"] == true
+            {
+                break;
+            }
+            assert!(ready.elapsed() < Duration::from_secs(30), "chromedriver did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut b = Self { http, base, driver };
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": chromium, "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"
+            ]}
+        }}});
+        let r = b.call("POST", "/session", caps).await;
+        let session = r["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {r}")).to_string();
+        b.base = format!("{}/session/{session}", b.base);
+        b
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        let url = format!("{}{path}", self.base);
+        let req = match method {
+            "GET" => self.http.get(url),
+            "DELETE" => self.http.delete(url),
+            _ => self.http.post(url).json(&body),
+        };
+        let v: Value = req.send().await.unwrap().json().await.unwrap();
+        v["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.call("POST", "/url", json!({"url": url})).await;
+    }
+
+    async fn find(&self, css: &str) -> Option<String> {
+        let v = self.call("POST", "/element", json!({"using": "css selector", "value": css})).await;
+        v[ELEMENT].as_str().map(str::to_string)
+    }
+
+    async fn find_all(&self, css: &str) -> Vec<String> {
+        let v = self.call("POST", "/elements", json!({"using": "css selector", "value": css})).await;
+        v.as_array()
+            .map(|a| a.iter().filter_map(|e| e[ELEMENT].as_str().map(str::to_string)).collect())
+            .unwrap_or_default()
+    }
+
+    /// The first element matching `css` whose text contains `text`, once the page shows it.
+    async fn wait_for(&self, css: &str, text: &str) -> String {
+        let start = Instant::now();
+        loop {
+            for el in self.find_all(css).await {
+                if self.text(&el).await.contains(text) {
+                    return el;
+                }
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                let shot = self.screenshot("failure").await;
+                std::fs::write(shot.with_extension("html"), self.source().await).unwrap();
+                panic!("no `{css}` with `{text}` on {} (screenshot: {})", self.url().await, shot.display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn text(&self, el: &str) -> String {
+        self.call("GET", &format!("/element/{el}/text"), Value::Null).await.as_str().unwrap_or_default().to_string()
+    }
+
+    async fn click(&self, el: &str) {
+        self.call("POST", &format!("/element/{el}/click"), json!({})).await;
+    }
+
+    /// Click the first `css` element with `text`; again if a live refresh
+    /// replaced it meanwhile (a stale element).
+    async fn click_on(&self, css: &str, text: &str) {
+        let start = Instant::now();
+        loop {
+            let el = self.wait_for(css, text).await;
+            let r = self.call("POST", &format!("/element/{el}/click"), json!({})).await;
+            if r.get("error").is_none() {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "`{css}` `{text}` could not be clicked: {r}");
+        }
+    }
+
+    /// The address of the first `css` link with `text` (read again if a live
+    /// refresh replaced it meanwhile).
+    async fn href(&self, css: &str, text: &str) -> String {
+        let start = Instant::now();
+        loop {
+            let el = self.wait_for(css, text).await;
+            let href = self.property(&el, "href").await;
+            if href.starts_with("http") {
+                return href;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "`{css}` `{text}` has no address");
+        }
+    }
+
+    async fn type_into(&self, el: &str, text: &str) {
+        self.call("POST", &format!("/element/{el}/value"), json!({"text": text})).await;
+    }
+
+    /// An element's property (`href` resolves to the absolute URL).
+    async fn property(&self, el: &str, name: &str) -> String {
+        self.call("GET", &format!("/element/{el}/property/{name}"), Value::Null)
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    async fn url(&self) -> String {
+        self.call("GET", "/url", Value::Null).await.as_str().unwrap_or_default().to_string()
+    }
+
+    async fn source(&self) -> String {
+        self.call("GET", "/source", Value::Null).await.as_str().unwrap_or_default().to_string()
+    }
+
+    async fn screenshot(&self, name: &str) -> PathBuf {
+        use base64::Engine;
+        let png = self.call("GET", "/screenshot", Value::Null).await;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(png.as_str().unwrap()).unwrap();
+        let dir = repo().join("target/console-screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{name}.png"));
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_in_a_browser_follows_answers_and_cancels_a_job() {
+    let mut c =
+        Cluster::start(Options { workers: 1, concurrency: 4, token: Some(TOKEN), console: true, ..Default::default() })
+            .await;
+    let console = c.coordinators[0].console_url();
+
+    // Without the token: 401 and nothing of the jobs; a form post without the CSRF value is refused.
+    let http = reqwest::Client::new();
+    let r = http.get(format!("{console}/")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http.get(format!("{console}/")).bearer_auth("wrong").send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await.unwrap().contains("Access token"));
+
+    let b = Browser::start().await;
+    b.goto(&format!("{console}/")).await;
+    let field = b.find("#token").await.expect("the sign-in form");
+    b.type_into(&field, TOKEN).await;
+    b.click(&b.find("form button[type=submit]").await.unwrap()).await;
+    b.wait_for("h1", "Jobs").await;
+
+    // A job submitted now appears in the open list without a reload.
+    let job = c.submit(&repo().join("tests/fixtures/distributed/console.yaml"));
+    // (Live refreshes replace the rows and the task tree: follow a link by its address.)
+    b.goto(&b.href("table#jobs a", "console-watch").await).await;
+    b.wait_for("main.job .state", "waiting_for_user").await;
+    b.wait_for("form.question", "Start the watch?").await;
+    b.screenshot("1-waiting-for-the-user").await;
+
+    // Answer from the page; the tasks then appear live.
+    b.click_on("form.question button", "1. go").await;
+    c.wait_for(
+        "the page's answer",
+        Duration::from_secs(30),
+        &format!("SELECT count(*) = 1 FROM events WHERE job_id = '{job}' AND kind = 'question_answered'"),
+    )
+    .await;
+    b.wait_for("li.task", "prober").await;
+    b.wait_for("li.task", "watchman").await;
+    b.wait_for("li.task .tstate", "running").await;
+    b.wait_for("#events li", "task_started").await;
+    b.screenshot("2-running-with-its-tasks").await;
+    let answered: Value = serde_json::from_slice(&c.flower(&["status", &job, "--json"]).stdout).unwrap();
+    assert_eq!(answered["questions"][0]["answer"], "go", "the page's answer was stored");
+
+    // A subagent's transcript shows its denial.
+    b.wait_for("li.task", "prober — probe the system").await;
+    b.goto(&b.href("li.task a", "prober").await).await;
+    let denied = b.wait_for(".marker-denied", "denied").await;
+    assert_eq!(b.text(&denied).await, "denied: worker_tools", "the guard that denied it, named");
+    b.screenshot("3-transcript-with-a-denial").await;
+    assert!(b.source().await.contains("entry-tool_result"));
+
+    // Cancel from the page.
+    b.goto(&format!("{console}/jobs/{job}")).await;
+    let reason = b.find("form[action$=cancel] input[name=reason]").await.unwrap();
+    b.type_into(&reason, "stopped from the browser").await;
+    b.click_on("#cancel", "Cancel job").await;
+    b.wait_for("main.job .state", "cancelled").await;
+    b.screenshot("4-cancelled").await;
+    c.wait_job(&job, "cancelled").await;
+    let status: Value = serde_json::from_slice(&c.flower(&["status", &job, "--json"]).stdout).unwrap();
+    assert_eq!(
+        (status["state"].as_str(), status["reason"].as_str()),
+        (Some("cancelled"), Some("stopped from the browser"))
+    );
+
+    // A form post that is not the console's is refused, and changes nothing.
+    let r = http
+        .post(format!("{console}/jobs/{job}/interrupt"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("csrf=forged&message=hi")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    drop(b);
+    c.stop().await;
+}
