@@ -730,7 +730,9 @@ fn context_meter(v: &JobView) -> String {
         out.push_str("<p class=\"sub\">No main-thread turn yet.</p></section>");
         return out;
     }
-    let top = turns.iter().map(|t| t.context_tokens).max().unwrap_or(0).max(at) as f64 * 1.05;
+    // The scale follows the thread (thresholds far above it are named, not drawn).
+    let peak = turns.iter().map(|t| t.context_tokens).max().unwrap_or(0);
+    let top = (peak as f64 * 1.25).max(1.0);
     let (w, h) = (1000.0, 200.0);
     let x = |i: usize| if turns.len() < 2 { w / 2.0 } else { i as f64 / (turns.len() - 1) as f64 * w };
     let y = |tokens: f64| h - tokens / top * h;
@@ -744,23 +746,47 @@ fn context_meter(v: &JobView) -> String {
     let _ = write!(
         out,
         "<figure><svg class=\"meter\" viewBox=\"0 0 {w} {h}\" role=\"img\" aria-label=\"main-thread context per turn\">\
-         <line x1=\"0\" x2=\"{w}\" y1=\"{ya:.1}\" y2=\"{ya:.1}\" class=\"handoff\"><title>handoff at {at} tokens</title></line>\
-         <line x1=\"0\" x2=\"{w}\" y1=\"{yw:.1}\" y2=\"{yw:.1}\" class=\"warn\"><title>warning at {warn} tokens</title></line>\
-         <line x1=\"0\" x2=\"{w}\" y1=\"{ys:.1}\" y2=\"{ys:.1}\" class=\"sub-avg\"><title>subagents' mean context per turn: {sub_avg} tokens</title></line>\
+         <text x=\"6\" y=\"14\" class=\"axis\">{top_label} tokens</text><text x=\"{w}\" y=\"{h}\" dy=\"-4\" dx=\"-6\" class=\"axis end\">turn {n}</text>\
+         {lines}<line x1=\"0\" x2=\"{w}\" y1=\"{ys:.1}\" y2=\"{ys:.1}\" class=\"sub-avg\"><title>subagents' mean context per turn: {sub_avg} tokens</title></line>\
          <polyline points=\"{pts}\" class=\"main\"/></svg>\
          <figcaption>Main-thread context per turn: {first} → {last} tokens, slope {slope:.0} tokens/turn; \
          handoff at {at}, warning at {warn}; subagents' mean {sub_avg} per turn over {st} turns.</figcaption></figure>",
-        ya = y(at as f64),
-        yw = y(warn as f64),
-        ys = y(sub_avg),
+        top_label = top.round() as u64,
+        n = turns.len(),
+        lines = [("handoff", at), ("warn", warn)]
+            .iter()
+            .map(|(class, tokens)| {
+                let t = *tokens as f64;
+                if t <= top {
+                    format!(
+                        "<line x1=\"0\" x2=\"{w}\" y1=\"{0:.1}\" y2=\"{0:.1}\" class=\"{class}\"><title>{class} at {tokens} tokens</title></line>",
+                        y(t)
+                    )
+                } else {
+                    String::new()
+                }
+            })
+            .collect::<String>(),
+        ys = y(sub_avg.min(top)),
         pts = points.join(" "),
         first = v.context.main_first_tokens,
         last = v.context.main_last_tokens,
         slope = v.context.main_slope_tokens_per_turn,
         st = v.context.subagents.turns,
     );
-    // Cache rate and cost per session.
-    out.push_str("<table><caption>Sessions: cache and tool surface</caption><thead><tr><th scope=\"col\">Session</th><th scope=\"col\">Role</th>\
+    out.push_str("</section>");
+    out
+}
+
+/// Every session's turns, context, cache rate and tool surface (resident
+/// tools with their cost, deferred, loaded with their trigger, misses).
+fn sessions_table(v: &JobView) -> String {
+    let mut out = format!(
+        "<section aria-labelledby=\"ss-h\"><details{}><summary><h2 id=\"ss-h\">Sessions ({}): cache and tool surface</h2></summary>",
+        if v.context.sessions.len() <= 12 { " open" } else { "" },
+        v.context.sessions.len()
+    );
+    out.push_str("<table><thead><tr><th scope=\"col\">Session</th><th scope=\"col\">Role</th>\
                   <th scope=\"col\">Turns</th><th scope=\"col\">Context</th><th scope=\"col\">Cache rate</th><th scope=\"col\">Resident tools (tokens)</th>\
                   <th scope=\"col\">Deferred</th><th scope=\"col\">Loaded (trigger)</th><th scope=\"col\">Search misses</th></tr></thead><tbody>");
     for s in &v.context.sessions {
@@ -783,7 +809,7 @@ fn context_meter(v: &JobView) -> String {
             miss = esc(&s.search_misses.join(", ")),
         );
     }
-    out.push_str("</tbody></table></section>");
+    out.push_str("</tbody></table></details></section>");
     out
 }
 
@@ -881,13 +907,14 @@ async fn job_page(
     }
     let body = format!(
         "<main class=\"job\" data-job=\"{id}\" data-live=\"/jobs/{id}/live\" data-state=\"{state}\">\
-         <div id=\"live\">{live}</div>{workflow}{files}\
+         <div id=\"live\">{live}</div>{workflow}{sessions}{files}\
          <section aria-labelledby=\"ev-h\"><h2 id=\"ev-h\">Events <span class=\"sub\" id=\"ev-status\">connecting…</span></h2>\
          <ol class=\"events\" id=\"events\" aria-live=\"polite\"></ol></section></main>",
         id = v.job.id,
         state = v.job.state.as_str(),
         live = live_parts(&c, &v, now),
         workflow = workflow_section(&v),
+        sessions = sessions_table(&v),
         files = files_section(&v),
     );
     html(StatusCode::OK, layout(&v.job.name, &body))

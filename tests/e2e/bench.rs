@@ -31,3 +31,18 @@ fn transcript_writes_are_measured_beside_their_floors() {
     }
     assert!(figures["mean_body_bytes"].as_f64().unwrap() > 100.0, "{figures}");
 }
+
+#[test]
+fn the_console_pages_of_a_large_job_are_timed() {
+    let home = Home::new();
+    let out = home.run(&["bench", "console", "--entries", "400", "--tasks", "30", "--rounds", "2", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let figures: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pages = figures["pages"].as_array().unwrap();
+    assert_eq!(pages.len(), 4, "{figures}");
+    for p in pages {
+        assert!(p["median_ms"].as_f64().unwrap() > 0.0 && p["bytes"].as_u64().unwrap() > 500, "{p}");
+    }
+    // The job page holds every task: 30 rows of the tree.
+    assert!(pages[1]["bytes"].as_u64().unwrap() > pages[0]["bytes"].as_u64().unwrap());
+}

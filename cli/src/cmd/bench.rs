@@ -44,6 +44,8 @@ pub enum BenchCommand {
     /// The dispatch and claim path on one thread over in-memory stores, for an
     /// instruction count that does not move with machine load (bench/callgrind)
     Hotpath(super::bench_hotpath::HotpathArgs),
+    /// The web console's pages for a large job (10,000 entries, 500 tasks): median time to answer
+    Console(super::bench_console::ConsoleArgs),
     /// From a coordinator's restart to its first resumed request: load the main
     /// thread from the store, prune it, build the request (SQLite and Postgres)
     Resume(ResumeArgs),
@@ -433,6 +435,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Pruning(args) => pruning(args),
         BenchCommand::Resume(args) => resume(args).await,
         BenchCommand::Hotpath(args) => super::bench_hotpath::hotpath(args).await,
+        BenchCommand::Console(args) => super::bench_console::console(args).await,
         BenchCommand::Transcript(args) => super::bench_transcript::transcript(args).await,
     }
 }

@@ -1,5 +1,6 @@
 pub mod backends;
 pub mod bench;
+pub mod bench_console;
 pub mod bench_hotpath;
 pub mod bench_transcript;
 pub mod client;
