@@ -97,6 +97,13 @@ pub type Inbox = Arc<crate::mailbox::Mailbox>;
 /// The result given to a call still running when the user interrupted.
 pub const STILL_RUNNING: &str = "[still running: you were interrupted while waiting; this call goes on and its result will be appended as a notice when it arrives]";
 
+/// How long a turn's model call took.
+#[derive(Clone, Copy, Debug, Default)]
+struct Timing {
+    latency_ms: u64,
+    ttft_ms: Option<u64>,
+}
+
 pub struct AgentSession {
     /// (warn at, hand off at), in context tokens, for a main thread.
     handoff: Option<(u64, u64)>,
@@ -234,11 +241,11 @@ impl AgentSession {
             let rewrite = self.plan_rewrite(run);
             let request = self.build_request(run);
             let turn_span = tracing::info_span!("turn", turn = run.turns);
-            let (response, dropped) = match self.send(run, &request, turn_span.clone()).await? {
+            let (response, dropped, timing) = match self.send(run, &request, turn_span.clone()).await? {
                 ControlFlow::Continue(sent) => sent,
                 ControlFlow::Break(outcome) => return Ok(outcome),
             };
-            let calls = self.record_response(run, &response, dropped, rewrite);
+            let calls = self.record_response(run, &response, dropped, rewrite, timing);
             if calls.is_empty() {
                 return Ok(Outcome::Answered {
                     text: answer_text(&response.content),
@@ -419,11 +426,13 @@ impl AgentSession {
         run: &Run,
         request: &Request,
         span: tracing::Span,
-    ) -> Result<ControlFlow<Outcome, (Response, Vec<String>)>, AgentError> {
+    ) -> Result<ControlFlow<Outcome, (Response, Vec<String>, Timing)>, AgentError> {
         let (turns, usage) = (run.turns, run.usage);
         let dropped: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let started = std::time::Instant::now();
+        let first: Arc<std::sync::Mutex<Option<u64>>> = Arc::default();
         let call = tracing::Instrument::instrument(
-            self.provider.send(request, Some(self.retry_observer(dropped.clone()))),
+            self.provider.send(request, Some(self.retry_observer(dropped.clone(), first.clone(), started))),
             span,
         );
         let response = tokio::select! {
@@ -438,7 +447,11 @@ impl AgentSession {
             _ = self.cancel.cancelled() => return Ok(ControlFlow::Break(Outcome::Cancelled { turns: turns - 1, usage })),
         };
         let dropped = std::mem::take(&mut *dropped.lock().unwrap_or_else(|p| p.into_inner()));
-        Ok(ControlFlow::Continue((response, dropped)))
+        let timing = Timing {
+            latency_ms: started.elapsed().as_millis() as u64,
+            ttft_ms: *first.lock().unwrap_or_else(|p| p.into_inner()),
+        };
+        Ok(ControlFlow::Continue((response, dropped, timing)))
     }
 
     /// Queue the model's answer with its usage and the turn's events; the
@@ -449,6 +462,7 @@ impl AgentSession {
         response: &Response,
         dropped: Vec<String>,
         rewrite: Option<&'static str>,
+        timing: Timing,
     ) -> Vec<Call> {
         let c = &self.config;
         run.usage.add(&response.usage);
@@ -489,6 +503,8 @@ impl AgentSession {
                 turn: run.turns,
                 usage: response.usage,
                 stop_reason: response.stop_reason.clone().unwrap_or_default(),
+                latency_ms: Some(timing.latency_ms),
+                ttft_ms: timing.ttft_ms,
             },
         );
         let calls = tool_calls(&response.content);
@@ -571,11 +587,20 @@ impl AgentSession {
     }
 
     /// Forward stream events to the session's observer, and record retries as events.
-    fn retry_observer(&self, dropped: Arc<std::sync::Mutex<Vec<String>>>) -> Observer {
+    fn retry_observer(
+        &self,
+        dropped: Arc<std::sync::Mutex<Vec<String>>>,
+        first: Arc<std::sync::Mutex<Option<u64>>>,
+        started: std::time::Instant,
+    ) -> Observer {
         let outer = self.observer.clone();
         let journal = self.journal.clone();
         let (job, session) = (self.config.job_id, self.config.session_id);
         Arc::new(move |ev: StreamEvent| {
+            if ev == StreamEvent::Started {
+                // The attempt that answered started last: its start counts.
+                *first.lock().unwrap_or_else(|p| p.into_inner()) = Some(started.elapsed().as_millis() as u64);
+            }
             if let StreamEvent::Retrying { attempt, error, .. } = &ev {
                 if error.starts_with("stream dropped") {
                     dropped.lock().unwrap_or_else(|p| p.into_inner()).push(error.clone());

@@ -75,6 +75,12 @@ pub struct ContextReport {
     pub cost_usd: Option<f64>,
     /// The job's cache rate (every session).
     pub cache_rate: Option<f64>,
+    /// Model calls' wall time (retries included) and time to the response's
+    /// start, medians over every turn that recorded them (ms).
+    #[serde(default)]
+    pub latency_ms_p50: Option<u64>,
+    #[serde(default)]
+    pub ttft_ms_p50: Option<u64>,
 }
 
 /// One session as the context explorer shows it.
@@ -100,6 +106,12 @@ pub struct SessionView {
     pub loaded: Vec<(String, String)>,
     pub search_misses: Vec<String>,
     pub spills: usize,
+    /// The model of its last turn.
+    #[serde(default)]
+    pub model: String,
+    /// Its usage priced per model (the spec's table, else the built-in one).
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
 }
 
 impl SessionView {
@@ -193,7 +205,9 @@ fn session_view(
         };
         if let Some(p) = price {
             *cost.get_or_insert(0.0) += p.cost(u);
+            *view.cost_usd.get_or_insert(0.0) += p.cost(u);
         }
+        view.model = model;
     }
     view.cache_rate = view.usage.cache_rate();
     view
@@ -331,16 +345,23 @@ async fn count_events(
     // Each session's place in `r.sessions`, for the events that name one.
     let index: std::collections::HashMap<flower_model::SessionId, usize> =
         sessions.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
-    let mut after = 0;
-    loop {
-        let events = store.events(job, after, 1000).await?;
-        let Some(last) = events.last() else { break };
-        after = last.seq;
-        for e in &events {
-            count_event(r, &index, &e.kind);
+    let (mut latency, mut ttft) = (Vec::new(), Vec::new());
+    flower_store::scan_events(store, job, 0, |e| {
+        if let EventKind::TurnCompleted { latency_ms, ttft_ms, .. } = &e.kind {
+            latency.extend(*latency_ms);
+            ttft.extend(*ttft_ms);
         }
-    }
+        count_event(r, &index, &e.kind);
+    })
+    .await?;
+    r.latency_ms_p50 = median(&mut latency);
+    r.ttft_ms_p50 = median(&mut ttft);
     Ok(())
+}
+
+fn median(v: &mut [u64]) -> Option<u64> {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied()
 }
 
 fn count_event(

@@ -28,6 +28,12 @@ pub enum EventKind {
         turn: u32,
         usage: Usage,
         stop_reason: String,
+        /// The model call's wall time, retries included (ms).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        latency_ms: Option<u64>,
+        /// From the request to the response's start (`message_start`) (ms).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ttft_ms: Option<u64>,
     },
     ToolCalled {
         session: SessionId,

@@ -371,29 +371,56 @@ fn rows(lines: &[JobLine], now: i64) -> String {
     out
 }
 
-/// The insights strip over the chosen jobs.
-fn insights(lines: &[JobLine]) -> String {
-    let n = lines.len();
+/// Figures of the insights strip over some jobs.
+struct Insight {
+    jobs: usize,
+    error_rate: Option<f64>,
+    cost: f64,
+    cache_rate: Option<f64>,
+    tokens: u64,
+    tokens_per_s: Option<f64>,
+}
+
+fn insight(lines: &[JobLine], now: i64) -> Insight {
     let ended = lines.iter().filter(|l| l.job.state.is_terminal()).count();
     let failed = lines.iter().filter(|l| l.job.state == JobState::Failed).count();
-    let cost: f64 = lines.iter().filter_map(|l| l.cost).sum();
     let mut usage = flower_model::Usage::default();
+    let mut run_ms = 0i64;
     for l in lines {
         usage.add(&l.job.usage);
+        let end = if l.job.state.is_terminal() { l.job.updated_at } else { now };
+        run_ms += (end - l.job.created_at).max(0);
     }
-    let figure = |label: &str, value: String| {
-        format!("<div class=\"figure\"><div class=\"value\">{value}</div><div class=\"label\">{label}</div></div>")
+    let tokens = usage.context_tokens() + usage.output_tokens;
+    Insight {
+        jobs: lines.len(),
+        error_rate: (ended > 0).then(|| failed as f64 / ended as f64),
+        cost: lines.iter().filter_map(|l| l.cost).sum(),
+        cache_rate: usage.cache_rate(),
+        tokens,
+        tokens_per_s: (run_ms > 0).then(|| tokens as f64 * 1000.0 / run_ms as f64),
+    }
+}
+
+/// The insights strip over the chosen jobs, each figure beside the previous
+/// period's (the same filters, the window before) when a window is chosen.
+fn insights(now_: &Insight, before: Option<&Insight>) -> String {
+    let figure = |label: &str, value: String, prev: Option<String>| {
+        format!(
+            "<div class=\"figure\"><div class=\"value\">{value}</div><div class=\"label\">{label}</div>{}</div>",
+            prev.map(|p| format!("<div class=\"sub\">previous period: {p}</div>")).unwrap_or_default()
+        )
     };
+    let rate = |r: Option<f64>| pct(r);
+    let per_s = |r: Option<f64>| r.map_or("–".into(), |x| format!("{x:.0}"));
     format!(
-        "<section class=\"insights\" aria-label=\"insights\">{}{}{}{}{}</section>",
-        figure("jobs", n.to_string()),
-        figure(
-            "error rate",
-            if ended == 0 { "–".into() } else { format!("{:.0}%", failed as f64 * 100.0 / ended as f64) }
-        ),
-        figure("cost (est.)", format!("${cost:.4}")),
-        figure("cache rate", pct(usage.cache_rate())),
-        figure("tokens", (usage.context_tokens() + usage.output_tokens).to_string()),
+        "<section class=\"insights\" aria-label=\"insights\">{}{}{}{}{}{}</section>",
+        figure("jobs", now_.jobs.to_string(), before.map(|b| b.jobs.to_string())),
+        figure("error rate", rate(now_.error_rate), before.map(|b| rate(b.error_rate))),
+        figure("cost (est.)", format!("${:.4}", now_.cost), before.map(|b| format!("${:.4}", b.cost))),
+        figure("cache rate", rate(now_.cache_rate), before.map(|b| rate(b.cache_rate))),
+        figure("tokens", now_.tokens.to_string(), before.map(|b| b.tokens.to_string())),
+        figure("tokens/s of run time", per_s(now_.tokens_per_s), before.map(|b| per_s(b.tokens_per_s))),
     )
 }
 
@@ -406,6 +433,14 @@ async fn jobs_page(State(c): State<Console>, headers: HeaderMap, Query(q): Query
         Err(e) => return store_problem(e),
     };
     let now = now_ms();
+    // The period before the chosen window, with the same filters.
+    let before = (q.hours > 0).then(|| {
+        let shift = (q.hours as i64) * 3_600_000;
+        let earlier: Vec<Job> =
+            jobs.iter().filter(|j| now - j.created_at > shift && now - j.created_at <= 2 * shift).cloned().collect();
+        let all = ListQuery { state: q.state.clone(), name: q.name.clone(), ..Default::default() };
+        insight(&filtered(earlier, &all, now), now)
+    });
     let lines = filtered(jobs, &q, now);
     let pages = lines.len().div_ceil(PAGE).max(1);
     let page = q.page.min(pages - 1);
@@ -447,7 +482,7 @@ async fn jobs_page(State(c): State<Console>, headers: HeaderMap, Query(q): Query
          <thead><tr><th scope=\"col\">State</th><th scope=\"col\">Name</th><th scope=\"col\">Age</th><th scope=\"col\">Duration</th>\
          <th scope=\"col\" class=\"num\">Tokens</th><th scope=\"col\" class=\"num\">Cost (est.)</th><th scope=\"col\" class=\"num\">Cache rate</th></tr></thead>\
          <tbody>{rows}</tbody></table>{nav}</main>",
-        insights = insights(&lines),
+        insights = insights(&insight(&lines, now), before.as_ref()),
         name = esc(&q.name),
         hours = [(0, "any time"), (1, "1 hour"), (24, "1 day"), (168, "7 days")]
             .iter()
@@ -573,7 +608,8 @@ fn job_header(v: &JobView, now: i64) -> String {
          <div><dt>Job</dt><dd><code>{id}</code></dd></div>\
          <div><dt>Age</dt><dd>{age}</dd></div><div><dt>Duration</dt><dd>{dur}</dd></div>\
          <div><dt>Main turns</dt><dd>{turns}</dd></div><div><dt>Tasks</dt><dd>{tasks}</dd></div>\
-         <div><dt>Cost (est.)</dt><dd>{cost}</dd></div><div><dt>Cache rate</dt><dd>{rate}</dd></div></dl>",
+         <div><dt>Cost (est.)</dt><dd>{cost}</dd></div><div><dt>Cache rate</dt><dd>{rate}</dd></div>\
+         <div><dt>Model latency p50</dt><dd>{lat}</dd></div><div><dt>Time to first token p50</dt><dd>{ttft}</dd></div></dl>",
         name = esc(&j.name),
         state = state_badge(j.state),
         id = j.id,
@@ -582,6 +618,8 @@ fn job_header(v: &JobView, now: i64) -> String {
         turns = v.context.main.turns,
         tasks = v.tasks.len(),
         rate = pct(v.context.cache_rate),
+        lat = v.context.latency_ms_p50.map_or("–".into(), |ms| format!("{ms} ms")),
+        ttft = v.context.ttft_ms_p50.map_or("–".into(), |ms| format!("{ms} ms")),
     );
     if let Some(r) = &j.reason {
         let _ = write!(out, "<p class=\"reason\">{}</p>", esc(r));
@@ -778,6 +816,48 @@ fn context_meter(v: &JobView) -> String {
     out
 }
 
+/// Cost and tokens by role (workers by name) and by model, from the sessions.
+fn costs(v: &JobView) -> String {
+    let mut by_role: BTreeMap<String, (usize, u64, Option<f64>)> = BTreeMap::new();
+    let mut by_model: BTreeMap<String, (usize, u64, Option<f64>)> = BTreeMap::new();
+    for s in &v.context.sessions {
+        let who = if s.role == Role::Worker.as_str() { format!("worker {}", s.label) } else { s.role.clone() };
+        let tokens = s.usage.context_tokens() + s.usage.output_tokens;
+        for (map, key) in [(&mut by_role, who), (&mut by_model, s.model.clone())] {
+            if key.is_empty() && s.turns == 0 {
+                continue;
+            }
+            let e = map.entry(key).or_insert((0, 0, None));
+            e.0 += s.turns;
+            e.1 += tokens;
+            if let Some(c) = s.cost_usd {
+                *e.2.get_or_insert(0.0) += c;
+            }
+        }
+    }
+    let table = |caption: &str, head: &str, rows: &BTreeMap<String, (usize, u64, Option<f64>)>| {
+        let body: String = rows
+            .iter()
+            .map(|(k, (turns, tokens, cost))| {
+                format!(
+                    "<tr><td>{}</td><td class=\"num\">{turns}</td><td class=\"num\">{tokens}</td><td class=\"num\">{}</td></tr>",
+                    esc(k),
+                    money(*cost)
+                )
+            })
+            .collect();
+        format!(
+            "<table class=\"costs\"><caption>{caption}</caption><thead><tr><th scope=\"col\">{head}</th><th scope=\"col\" class=\"num\">Turns</th>\
+             <th scope=\"col\" class=\"num\">Tokens</th><th scope=\"col\" class=\"num\">Cost (est.)</th></tr></thead><tbody>{body}</tbody></table>"
+        )
+    };
+    format!(
+        "<section aria-labelledby=\"cost-h\"><h2 id=\"cost-h\">Cost</h2><div class=\"two\">{}{}</div></section>",
+        table("By role", "Role", &by_role),
+        table("By model", "Model", &by_model)
+    )
+}
+
 /// Every session's turns, context, cache rate and tool surface (resident
 /// tools with their cost, deferred, loaded with their trigger, misses).
 fn sessions_table(v: &JobView) -> String {
@@ -907,13 +987,14 @@ async fn job_page(
     }
     let body = format!(
         "<main class=\"job\" data-job=\"{id}\" data-live=\"/jobs/{id}/live\" data-state=\"{state}\">\
-         <div id=\"live\">{live}</div>{workflow}{sessions}{files}\
+         <div id=\"live\">{live}</div>{workflow}{costs}{sessions}{files}\
          <section aria-labelledby=\"ev-h\"><h2 id=\"ev-h\">Events <span class=\"sub\" id=\"ev-status\">connecting…</span></h2>\
          <ol class=\"events\" id=\"events\" aria-live=\"polite\"></ol></section></main>",
         id = v.job.id,
         state = v.job.state.as_str(),
         live = live_parts(&c, &v, now),
         workflow = workflow_section(&v),
+        costs = costs(&v),
         sessions = sessions_table(&v),
         files = files_section(&v),
     );

@@ -271,6 +271,15 @@ async fn the_console_in_a_browser_follows_answers_and_cancels_a_job() {
         (Some("cancelled"), Some("stopped from the browser"))
     );
 
+    let page = b.source().await;
+    for shown in ["Model latency p50", "By role", "worker prober", "By model", "Context meter", "Task tree"] {
+        assert!(page.contains(shown), "the job page shows {shown}");
+    }
+    // The list filtered to a day: each figure beside the day before's.
+    b.goto(&format!("{console}/?hours=24&state=cancelled")).await;
+    b.wait_for(".insights .figure", "previous period").await;
+    b.wait_for("table#jobs a", "console-watch").await;
+
     // A form post that is not the console's is refused, and changes nothing.
     let r = http
         .post(format!("{console}/jobs/{job}/interrupt"))

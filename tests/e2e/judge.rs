@@ -48,6 +48,9 @@ fn a_rejected_result_goes_back_to_the_coordinator_and_the_second_round_passes() 
     assert_eq!(report["workflow"]["sessions"], 2, "two judge rounds");
     assert_eq!(report["workflow"]["turns"], 4);
     assert_eq!(report["subagents"]["sessions"], 2, "only the workers");
+    // Every turn timed its model call.
+    let (latency, ttft) = (report["latency_ms_p50"].as_u64(), report["ttft_ms_p50"].as_u64());
+    assert!(latency.is_some() && ttft.is_some() && ttft <= latency, "{latency:?} {ttft:?}");
 }
 
 #[test]
