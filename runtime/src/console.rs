@@ -310,6 +310,9 @@ fn job_line(job: Job) -> JobLine {
 }
 
 fn human_ms(ms: i64) -> String {
+    if (0..1000).contains(&ms) {
+        return format!("{ms} ms");
+    }
     let s = ms.max(0) / 1000;
     match s {
         0..=59 => format!("{s}s"),
@@ -580,21 +583,49 @@ struct JobView {
     context: ContextReport,
     pending: Vec<(String, String, Vec<String>)>,
     files: Vec<(String, u64)>,
+    /// Each task's attempts: (attempt, started at, finished at and whether it succeeded).
+    attempts: BTreeMap<flower_model::TaskId, Vec<Attempt>>,
+}
+
+struct Attempt {
+    attempt: u32,
+    started: i64,
+    finished: Option<(i64, bool)>,
+}
+
+/// Each task's attempts, from the job's events.
+async fn attempts(store: &dyn Store, job: JobId) -> Result<BTreeMap<flower_model::TaskId, Vec<Attempt>>, StoreError> {
+    use flower_model::EventKind;
+    let mut out: BTreeMap<flower_model::TaskId, Vec<Attempt>> = BTreeMap::new();
+    flower_store::scan_events(store, job, 0, |e| match &e.kind {
+        EventKind::TaskStarted { task, attempt, .. } => {
+            out.entry(*task).or_default().push(Attempt { attempt: *attempt, started: e.at, finished: None })
+        }
+        EventKind::TaskFinished { task, attempt, succeeded, .. } => {
+            if let Some(a) = out.get_mut(task).and_then(|v| v.iter_mut().rfind(|a| a.attempt == *attempt)) {
+                a.finished = Some((e.at, *succeeded));
+            }
+        }
+        _ => {}
+    })
+    .await?;
+    Ok(out)
 }
 
 async fn load_job(c: &Console, job: JobId) -> Result<JobView, StoreError> {
     let store = c.store();
     let job = store.get_job(job).await?;
     let spec = JobSpec::from_value(job.spec.clone()).ok();
-    let (tasks, sessions, record, context, pending) = tokio::try_join!(
+    let (tasks, sessions, record, context, pending, attempts) = tokio::try_join!(
         store.tasks(job.id),
         store.sessions(job.id),
         flower_coordinator::record::workflow(store, job.id),
         flower_coordinator::context::report(store, job.id),
         flower_coordinator::tools::ask::pending(store, job.id),
+        attempts(store, job.id),
     )?;
     let files = Workbench::new(c.inner.objects.clone(), job.id).list().await.unwrap_or_default();
-    Ok(JobView { job, spec, tasks, sessions, record, context, pending, files })
+    Ok(JobView { job, spec, tasks, sessions, record, context, pending, files, attempts })
 }
 
 /// The job's header: state, figures, the context meter chip.
@@ -695,7 +726,7 @@ fn task_tree(v: &JobView) -> String {
         task_item(&mut out, job, t, worker_session.get(&t.id));
     }
     out.push_str("</ul>");
-    out.push_str(&waterfall(v));
+    out.push_str(&waterfall(v, now_ms()));
     out.push_str("</section>");
     out
 }
@@ -720,38 +751,65 @@ fn task_item(out: &mut String, job: JobId, t: &Task, session: Option<&SessionId>
     );
 }
 
-/// The tasks on one time axis: each bar from creation to its last change.
-fn waterfall(v: &JobView) -> String {
+/// The tasks on one time axis: the wait in the queue, then each attempt as
+/// a span of its own (a failed or lost one in red).
+fn waterfall(v: &JobView, now: i64) -> String {
     if v.tasks.is_empty() {
         return String::new();
     }
     let start = v.job.created_at;
-    let end = v.tasks.iter().map(|t| t.updated_at).max().unwrap_or(start).max(start + 1);
+    let end_of = |t: &Task| if t.state.is_terminal() { t.updated_at } else { now };
+    let end = v.tasks.iter().map(end_of).max().unwrap_or(start).max(start + 1);
     let span = (end - start) as f64;
     let shown: Vec<&Task> = v.tasks.iter().take(200).collect();
     let (w, row) = (1000.0, 7.0);
+    let x = |at: i64| (at - start) as f64 / span * w;
     let mut svg = format!(
-        "<figure><svg class=\"waterfall\" viewBox=\"0 0 {w} {}\" role=\"img\" aria-label=\"task timeline\">",
+        "<figure><svg class=\"waterfall\" viewBox=\"0 0 {w} {}\" role=\"img\" aria-label=\"task timeline: queue wait and attempts\">",
         row * shown.len() as f64 + 4.0
     );
     for (i, t) in shown.iter().enumerate() {
-        let x = (t.created_at - start) as f64 / span * w;
-        let width = ((t.updated_at - t.created_at) as f64 / span * w).max(2.0);
+        let y = i as f64 * row + 2.0;
+        let tries = v.attempts.get(&t.id).map(Vec::as_slice).unwrap_or(&[]);
+        let first = tries.first().map_or(end_of(t), |a| a.started);
         let _ = write!(
             svg,
-            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{width:.1}\" height=\"5\" class=\"bar bar-{}\"><title>{} {} ({})</title></rect>",
-            i as f64 * row + 2.0,
-            t.state.as_str(),
+            "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"5\" class=\"bar bar-queue\"><title>{} queued {}</title></rect>",
+            x(t.created_at),
+            (x(first) - x(t.created_at)).max(1.0),
             esc(&t.worker),
-            esc(&t.description),
-            human_ms(t.updated_at - t.created_at)
+            human_ms(first - t.created_at)
         );
+        for (n, a) in tries.iter().enumerate() {
+            let last = n + 1 == tries.len();
+            let (until, class) = match a.finished {
+                Some((at, true)) => (at, "bar-succeeded"),
+                Some((at, false)) => (at, "bar-failed"),
+                None if last && !t.state.is_terminal() => (now, "bar-running"),
+                None if last => (
+                    end_of(t),
+                    if t.state == flower_model::TaskState::Succeeded { "bar-succeeded" } else { "bar-failed" },
+                ),
+                None => (tries[n + 1].started, "bar-failed"),
+            };
+            let _ = write!(
+                svg,
+                "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"5\" class=\"bar {class}\"><title>{} attempt {} ({})</title></rect>",
+                x(a.started),
+                (x(until) - x(a.started)).max(2.0),
+                esc(&t.worker),
+                a.attempt,
+                human_ms(until - a.started)
+            );
+        }
     }
+    let retried = v.attempts.values().filter(|a| a.len() > 1).count();
     let _ = write!(
         svg,
-        "</svg><figcaption>{} task(s) over {}{}</figcaption></figure>",
+        "</svg><figcaption>{} task(s) over {}: grey the wait in the queue, then each attempt{}{}</figcaption></figure>",
         v.tasks.len(),
         human_ms(end - start),
+        if retried > 0 { format!("; {retried} retried") } else { String::new() },
         if v.tasks.len() > shown.len() { format!(" (the first {} drawn)", shown.len()) } else { String::new() }
     );
     svg

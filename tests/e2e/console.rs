@@ -272,7 +272,9 @@ async fn the_console_in_a_browser_follows_answers_and_cancels_a_job() {
     );
 
     let page = b.source().await;
-    for shown in ["Model latency p50", "By role", "worker prober", "By model", "Context meter", "Task tree"] {
+    for shown in
+        ["Model latency p50", "By role", "worker prober", "By model", "Context meter", "Task tree", "bar-queue"]
+    {
         assert!(page.contains(shown), "the job page shows {shown}");
     }
     // The list filtered to a day: each figure beside the day before's.
