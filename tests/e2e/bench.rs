@@ -45,4 +45,22 @@ fn the_console_pages_of_a_large_job_are_timed() {
     }
     // The job page holds every task: 30 rows of the tree.
     assert!(pages[1]["bytes"].as_u64().unwrap() > pages[0]["bytes"].as_u64().unwrap());
+
+    // The same over a scratch Postgres database.
+    let out = home.run(&[
+        "bench",
+        "console",
+        "--entries",
+        "100",
+        "--tasks",
+        "5",
+        "--rounds",
+        "1",
+        "--json",
+        "--postgres",
+        &crate::cluster::admin_url(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let figures: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((figures["store"].as_str(), figures["pages"].as_array().map(Vec::len)), (Some("postgres"), Some(4)));
 }

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use clap::Args;
 use flower_model::{ContentBlock, Entry, EntryKind, JobId, Role, Session, SessionId, Task, TaskOutcome, Usage, now_ms};
 use flower_store::{Batch, Claim, NewJob, SqliteStore, Store};
@@ -27,11 +28,22 @@ pub struct ConsoleArgs {
     /// Print the figures as JSON
     #[arg(long)]
     pub json: bool,
+    /// Fill and read a scratch Postgres database made on this server instead of SQLite
+    /// (e.g. postgres://postgres@127.0.0.1:5432/postgres)
+    #[arg(long)]
+    pub postgres: Option<String>,
 }
 
 pub async fn console(a: ConsoleArgs) -> anyhow::Result<ExitCode> {
     let dir = tempfile::tempdir()?;
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("flower.db"))?);
+    let scratch = match &a.postgres {
+        Some(url) => Some(flower_store::postgres::ScratchDatabase::create(url).await.context("--postgres")?),
+        None => None,
+    };
+    let store: Arc<dyn Store> = match &scratch {
+        Some(db) => Arc::new(flower_store::PostgresStore::connect(&db.url, 8).await?),
+        None => Arc::new(SqliteStore::open(&dir.path().join("flower.db"))?),
+    };
     let objects: Arc<dyn object_store::ObjectStore> =
         Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path())?);
     let bar = (!a.json).then(|| {
@@ -69,10 +81,14 @@ pub async fn console(a: ConsoleArgs) -> anyhow::Result<ExitCode> {
         }
     }
     shutdown.cancel();
+    if let Some(db) = scratch {
+        db.drop_now().await?;
+    }
     let median = |t: &mut Vec<Duration>| {
         t.sort();
         t[t.len() / 2]
     };
+    let store_name = if a.postgres.is_some() { "postgres" } else { "sqlite" };
     let rows: Vec<(String, f64, usize)> = pages
         .iter()
         .zip(times.iter_mut())
@@ -82,10 +98,13 @@ pub async fn console(a: ConsoleArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         let v: Vec<_> =
             rows.iter().map(|(n, ms, b)| serde_json::json!({"page": n, "median_ms": ms, "bytes": b})).collect();
-        println!("{}", serde_json::json!({"entries": a.entries, "tasks": a.tasks, "rounds": a.rounds, "pages": v}));
+        let figures = serde_json::json!({
+            "entries": a.entries, "tasks": a.tasks, "rounds": a.rounds, "store": store_name, "pages": v
+        });
+        println!("{figures}");
     } else {
         println!(
-            "console, a job of {} main-thread entries and {} tasks ({} rounds, median):",
+            "console over {store_name}, a job of {} main-thread entries and {} tasks ({} rounds, median):",
             a.entries, a.tasks, a.rounds
         );
         for (n, ms, b) in &rows {
