@@ -27,11 +27,17 @@ use flower_bus::{Heard, Notice, Notifier};
 use flower_coordinator::context::ContextReport;
 use flower_model::{ContentBlock, Entry, Job, JobId, JobSpec, JobState, Role, SessionId, Task, now_ms};
 use flower_store::{Store, StoreError, Workbench};
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+/// Where a run's cache audit (the simulator's, joined with the job's
+/// recorded rewrites) is kept beside the job, for the job page.
+pub fn audit_key(job: JobId) -> object_store::path::Path {
+    object_store::path::Path::from(format!("jobs/{job}/audit/cache.json"))
+}
 
 /// Jobs the list reads at most (newest first); filters and pages apply within them.
 pub const LIST_WINDOW: u32 = 1000;
@@ -585,6 +591,8 @@ struct JobView {
     files: Vec<(String, u64)>,
     /// Each task's attempts: (attempt, started at, finished at and whether it succeeded).
     attempts: BTreeMap<flower_model::TaskId, Vec<Attempt>>,
+    /// The simulator's cache audit of the run, when one was kept.
+    audit: Option<flower_sim::audit::CacheAudit>,
 }
 
 struct Attempt {
@@ -625,7 +633,11 @@ async fn load_job(c: &Console, job: JobId) -> Result<JobView, StoreError> {
         attempts(store, job.id),
     )?;
     let files = Workbench::new(c.inner.objects.clone(), job.id).list().await.unwrap_or_default();
-    Ok(JobView { job, spec, tasks, sessions, record, context, pending, files, attempts })
+    let audit = match c.inner.objects.get(&audit_key(job.id)).await {
+        Ok(got) => got.bytes().await.ok().and_then(|b| serde_json::from_slice(&b).ok()),
+        Err(_) => None,
+    };
+    Ok(JobView { job, spec, tasks, sessions, record, context, pending, files, attempts, audit })
 }
 
 /// The job's header: state, figures, the context meter chip.
@@ -870,6 +882,21 @@ fn context_meter(v: &JobView) -> String {
         slope = v.context.main_slope_tokens_per_turn,
         st = v.context.subagents.turns,
     );
+    if let Some(a) = &v.audit {
+        let _ = write!(
+            out,
+            "<p class=\"audit\">Cache audit (simulator): {} requests, {} append-only, {} misses ({} at recorded rewrites, {} unexplained).</p>",
+            a.requests,
+            a.append_only,
+            a.misses,
+            a.explained,
+            a.unexplained.len()
+        );
+        if !a.unexplained.is_empty() {
+            let items: String = a.unexplained.iter().take(20).map(|u| format!("<li>{}</li>", esc(u))).collect();
+            let _ = write!(out, "<ul class=\"unexplained\">{items}</ul>");
+        }
+    }
     out.push_str("</section>");
     out
 }

@@ -19,8 +19,8 @@ use flower_sim::{Scenario, SimHandle};
 use flower_store::workspace::Workspace;
 use flower_store::{NewJob, SqliteStore, Store, StoreError, Workbench};
 use flower_worker::{Worker, WorkerOptions};
-use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -219,6 +219,21 @@ impl EmbeddedRuntime {
         let finished = finished?.ok_or(RunError::HandedOver)?;
         let mut summary = self.summary(job_id, finished.session, finished.turns).await?;
         summary.cache_audit = records.map(|r| flower_sim::audit::join(&r, &summary.context.rewrites()));
+        if let Some(audit) = &summary.cache_audit {
+            // Kept beside the job (not in its workbench) for the console.
+            let put = match serde_json::to_vec(audit) {
+                Ok(body) => self
+                    .objects
+                    .put(&crate::console::audit_key(job_id), object_store::PutPayload::from(body))
+                    .await
+                    .err()
+                    .map(|e| e.to_string()),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(e) = put {
+                tracing::warn!(error = %e, "the cache audit was not kept");
+            }
+        }
         Ok(summary)
     }
 

@@ -295,3 +295,56 @@ async fn the_console_in_a_browser_follows_answers_and_cancels_a_job() {
     drop(b);
     c.stop().await;
 }
+
+/// `flower ui` over the embedded store: a finished demo run's pages, with
+/// the simulator's cache audit kept beside the job; a token when set.
+#[tokio::test(flavor = "multi_thread")]
+async fn flower_ui_serves_the_embedded_store() {
+    use std::io::BufRead;
+    let home = crate::support::Home::new();
+    let summary = home.run_job(&repo().join("examples/demo/job.yaml"), &[]);
+    let job = summary["job_id"].as_str().unwrap().to_string();
+    /// Stops the server however the test ends.
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut ui = Killed(
+        home.cmd()
+            .args(["ui", "--listen", "127.0.0.1:0", "--token", "ui-s3cret"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut first = String::new();
+    std::io::BufReader::new(ui.0.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let base =
+        first.split_whitespace().find(|w| w.starts_with("http://")).expect(&first).trim_end_matches('/').to_string();
+
+    let http = reqwest::Client::new();
+    assert_eq!(http.get(format!("{base}/jobs/{job}")).send().await.unwrap().status(), 401);
+    let page = http.get(format!("{base}/jobs/{job}")).bearer_auth("ui-s3cret").send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    let page = page.text().await.unwrap();
+    assert!(page.contains("state-succeeded") && page.contains("Task tree"), "the demo's job page");
+    assert!(
+        page.contains("Cache audit (simulator)") && page.contains("0 unexplained"),
+        "the audit kept beside the job"
+    );
+    let artifact =
+        http.get(format!("{base}/jobs/{job}/files/artifacts/sizes.md")).bearer_auth("ui-s3cret").send().await.unwrap();
+    assert_eq!(artifact.status(), 200);
+    assert!(artifact.text().await.unwrap().starts_with("# desc: per-file sizes"), "the workbench file, as text");
+    let escape =
+        http.get(format!("{base}/jobs/{job}/files/..%2F..%2Fflower.db")).bearer_auth("ui-s3cret").send().await.unwrap();
+    assert!(escape.status().is_client_error(), "no path out of the workbench: {}", escape.status());
+    let list =
+        http.get(format!("{base}/?fragment=rows")).bearer_auth("ui-s3cret").send().await.unwrap().text().await.unwrap();
+    assert!(list.contains(&job), "{list}");
+}
