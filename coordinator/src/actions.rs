@@ -1,4 +1,5 @@
-//! What a user does to a running job — cancel it, send it a message — one
+//! What a user does to a running job — cancel it, send it a message, answer
+//! its question — one
 //! way for every front: the gRPC API and the web console.
 
 use flower_bus::{Notice, Notifier};
@@ -63,4 +64,14 @@ pub async fn interrupt(
         let _ = n.notify(Notice::Interrupt { job }).await;
     }
     Ok(found)
+}
+
+/// Tell watchers and the job's owner that an answer to its question is
+/// stored (`written`): the owner reads the job's events and wakes the
+/// waiting call.
+pub async fn answered(notifier: &dyn Notifier, job: JobId, written: &flower_store::Written) {
+    if let Some(last) = written.events.last() {
+        let _ = notifier.notify(Notice::Events { job, seq: last.seq }).await;
+    }
+    let _ = notifier.notify(Notice::Interrupt { job }).await;
 }

@@ -148,14 +148,14 @@ async fn run_step(
     let mut extra: Vec<Arc<dyn flower_agent::Tool>> = Vec::new();
     if step.ask {
         let options = spec.runtime.ask.clone().unwrap_or_default();
-        extra.push(Arc::new(AskTool::new(
+        extra.push(Arc::new(AskTool::new(crate::tools::ask::Asker::new(
             ctx.journal.clone(),
             workbench.clone(),
             ctx.inbox.clone(),
             options,
             ctx.stop.clone(),
             "clarifier",
-        )));
+        ))));
     }
     let side = Side { role: Role::Clarifier, label: step.label.into(), prompt: step.prompt, max_turns: 30 };
     let (id, session) = crate::side::open(ctx.wiring(), spec, job, side, extra).await?;

@@ -434,14 +434,14 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
     tools.add(Arc::new(TodoTool));
     tools.add(Arc::new(CoordinatorRead::new(workbench.clone(), workspace)));
     if let Some(ask) = &rt.ask {
-        tools.add(Arc::new(AskTool::new(
+        tools.add(Arc::new(AskTool::new(crate::tools::ask::Asker::new(
             ctx.journal.clone(),
             workbench.clone(),
             ctx.inbox.clone(),
             ask.clone(),
             ctx.stop.clone(),
             "coordinator",
-        )));
+        ))));
     }
     if rt.glance || !rt.delegate_only {
         tools.add(Arc::new(CommandTool::new(dispatcher, rt.delegate_only)));

@@ -1480,10 +1480,7 @@ async fn answer(
     match flower_coordinator::tools::ask::answer(c.store(), job, Some(&f.question), reply).await {
         Ok(written) => {
             if let Some(n) = &c.inner.notifier {
-                if let Some(last) = written.events.last() {
-                    let _ = n.notify(Notice::Events { job, seq: last.seq }).await;
-                }
-                let _ = n.notify(Notice::Interrupt { job }).await;
+                flower_coordinator::actions::answered(n.as_ref(), job, &written).await;
             }
             redirect(&format!("/jobs/{job}"))
         }

@@ -238,9 +238,6 @@ impl Flower for Api {
         let r = req.into_inner();
         check_text("reason", &r.reason, MAX_REASON)?;
         let job = self.job("job_id", &r.job_id).await?;
-        if job.state.is_terminal() {
-            return Err(status::job_ended(&job));
-        }
         let ended = crate::actions::cancel(self.b.store.as_ref(), Some(self.b.notifier.as_ref()), job.id, &r.reason)
             .await
             .map_err(action_error)?;
@@ -257,9 +254,6 @@ impl Flower for Api {
             return Err(status::too_large("message: over the request size limit"));
         }
         check_text("message", &r.message, flower_model::spec::MAX_MESSAGE_BYTES)?;
-        if job.state.is_terminal() {
-            return Err(status::job_ended(&job));
-        }
         let job = crate::actions::interrupt(self.b.store.as_ref(), Some(self.b.notifier.as_ref()), job.id, r.message)
             .await
             .map_err(action_error)?;
@@ -294,11 +288,7 @@ impl Flower for Api {
                     Status::failed_precondition(e.to_string())
                 }
             })?;
-        if let Some(last) = written.events.last() {
-            let _ = self.b.notifier.notify(Notice::Events { job: job.id, seq: last.seq }).await;
-        }
-        // The owner reads the job's events on this one, and wakes the waiting call.
-        let _ = self.b.notifier.notify(Notice::Interrupt { job: job.id }).await;
+        crate::actions::answered(self.b.notifier.as_ref(), job.id, &written).await;
         Ok(Response::new(job_to_pb(&self.b.store.get_job(job.id).await.map_err(from_store)?)))
     }
 

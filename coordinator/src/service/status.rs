@@ -65,11 +65,6 @@ pub fn too_large(message: impl Into<String>) -> Status {
     Status::resource_exhausted(message)
 }
 
-/// Acting on a job that already ended.
-pub fn job_ended(job: &flower_model::Job) -> Status {
-    Status::failed_precondition(format!("job {} already {}", job.id, job.state))
-}
-
 /// No token, or not the service's.
 pub fn unauthenticated(message: &'static str) -> Status {
     Status::unauthenticated(message)

@@ -151,15 +151,8 @@ pub struct AskTool {
 }
 
 impl AskTool {
-    pub fn new(
-        journal: Journal,
-        workbench: Workbench,
-        inbox: Inbox,
-        options: AskOptions,
-        stop: crate::stop::Stop,
-        role: &str,
-    ) -> Self {
-        Self { asker: Asker::new(journal, workbench, inbox, options, stop, role) }
+    pub fn new(asker: Asker) -> Self {
+        Self { asker }
     }
 }
 
