@@ -55,6 +55,9 @@ pub enum Outcome {
         forced: bool,
         turns: u32,
         usage: Usage,
+        /// The model's real window, when the provider's overflow error named
+        /// it (already recorded in [`flower_model::windows`]).
+        window: Option<u64>,
     },
     /// The job's budget (tokens, cost, deadline) is spent.
     Budget {
@@ -316,7 +319,7 @@ impl AgentSession {
         let (turns, usage) = (run.turns, run.usage);
         if let Some((warn, at)) = self.handoff {
             if run.context >= at {
-                return Ok(Some(Outcome::Handoff { forced: false, turns, usage }));
+                return Ok(Some(Outcome::Handoff { forced: false, turns, usage, window: None }));
             }
             if run.context >= warn && !run.warned {
                 run.warned = true;
@@ -440,7 +443,12 @@ impl AgentSession {
                 Ok(r) => r,
                 // "Prompt is too long" cannot be retried; a handoff can help.
                 Err(e) if self.handoff.is_some() && e.class() == crate::provider::ErrorClass::PromptTooLong => {
-                    return Ok(ControlFlow::Break(Outcome::Handoff { forced: true, turns, usage }));
+                    let window = e.window();
+                    if let Some(w) = window {
+                        flower_model::windows::learn(&request.model, w);
+                        tracing::info!(model = %request.model, window = w, "the provider named the model's context window");
+                    }
+                    return Ok(ControlFlow::Break(Outcome::Handoff { forced: true, turns, usage, window }));
                 }
                 Err(e) => return Err(e.into()),
             },

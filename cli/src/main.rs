@@ -37,7 +37,7 @@ enum Command {
     Run(cmd::run::RunArgs),
     /// Run the bundled demo job against an in-process simulator (no key, no network)
     Demo(cmd::run::DemoArgs),
-    /// Serve the Anthropic-compatible LLM simulator, playing a scenario
+    /// Serve the LLM simulator (Messages API and Chat Completions), playing a scenario
     Sim(cmd::sim::SimArgs),
     /// Serve the fixture MCP server (a catalog of ≥ 120 realistic tools) over stdio, or streamable HTTP with --http
     McpFixture(cmd::sim::McpFixtureArgs),

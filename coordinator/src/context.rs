@@ -81,6 +81,23 @@ pub struct ContextReport {
     pub latency_ms_p50: Option<u64>,
     #[serde(default)]
     pub ttft_ms_p50: Option<u64>,
+    /// Usage and cache reads by provider and API, each cached by its own rule.
+    #[serde(default)]
+    pub providers: Vec<ProviderView>,
+}
+
+/// A provider's share of the job: its sessions' usage and what its cache gave.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ProviderView {
+    /// The provider table's entry (`anthropic`, `openai`, `sim`).
+    pub provider: String,
+    /// `messages` or `chat_completions`.
+    pub api: String,
+    /// How that API caches prompts.
+    pub cache_rule: String,
+    pub sessions: usize,
+    pub usage: flower_model::Usage,
+    pub cache_rate: Option<f64>,
 }
 
 /// One session as the context explorer shows it.
@@ -112,6 +129,11 @@ pub struct SessionView {
     /// Its usage priced per model (the spec's table, else the built-in one).
     #[serde(default)]
     pub cost_usd: Option<f64>,
+    /// The provider its calls went to, and the API spoken.
+    #[serde(default)]
+    pub provider: String,
+    #[serde(default)]
+    pub api: String,
 }
 
 impl SessionView {
@@ -159,12 +181,25 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
     let spec = store.get_job(job).await.ok().and_then(|j| flower_model::JobSpec::from_value(j.spec).ok());
     let mut cost: Option<f64> = None;
     let mut all = flower_model::Usage::default();
+    // Which worker each task ran: a worker session's route is its worker's.
+    let workers: std::collections::HashMap<flower_model::TaskId, String> =
+        store.tasks(job).await?.into_iter().map(|t| (t.id, t.worker)).collect();
     for s in &sessions {
         let entries = store.entries(s.id, 0, u32::MAX).await?;
-        let view = session_view(s, &entries, spec.as_ref(), &mut cost);
+        let mut view = session_view(s, &entries, spec.as_ref(), &mut cost);
+        if let Some(spec) = &spec {
+            let worker = s.task_id.and_then(|t| workers.get(&t)).and_then(|w| spec.workers.get(w));
+            let route = worker.map_or_else(|| spec.coordinator_route(), |w| spec.worker_route(w));
+            view.provider = route.entry.name().to_string();
+            view.api = route.api.name().to_string();
+            by_provider(&mut r.providers, &view, route.api.cache_rule());
+        }
         all.add(&view.usage);
         r.sessions.push(view);
         count_entries(&mut r, Who::of(s.role), &entries);
+    }
+    for p in &mut r.providers {
+        p.cache_rate = p.usage.cache_rate();
     }
     r.cost_usd = cost;
     r.cache_rate = all.cache_rate();
@@ -177,6 +212,24 @@ pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, Stor
     r.main_last_tokens = r.main_turns.last().map_or(0, |t| t.context_tokens);
     count_events(&mut r, store, job, &sessions).await?;
     Ok(r)
+}
+
+/// Add a session's usage to its provider's line.
+fn by_provider(lines: &mut Vec<ProviderView>, view: &SessionView, rule: &str) {
+    let at = match lines.iter().position(|p| p.provider == view.provider && p.api == view.api) {
+        Some(i) => i,
+        None => {
+            lines.push(ProviderView {
+                provider: view.provider.clone(),
+                api: view.api.clone(),
+                cache_rule: rule.to_string(),
+                ..Default::default()
+            });
+            lines.len() - 1
+        }
+    };
+    lines[at].sessions += 1;
+    lines[at].usage.add(&view.usage);
 }
 
 /// One session's turns, usage and cache rate; its cost is added to `cost`

@@ -33,7 +33,7 @@ pub async fn hand_off(
     job: JobId,
     from: SessionId,
     generation: u32,
-    forced: bool,
+    (forced, window): (bool, Option<u64>),
 ) -> Result<Next, StoreError> {
     let store = ctx.journal.store().clone();
     let stored = store.entries(from, 0, u32::MAX).await?;
@@ -88,8 +88,15 @@ pub async fn hand_off(
         })
         .await?;
     ctx.journal.announce(&written).await;
-    let event =
-        EventKind::Handoff { from, to: session, generation: generation + 1, degraded, forced, document: path.clone() };
+    let event = EventKind::Handoff {
+        from,
+        to: session,
+        generation: generation + 1,
+        degraded,
+        forced,
+        document: path.clone(),
+        window,
+    };
     ctx.journal.commit(Batch { events: vec![(job, event)], ..Default::default() }).await?;
     let first_message = format!(
         "{goal}\n\n---\nYou continue this job from an earlier coordinator session whose context filled up. Its handoff \

@@ -25,6 +25,21 @@ pub struct Record {
     pub verdicts: Vec<VerdictLine>,
     #[serde(default)]
     pub questions: Vec<QuestionLine>,
+    /// The coordinator's handoffs, each with the window an overflow error named.
+    #[serde(default)]
+    pub handoffs: Vec<HandoffLine>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HandoffLine {
+    /// The generation the new session is.
+    pub generation: u32,
+    /// The provider refused the prompt as too long (else the threshold was reached).
+    pub forced: bool,
+    pub degraded: bool,
+    /// The model's real window, learnt from the provider's overflow error.
+    pub window: Option<u64>,
+    pub document: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -89,6 +104,15 @@ pub async fn workflow(store: &dyn Store, job: JobId) -> Result<Record, StoreErro
             answer: None,
             answered_by: None,
         }),
+        EventKind::Handoff { generation, forced, degraded, document, window, .. } => {
+            record.handoffs.push(HandoffLine {
+                generation: *generation,
+                forced: *forced,
+                degraded: *degraded,
+                window: *window,
+                document: document.clone(),
+            })
+        }
         EventKind::QuestionAnswered { id, answer, by, .. } => {
             if let Some(q) = record.questions.iter_mut().find(|q| q.id == *id && q.answer.is_none()) {
                 q.answer = Some(answer.clone());
@@ -119,6 +143,16 @@ impl Record {
             let failed =
                 if v.failed.is_empty() { String::new() } else { format!(" ({} checks failed)", v.failed.len()) };
             out.push(format!("  judge round {}: {}{failed} — {}", v.round, v.verdict, one_line(&v.reason)));
+        }
+        for h in &self.handoffs {
+            out.push(format!(
+                "  handoff → generation {}: {}{}{} ({})",
+                h.generation,
+                if h.forced { "the provider refused the prompt as too long" } else { "the threshold was reached" },
+                h.window.map(|w| format!("; the model's window is {w} tokens")).unwrap_or_default(),
+                if h.degraded { "; degraded document" } else { "" },
+                h.document
+            ));
         }
         for q in &self.questions {
             out.push(format!(

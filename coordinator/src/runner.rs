@@ -206,13 +206,15 @@ async fn drive(
 ) -> Result<Driven, StoreError> {
     let Start { mut session, mut history, mut input, mut generation } = start;
     let ho = &spec.runtime.handoff;
-    let thresholds = ho.enabled.then(|| ho.thresholds(&spec.model));
     let mut earlier_turns = 0;
     loop {
+        // Each generation's thresholds: a window learnt from an overflow
+        // error counts from the next session on.
+        let thresholds = ho.enabled.then(|| ho.thresholds(&spec.model));
         let agent =
             coordinator_session(ctx, spec, job_id, session).with_limits(limits.clone()).with_handoff(thresholds);
         match agent.run(std::mem::take(&mut history), input.take()).await {
-            Ok(Outcome::Handoff { forced, turns, .. }) => {
+            Ok(Outcome::Handoff { forced, turns, window, .. }) => {
                 if generation >= ho.max_generations {
                     let diagnosis = format!(
                         "the coordinator's main thread filled {generation} sessions (runtime.handoff.max_generations): \
@@ -221,7 +223,7 @@ async fn drive(
                     );
                     return Ok(Driven { outcome: Err(diagnosis), session, earlier_turns });
                 }
-                let next = crate::handoff::hand_off(ctx, spec, job_id, session, generation, forced).await?;
+                let next = crate::handoff::hand_off(ctx, spec, job_id, session, generation, (forced, window)).await?;
                 tracing::info!(job = %job_id, generation, turns, forced, "handoff to a new coordinator session");
                 earlier_turns += turns;
                 session = next.session;

@@ -140,6 +140,10 @@ pub enum EventKind {
         degraded: bool,
         forced: bool,
         document: String,
+        /// The model's real context window, when a provider's overflow error
+        /// named it (it forced this handoff).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        window: Option<u64>,
     },
     /// A user's message to the running coordinator (`Interrupt`).
     UserMessage {

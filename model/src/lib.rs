@@ -11,6 +11,7 @@
 //! - [`policy`]: the operator's allowlists of MCP servers and credential variables a spec may name
 //! - [`session_file`]: export/import in the Claude Code session-file (JSONL) shape
 //! - [`usage`]: token usage, including the prompt-cache fields
+//! - [`windows`]: context windows learnt from providers' overflow errors
 //!
 //! This crate does no I/O except reading a spec's own files during validation;
 //! it must never talk to a store, the network or a provider (no tokio,
@@ -25,6 +26,7 @@ pub mod policy;
 pub mod session_file;
 pub mod spec;
 pub mod usage;
+pub mod windows;
 
 pub use content::{ContentBlock, ResultBlock};
 pub use entry::{Entry, EntryKind, Markers};

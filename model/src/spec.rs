@@ -26,13 +26,19 @@ pub struct JobSpec {
     /// The prompt given to the coordinator.
     pub goal: String,
     /// Which provider answers model calls: `sim` (in-process simulator playing
-    /// `scenario`) or `anthropic` (`base_url`, else `ANTHROPIC_BASE_URL`, else the
-    /// public endpoint; key from `ANTHROPIC_API_KEY`).
+    /// `scenario`, speaking each role's API), `anthropic` (the Messages API:
+    /// `base_url`, else `ANTHROPIC_BASE_URL`, else the public endpoint; key
+    /// from `ANTHROPIC_API_KEY`) or `openai` (Chat Completions: `base_url`,
+    /// else `OPENAI_BASE_URL`, else the public endpoint; key from
+    /// `OPENAI_API_KEY`). A role may name another (`coordinator.provider`,
+    /// `workers.NAME.provider`).
     #[serde(default)]
     pub provider: ProviderKind,
     #[serde(default = "default_model")]
     pub model: String,
-    /// Endpoint for `anthropic` (any Anthropic-compatible server, e.g. `flower sim`).
+    /// Endpoint of the job's provider (`anthropic`: any Messages API server,
+    /// e.g. `flower sim`; `openai`: any Chat Completions server — vLLM,
+    /// llama.cpp's server, Ollama, `flower sim`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
     /// Scenario file for `sim`, relative to the spec file.
@@ -133,11 +139,12 @@ pub enum CacheMode {
     Off,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderKind {
     #[default]
     Anthropic,
+    Openai,
     Sim,
 }
 
@@ -146,9 +153,45 @@ impl ProviderKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::Anthropic => "anthropic",
+            Self::Openai => "openai",
             Self::Sim => "sim",
         }
     }
+}
+
+/// The wire API a role's model calls speak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// Anthropic's Messages API: explicit `cache_control` breakpoints.
+    Messages,
+    /// OpenAI's Chat Completions: automatic prefix caching, no breakpoints.
+    ChatCompletions,
+}
+
+impl Api {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Messages => "messages",
+            Self::ChatCompletions => "chat_completions",
+        }
+    }
+
+    /// How the provider caches prompts, in words (reports).
+    pub fn cache_rule(self) -> &'static str {
+        match self {
+            Self::Messages => "explicit breakpoints (cache_control), reads at a breakpoint's prefix",
+            Self::ChatCompletions => "automatic prefix cache (from 1,024 tokens, in 128-token steps)",
+        }
+    }
+}
+
+/// Where a role's model calls go: the provider table's entry and the API
+/// spoken to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Route {
+    pub entry: ProviderKind,
+    pub api: Api,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -161,6 +204,10 @@ pub struct CoordinatorSpec {
     /// The workers this coordinator may delegate to (default: all of `workers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<Vec<String>>,
+    /// `anthropic` or `openai` when the coordinator's calls go to another
+    /// provider than the job's (default: the job's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderKind>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -177,6 +224,11 @@ pub struct WorkerSpec {
     /// `inherit` (the job's model) or a model name.
     #[serde(default = "inherit")]
     pub model: String,
+    /// `anthropic` or `openai` when this worker's calls go to another
+    /// provider than the job's (default: the job's), e.g. a local model
+    /// behind a Chat Completions server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderKind>,
 }
 
 /// Runtime options, each with its default.
@@ -309,9 +361,15 @@ impl Default for HandoffOptions {
 }
 
 impl HandoffOptions {
-    /// The window: configured, else known from the model name (200K for Claude models).
+    /// The window: configured, else learnt from a provider's overflow
+    /// error (see [`crate::windows`]), else known from the model name (200K
+    /// for Claude models).
     pub fn window_for(&self, model: &str) -> u64 {
-        self.window.unwrap_or(if model.contains("[1m]") { 1_000_000 } else { 200_000 })
+        self.window.or_else(|| crate::windows::learnt(model)).unwrap_or(if model.contains("[1m]") {
+            1_000_000
+        } else {
+            200_000
+        })
     }
 
     /// (warn at, hand off at): `at = max(10_000, window − room)`, the warning
@@ -374,8 +432,32 @@ pub fn builtin_price(model: &str) -> Option<Price> {
     } else if m.contains("haiku") {
         Some(p(0.8, 4.0))
     } else {
-        None
+        openai_price(&m)
     }
+}
+
+/// OpenAI's list prices: automatic caching writes at the input price and
+/// reads at the model's cached-input price.
+fn openai_price(m: &str) -> Option<Price> {
+    let p = |input: f64, cached: f64, output: f64| Price {
+        input,
+        output,
+        cache_write_5m: input,
+        cache_write_1h: input,
+        cache_read: cached,
+    };
+    // Longest names first: `gpt-4.1-mini` before `gpt-4.1`.
+    let table: &[(&str, Price)] = &[
+        ("gpt-5-nano", p(0.05, 0.005, 0.4)),
+        ("gpt-5-mini", p(0.25, 0.025, 2.0)),
+        ("gpt-5", p(1.25, 0.125, 10.0)),
+        ("gpt-4.1-nano", p(0.1, 0.025, 0.4)),
+        ("gpt-4.1-mini", p(0.4, 0.1, 1.6)),
+        ("gpt-4.1", p(2.0, 0.5, 8.0)),
+        ("gpt-4o-mini", p(0.15, 0.075, 0.6)),
+        ("gpt-4o", p(2.5, 1.25, 10.0)),
+    ];
+    table.iter().find(|(name, _)| m.contains(name)).map(|(_, price)| *price)
 }
 
 impl Budget {
@@ -696,10 +778,20 @@ impl JobSpec {
             ProviderKind::Sim if self.base_url.is_some() => {
                 return Err(SpecError::new("base_url", "not used with provider `sim` (the simulator runs in-process)"));
             }
-            ProviderKind::Anthropic if self.scenario.is_some() => {
+            ProviderKind::Anthropic | ProviderKind::Openai if self.scenario.is_some() => {
                 return Err(SpecError::new("scenario", "only used with provider `sim`"));
             }
             _ => {}
+        }
+        let roles = std::iter::once(("coordinator.provider".to_string(), self.coordinator.provider))
+            .chain(self.workers.iter().map(|(n, w)| (format!("workers.{n}.provider"), w.provider)));
+        for (field, kind) in roles {
+            if kind == Some(ProviderKind::Sim) {
+                return Err(SpecError::new(
+                    field,
+                    "`sim` is a job's provider, not a role's: a role names `anthropic` or `openai` (with provider `sim`, the simulator answers either API)",
+                ));
+            }
         }
         if let Some(url) = &self.base_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
@@ -771,6 +863,39 @@ impl JobSpec {
     /// The spill threshold in force (0 when spilling is off).
     pub fn spill_threshold(&self) -> usize {
         if self.runtime.workbench { self.runtime.spill_threshold } else { 0 }
+    }
+
+    /// Where the coordinator's calls go (and those of the steps around it:
+    /// clarify, goal, judge, handoff, asides).
+    pub fn coordinator_route(&self) -> Route {
+        self.route(self.coordinator.provider)
+    }
+
+    /// Where a worker's calls go.
+    pub fn worker_route(&self, worker: &WorkerSpec) -> Route {
+        self.route(worker.provider)
+    }
+
+    /// A role's route: with `sim`, the simulator answers whichever API the
+    /// role speaks; otherwise the role's provider (else the job's) is both
+    /// the table entry and the API.
+    fn route(&self, role: Option<ProviderKind>) -> Route {
+        let kind = role.unwrap_or(self.provider);
+        let api = if kind == ProviderKind::Openai { Api::ChatCompletions } else { Api::Messages };
+        let entry = if self.provider == ProviderKind::Sim { ProviderKind::Sim } else { kind };
+        Route { entry, api }
+    }
+
+    /// Every route the job's roles use (the coordinator's first).
+    pub fn routes(&self) -> Vec<Route> {
+        let mut out = vec![self.coordinator_route()];
+        for w in self.workers.values() {
+            let r = self.worker_route(w);
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+        out
     }
 
     /// The model a worker runs with (`inherit` resolved).
@@ -1307,5 +1432,42 @@ workers:
         assert_eq!(spec.runtime.bash_output_limit, ByteSize::mib(1));
         let e = err(&format!("{GOOD}runtime:\n  bash_timeout: 0s\n"));
         assert_eq!(e.field, "runtime.bash_timeout");
+    }
+
+    #[test]
+    fn each_role_routes_to_its_provider_and_api() {
+        let two = GOOD.replace("    tools: [Bash, Read]\n", "    tools: [Bash, Read]\n    provider: openai\n");
+        let spec = JobSpec::parse(&two).unwrap();
+        let w = &spec.workers["counter"];
+        // With `sim`, the simulator answers both APIs.
+        assert_eq!(spec.coordinator_route(), Route { entry: ProviderKind::Sim, api: Api::Messages });
+        assert_eq!(spec.worker_route(w), Route { entry: ProviderKind::Sim, api: Api::ChatCompletions });
+        assert_eq!(spec.routes().len(), 2);
+        let real = two.replace("provider: sim\nscenario: scenario.yaml\n", "provider: anthropic\n");
+        let spec = JobSpec::parse(&real).unwrap();
+        assert_eq!(spec.coordinator_route(), Route { entry: ProviderKind::Anthropic, api: Api::Messages });
+        assert_eq!(
+            spec.worker_route(&spec.workers["counter"]),
+            Route { entry: ProviderKind::Openai, api: Api::ChatCompletions }
+        );
+        let openai = GOOD.replace("provider: sim\nscenario: scenario.yaml\n", "provider: openai\n");
+        let spec = JobSpec::parse(&openai).unwrap();
+        assert_eq!(spec.routes(), vec![Route { entry: ProviderKind::Openai, api: Api::ChatCompletions }]);
+        // A role does not name the simulator; an unknown provider names its field.
+        let e = err(&GOOD.replace("  name: lead\n", "  name: lead\n  provider: sim\n"));
+        assert_eq!(e.field, "coordinator.provider");
+        let e = err(&GOOD.replace("    tools: [Bash, Read]\n", "    tools: [Bash, Read]\n    provider: mistral\n"));
+        assert!(e.field.starts_with("workers"), "{e}");
+        assert!(e.to_string().contains("mistral"), "{e}");
+        let e = err(&openai.replace("provider: openai\n", "provider: openai\nscenario: s.yaml\n"));
+        assert_eq!(e.field, "scenario");
+    }
+
+    #[test]
+    fn openai_models_have_prices_with_their_cached_rate() {
+        let p = builtin_price("gpt-4.1-mini").unwrap();
+        assert_eq!((p.input, p.cache_read, p.output), (0.4, 0.1, 1.6), "not gpt-4.1's");
+        assert_eq!(builtin_price("gpt-4o").unwrap().cache_read, 1.25);
+        assert!(builtin_price("llama-3-70b").is_none());
     }
 }

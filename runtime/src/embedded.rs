@@ -10,10 +10,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use flower_agent::provider::{AnthropicClient, AnthropicConfig, Provider, SingleProvider};
+use flower_agent::provider::{AnthropicClient, ClientConfig, OpenAiClient, Provider, RunProviders};
 use flower_agent::{Inbox, Journal};
 use flower_bus::{MemoryBus, Notifier};
-use flower_model::spec::ProviderKind;
+use flower_model::spec::{Api, ProviderKind, Route};
 use flower_model::{JobId, JobSpec, JobState, SessionId, TaskState, Usage};
 use flower_sim::{Scenario, SimHandle};
 use flower_store::workspace::Workspace;
@@ -177,7 +177,7 @@ impl EmbeddedRuntime {
         let job = store.get_job(job_id).await?;
         let spec = JobSpec::from_value(job.spec.clone())?;
         let journal = Journal::new(store.clone(), self.notifier());
-        let (provider, sim) = match self.provider(&spec).await {
+        let (providers, sim) = match self.providers(&spec).await {
             Ok(p) => p,
             Err(e) => {
                 self.end(&journal, job_id, JobState::Failed, Some(e.to_string()), None).await?;
@@ -192,7 +192,7 @@ impl EmbeddedRuntime {
             journal.clone(),
             Arc::new(self.bus.clone()),
             self.objects.clone(),
-            Arc::new(SingleProvider(provider.clone())),
+            Arc::new(RunProviders(providers.clone())),
         );
         let workers = tokio::spawn(worker.run(spec.runtime.concurrency as usize, shutdown.clone()));
 
@@ -201,7 +201,7 @@ impl EmbeddedRuntime {
             journal: journal.clone(),
             queue: Arc::new(self.bus.clone()),
             objects: self.objects.clone(),
-            provider,
+            provider: coordinator_provider(&spec, &providers),
             epoch: 1,
             inbox: Inbox::default(),
             // Ctrl-C in a local run is the user's cancel.
@@ -242,7 +242,8 @@ impl EmbeddedRuntime {
     pub async fn aside(&self, job: JobId, question: &str) -> Result<flower_coordinator::aside::Aside, RunError> {
         let store: Arc<dyn Store> = self.store.clone();
         let spec = JobSpec::from_value(store.get_job(job).await?.spec)?;
-        let (provider, sim) = self.provider(&spec).await?;
+        let (providers, sim) = self.providers(&spec).await?;
+        let provider = coordinator_provider(&spec, &providers);
         let journal = Journal::new(store, self.notifier());
         let answered =
             flower_coordinator::aside::aside(&journal, self.objects.clone(), provider, &spec, job, question).await;
@@ -252,31 +253,39 @@ impl EmbeddedRuntime {
         Ok(answered?)
     }
 
-    /// The provider a spec names; for `sim`, a simulator started here on an
-    /// ephemeral loopback port (the client still speaks real HTTP to it).
-    async fn provider(&self, spec: &JobSpec) -> Result<(Arc<dyn Provider>, Option<SimHandle>), RunError> {
-        let mut config = AnthropicConfig::from_env();
+    /// A client for each route of a spec's roles; for `sim`, a simulator
+    /// started here on an ephemeral loopback port answers every API (the
+    /// clients still speak real HTTP to it).
+    async fn providers(&self, spec: &JobSpec) -> Result<(Providers, Option<SimHandle>), RunError> {
         let mut sim = None;
-        match spec.provider {
-            ProviderKind::Sim => {
-                let path = spec.scenario.as_deref().ok_or_else(|| flower_model::SpecError {
-                    field: "scenario".into(),
-                    message: "required with provider `sim`".into(),
-                })?;
-                let scenario = Scenario::load(path)?;
-                let handle =
-                    flower_sim::start(scenario, ([127, 0, 0, 1], 0).into()).await.map_err(RunError::Simulator)?;
-                config.base_url = handle.base_url();
-                config.api_key = None;
-                sim = Some(handle);
-            }
-            ProviderKind::Anthropic => {
-                if let Some(url) = &spec.base_url {
-                    config.base_url = url.clone();
-                }
-            }
+        if spec.provider == ProviderKind::Sim {
+            let path = spec.scenario.as_deref().ok_or_else(|| flower_model::SpecError {
+                field: "scenario".into(),
+                message: "required with provider `sim`".into(),
+            })?;
+            let scenario = Scenario::load(path)?;
+            sim = Some(flower_sim::start(scenario, ([127, 0, 0, 1], 0).into()).await.map_err(RunError::Simulator)?);
         }
-        Ok((Arc::new(AnthropicClient::new(config)?), sim))
+        let mut out: Providers = Vec::new();
+        for route in spec.routes() {
+            let mut config = match route.api {
+                Api::Messages => ClientConfig::from_env(),
+                Api::ChatCompletions => ClientConfig::openai_from_env(),
+            };
+            if let Some(sim) = &sim {
+                config.base_url = sim.base_url();
+                config.api_key = None;
+            } else if let Some(url) = spec.base_url.as_ref().filter(|_| route.entry == spec.provider) {
+                // The spec's endpoint is its own provider's; a role naming another uses that one's environment.
+                config.base_url = url.clone();
+            }
+            let client: Arc<dyn Provider> = match route.api {
+                Api::Messages => Arc::new(AnthropicClient::new(config)?),
+                Api::ChatCompletions => Arc::new(OpenAiClient::new(config)?),
+            };
+            out.push((route, client));
+        }
+        Ok((out, sim))
     }
 
     /// Move the job to `state`, with its event.
@@ -321,4 +330,13 @@ impl EmbeddedRuntime {
             cache_audit: None,
         })
     }
+}
+
+/// One run's clients, by route.
+type Providers = Vec<(Route, Arc<dyn Provider>)>;
+
+/// The coordinator's client among a run's (its route is always there).
+fn coordinator_provider(spec: &JobSpec, providers: &Providers) -> Arc<dyn Provider> {
+    let route = spec.coordinator_route();
+    providers.iter().find(|(r, _)| *r == route).map(|(_, p)| p.clone()).unwrap_or_else(|| providers[0].1.clone())
 }

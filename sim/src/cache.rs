@@ -137,6 +137,80 @@ impl PromptCache {
     }
 }
 
+/// Automatic prefix caching, as OpenAI documents it for Chat Completions:
+/// no markers; a request's prefix is cached once its response begins (for
+/// 5 min, refreshed on a hit); a later request reads the longest cached
+/// prefix it starts with, counted only from 1,024 tokens and in 128-token
+/// steps; nothing is charged for writing. Prefixes are matched at block
+/// boundaries (tools, system, each message's parts), which is where an
+/// append-only history's shared prefix ends.
+#[derive(Default)]
+pub struct AutomaticCache {
+    entries: Mutex<HashMap<[u8; 32], Cached>>,
+}
+
+/// The shortest prefix cached, in tokens.
+pub const AUTOMATIC_MIN: u64 = 1024;
+/// Cached tokens are counted in steps of this many.
+pub const AUTOMATIC_STEP: u64 = 128;
+
+impl AutomaticCache {
+    /// Account one request, as [`PromptCache::account`] (a `cache_control`
+    /// in it is not read: the API has none).
+    pub fn account(&self, body: &Value, total: u64, now: Instant, responds_at: Instant) -> (CacheUsage, Shape) {
+        let blocks = linearise_unmarked(body);
+        let tokens = blocks.last().map_or(0, |b| b.tokens);
+        let scale = |t: u64| if tokens == 0 { 0 } else { (t as u128 * total as u128 / tokens as u128) as u64 };
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|_, e| e.expires > now);
+        let hit =
+            (0..blocks.len()).rev().find(|&q| entries.get(&blocks[q].prefix).is_some_and(|e| e.readable_at <= now));
+        let counted = |t: u64| if t >= AUTOMATIC_MIN { t / AUTOMATIC_STEP * AUTOMATIC_STEP } else { 0 };
+        let read = hit.map_or(0, |a| counted(scale(blocks[a].tokens)));
+        if let Some(a) = hit {
+            for b in &blocks[..=a] {
+                if let Some(e) = entries.get_mut(&b.prefix) {
+                    e.expires = now + FIVE_MIN;
+                }
+            }
+        }
+        let cacheable = scale(tokens) >= AUTOMATIC_MIN;
+        if cacheable {
+            for b in &blocks {
+                entries.entry(b.prefix).or_insert(Cached {
+                    ttl: FIVE_MIN,
+                    expires: now + FIVE_MIN,
+                    readable_at: responds_at,
+                });
+            }
+        }
+        let usage = CacheUsage { input_tokens: total.saturating_sub(read), cache_read: read, ..Default::default() };
+        let read_blocks = if read > 0 { hit.map_or(0, |a| a + 1) } else { 0 };
+        let cached_blocks = if cacheable { blocks.len() } else { read_blocks };
+        (usage, Shape { chain: blocks.iter().map(|b| b.prefix).collect(), read_blocks, cached_blocks })
+    }
+}
+
+/// [`linearise`] for an API without breakpoints: markers stripped, none read.
+fn linearise_unmarked(body: &Value) -> Vec<Block> {
+    let mut chain: [u8; 32] = Sha256::digest(b"flower-sim-automatic-cache").into();
+    let mut tokens = 0u64;
+    let mut out = Vec::new();
+    for mut b in blocks_of(body) {
+        if let Some(o) = b.as_object_mut() {
+            o.remove("cache_control");
+        }
+        let text = b.to_string();
+        tokens += estimate_tokens(text.len());
+        let mut h = Sha256::new();
+        h.update(chain);
+        h.update(text.as_bytes());
+        chain = h.finalize().into();
+        out.push(Block { prefix: chain, tokens, ttl: None });
+    }
+    out
+}
+
 /// The request's prefix as blocks, each with its prefix hash, its running
 /// token estimate and its breakpoint TTL. `Err` is the provider's 400
 /// message for breakpoints out of order or too many.
@@ -352,5 +426,38 @@ mod tests {
             0,
             "25 blocks back: a silent miss"
         );
+    }
+
+    #[test]
+    fn automatic_caching_reads_the_shared_prefix_from_1024_tokens_in_128_token_steps() {
+        let c = AutomaticCache::default();
+        let now = Instant::now();
+        let body = |user: &str, extra: Option<&str>| {
+            let mut messages = vec![json!({"role": "user", "content": user})];
+            if let Some(e) = extra {
+                messages.push(json!({"role": "assistant", "content": "ok"}));
+                messages.push(json!({"role": "user", "content": e}));
+            }
+            json!({"model": "gpt-4.1", "max_tokens": 10, "system": long(2000), "messages": messages})
+        };
+        let total = |b: &Value| estimate_tokens(b.to_string().len());
+        let first = body("go", None);
+        let (u1, _) = c.account(&first, total(&first), now, now);
+        assert_eq!(u1.cache_read, 0, "nothing cached yet");
+        assert_eq!(u1.input_tokens, total(&first));
+        let second = body("go", Some("more"));
+        let (u2, shape) = c.account(&second, total(&second), now, now);
+        assert!(u2.cache_read >= AUTOMATIC_MIN && u2.cache_read % AUTOMATIC_STEP == 0, "{u2:?}");
+        assert!(u2.cache_read <= total(&first));
+        assert_eq!(u2.cache_read + u2.input_tokens, total(&second));
+        assert_eq!((u2.cache_write_5m, u2.cache_write_1h), (0, 0), "writes are not charged");
+        assert_eq!(shape.read_blocks, 2, "system and the first user message");
+        // A short prompt is never cached.
+        let short = json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+        c.account(&short, total(&short), now, now);
+        assert_eq!(c.account(&short, total(&short), now, now).0.cache_read, 0);
+        // Entries expire after 5 minutes without a hit.
+        let later = now + Duration::from_secs(301);
+        assert_eq!(c.account(&second, total(&second), later, later).0.cache_read, 0);
     }
 }

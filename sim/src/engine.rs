@@ -48,6 +48,8 @@ pub struct Engine {
     /// Faults already served, per (request fingerprint, kind).
     served: Mutex<HashMap<(String, &'static str), u32>>,
     cache: crate::cache::PromptCache,
+    /// Chat Completions' automatic prefix cache (its own: two providers share nothing).
+    automatic: crate::cache::AutomaticCache,
     /// Per session (the `x-flower-session` header): what each request read
     /// versus what the one before it left in the cache.
     audit: Mutex<HashMap<String, SessionAudit>>,
@@ -92,7 +94,13 @@ fn nonce() -> String {
 
 impl Engine {
     pub fn new(scenario: Scenario) -> Self {
-        Self { scenario, served: Mutex::new(HashMap::new()), cache: Default::default(), audit: Default::default() }
+        Self {
+            scenario,
+            served: Mutex::new(HashMap::new()),
+            cache: Default::default(),
+            automatic: Default::default(),
+            audit: Default::default(),
+        }
     }
 
     pub fn scenario(&self) -> &Scenario {
@@ -152,6 +160,46 @@ impl Engine {
             Err(message) => return Reply::Error { status: 400, kind: "invalid_request_error".into(), message },
         };
         match self.reply_uncached(body) {
+            Reply::Message(mut p) => {
+                p.input_tokens = cache.input_tokens;
+                p.cache = cache;
+                Reply::Message(p)
+            }
+            error => error,
+        }
+    }
+
+    /// A Chat Completions request of `session` (audited): translated to the
+    /// Messages shape and played the same way, with the automatic prefix
+    /// cache's figures and OpenAI's overflow error.
+    pub fn reply_chat(&self, chat: &Value, session: Option<&str>) -> Reply {
+        let invalid = |message: String| Reply::Error { status: 400, kind: "invalid_request_error".into(), message };
+        let body = match crate::chat::to_messages_body(chat) {
+            Ok(b) => b,
+            Err(m) => return invalid(m),
+        };
+        if let Err(message) = validate(&body) {
+            return invalid(message);
+        }
+        let total = estimate_tokens(
+            body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len(),
+        );
+        if let Some(window) = self.scenario.window_tokens
+            && total > window
+        {
+            return Reply::Error {
+                status: 400,
+                kind: "context_length_exceeded".into(),
+                message: crate::chat::too_long(window, total),
+            };
+        }
+        let now = std::time::Instant::now();
+        let begins = now + std::time::Duration::from_millis(self.scenario.latency.ttft_ms);
+        let (cache, shape) = self.automatic.account(&body, total, now, begins);
+        if let Some(session) = session {
+            self.record(session, &cache, shape);
+        }
+        match self.reply_uncached(&body) {
             Reply::Message(mut p) => {
                 p.input_tokens = cache.input_tokens;
                 p.cache = cache;

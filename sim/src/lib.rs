@@ -1,11 +1,13 @@
-//! The LLM simulator: an Anthropic Messages API server (`POST /v1/messages`,
-//! streaming and not, tool use, usage, error shapes) that plays scripted
-//! scenarios, so the whole system runs with real tools on real data and no
+//! The LLM simulator: an Anthropic Messages API server (`POST /v1/messages`)
+//! and a Chat Completions server (`POST /v1/chat/completions`) — streaming
+//! and not, tool use, usage with each provider's cache rules, error shapes —
+//! that plays scripted scenarios, so the whole system runs with real tools on real data and no
 //! network or key.
 //!
 //! # Layout
 //! - [`scenario`]: the scenario file format (documented there) and its validation
-//! - [`cache`]: prompt-cache accounting by the provider's rules
+//! - [`cache`]: prompt-cache accounting by each provider's rules
+//! - [`chat`]: the Chat Completions shapes, translated to and from the engine's
 //! - [`audit`]: the cache audit joined with the rewrites a job recorded
 //! - [`engine`]: request validation, stateless step choice, rendering, faults
 //! - [`server`]: the HTTP shell and the exact event shapes it emits
@@ -18,6 +20,7 @@
 
 pub mod audit;
 pub mod cache;
+pub mod chat;
 pub mod engine;
 pub mod mcp_fixture;
 pub mod scenario;

@@ -59,8 +59,9 @@ pub struct Scenario {
     /// Faults on a share of all requests (each request fails at most once, so retries succeed).
     #[serde(default)]
     pub faults: Faults,
-    /// Requests larger than this many (estimated) input tokens get the provider's
-    /// "prompt is too long" error.
+    /// Requests larger than this many (estimated) input tokens get each API's
+    /// overflow error ("prompt is too long: N tokens > W maximum";
+    /// `context_length_exceeded`, "This model's maximum context length is W tokens…").
     #[serde(default)]
     pub window_tokens: Option<u64>,
     /// How a handoff request (`<flower-handoff>`) is answered.

@@ -1,4 +1,5 @@
-//! The HTTP shell: `POST /v1/messages`, streaming and not.
+//! The HTTP shell: `POST /v1/messages` and `POST /v1/chat/completions`
+//! (its shapes are in [`crate::chat`]), streaming and not.
 //!
 //! Shapes emitted, exactly as the Anthropic Messages API does:
 //!
@@ -104,8 +105,9 @@ pub async fn start(scenario: Scenario, addr: SocketAddr) -> std::io::Result<SimH
 pub fn router(engine: Arc<Engine>) -> Router {
     Router::new()
         .route("/v1/messages", post(messages))
+        .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/flower/audit", get(audit))
-        .route("/", get(|| async { "flower sim: POST /v1/messages\n" }))
+        .route("/", get(|| async { "flower sim: POST /v1/messages, POST /v1/chat/completions\n" }))
         .with_state(engine)
 }
 
@@ -175,6 +177,78 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
         .header(header::CACHE_CONTROL, "no-cache")
         .body(body)
         .unwrap_or_else(|_| error_response(500, "api_error", "could not build the response"))
+}
+
+fn chat_error(status: u16, kind: &str, message: &str) -> Response {
+    let (status, body) = crate::chat::error(status, kind, message);
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (code, axum::Json(body)).into_response();
+    if status == 429 || status == 503 {
+        resp.headers_mut().insert("retry-after", header::HeaderValue::from_static("0"));
+    }
+    resp
+}
+
+async fn chat_completions(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> Response {
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return chat_error(
+                400,
+                "invalid_request_error",
+                &format!("We could not parse the JSON body of your request: {e}"),
+            );
+        }
+    };
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let include_usage = body["stream_options"]["include_usage"].as_bool().unwrap_or(false);
+    let latency = engine.scenario().latency;
+    let session = headers.get("x-flower-session").and_then(|v| v.to_str().ok());
+    let planned = match engine.reply_chat(&body, session) {
+        Reply::Error { status, kind, message } => {
+            sleep_ms(latency.ttft_ms).await;
+            return chat_error(status, &kind, &message);
+        }
+        Reply::Message(p) => p,
+    };
+    if !stream {
+        sleep_ms(latency.ttft_ms).await;
+        return axum::Json(crate::chat::completion(&planned)).into_response();
+    }
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    tokio::spawn(stream_chat(planned, latency, include_usage, tx));
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(tokio_stream_from(rx)))
+        .unwrap_or_else(|_| chat_error(500, "api_error", "could not build the response"))
+}
+
+/// The chunks of a streamed chat completion, paced like the Messages stream.
+async fn stream_chat(
+    p: Planned,
+    latency: Latency,
+    include_usage: bool,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+) {
+    sleep_ms(latency.ttft_ms).await;
+    let chunks = crate::chat::chunks(&p, include_usage, |s| chunks(s, 48).into_iter().map(str::to_string).collect());
+    for (i, c) in chunks.iter().enumerate() {
+        let piece = c["choices"][0]["delta"]["content"]
+            .as_str()
+            .or_else(|| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+            .unwrap_or_default();
+        let ms = (piece.len().div_ceil(4) as u64 * 1000).checked_div(latency.tokens_per_sec).unwrap_or(0);
+        sleep_ms(ms).await;
+        if tx.send(Ok(Bytes::from(format!("data: {c}\n\n")))).await.is_err() {
+            return;
+        }
+        if p.drop_stream && i >= 1 {
+            let _ = tx.send(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "simulated drop"))).await;
+            return;
+        }
+    }
+    let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
 }
 
 fn tokio_stream_from(

@@ -709,3 +709,28 @@ async fn an_unreachable_verdict_is_put_to_the_user_over_grpc() {
     assert_eq!(s["questions"][0]["answered_by"], "user");
     c.stop().await;
 }
+
+/// Two providers on a cluster: the coordinator's calls on the Messages API,
+/// the workers' on Chat Completions (the cluster's `sim` entry answers
+/// both); `flower context --server` reports each provider's cache reads by
+/// its own rule.
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_on_chat_completions_run_on_a_cluster() {
+    let mut c = Cluster::start(Options { workers: 2, ..Default::default() }).await;
+    let out = c.flower(&["submit", repo().join("tests/fixtures/providers/job.yaml").to_str().unwrap(), "--watch"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "submit --watch: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("succeeded") && text.contains("data/ holds 15 files"), "{text}");
+    let job = text.lines().next().unwrap().trim().to_string();
+    let report = c.flower(&["context", &job, "--json"]);
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let line = |api: &str| report["providers"].as_array().unwrap().iter().find(|p| p["api"] == api).cloned().unwrap();
+    let (messages, chat) = (line("messages"), line("chat_completions"));
+    assert_eq!((messages["sessions"].as_u64(), chat["sessions"].as_u64()), (Some(1), Some(3)), "{report}");
+    assert!(messages["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0, "{messages}");
+    assert!(messages["usage"]["cache_creation_input_tokens"].as_u64().unwrap() > 0, "{messages}");
+    let read = chat["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(read >= 1024 && read % 128 == 0, "{chat}");
+    assert_eq!(chat["usage"]["cache_creation_input_tokens"], 0, "{chat}");
+}

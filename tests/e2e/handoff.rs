@@ -44,6 +44,47 @@ fn the_prompt_limit_forces_handoffs_and_the_job_goes_on() {
     }
     let notes = std::path::Path::new(summary["workbench"].as_str().unwrap()).join("notes");
     assert!(notes.join("handoff-1.md").exists() && notes.join("handoff-2.md").exists());
+    assert_windows_recorded(&home, &summary);
+}
+
+/// Every handoff was forced by the provider's overflow error, which named the
+/// real window: the record (`flower status JOB --json`) carries it.
+fn assert_windows_recorded(home: &Home, summary: &serde_json::Value) {
+    let status = home.run(&["status", summary["job_id"].as_str().unwrap(), "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let handoffs = status["handoffs"].as_array().unwrap();
+    assert!(handoffs.len() >= 2, "{status}");
+    for h in handoffs {
+        assert_eq!(h["forced"], true, "{h}");
+        assert_eq!(h["window"], 9000, "the window the error named: {h}");
+    }
+    let text = String::from_utf8_lossy(&home.run(&["status", summary["job_id"].as_str().unwrap()]).stdout).to_string();
+    assert!(text.contains("the model's window is 9000 tokens"), "{text}");
+}
+
+/// The same with the coordinator on a Chat Completions provider: OpenAI's
+/// overflow error (`context_length_exceeded`, other words) hands off too,
+/// and its window is recorded.
+#[test]
+fn a_chat_completions_overflow_forces_a_handoff_with_the_window_recorded() {
+    let home = Home::new();
+    let dir = tempfile::tempdir().unwrap();
+    let spec = variant(dir.path(), &[("window_tokens", serde_json::json!(9000))], "");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    let text =
+        text.replace("coordinator:\n  name: conductor\n", "coordinator:\n  name: conductor\n  provider: openai\n");
+    assert!(text.contains("provider: openai"), "the example's coordinator block changed: {text}");
+    std::fs::write(&spec, text).unwrap();
+    let summary = home.run_job(&spec, &[]);
+    assert_eq!(summary["state"], "succeeded");
+    assert_eq!(summary["tasks"], 53, "no task was dispatched twice across generations");
+    let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    assert!(coordinator_sessions(&t).len() >= 3);
+    assert_windows_recorded(&home, &summary);
+    let context = home.run(&["context", summary["job_id"].as_str().unwrap(), "--json"]);
+    let context: serde_json::Value = serde_json::from_slice(&context.stdout).unwrap();
+    let coordinator = context["sessions"].as_array().unwrap().iter().find(|s| s["role"] == "coordinator").unwrap();
+    assert_eq!(coordinator["api"], "chat_completions", "{coordinator}");
 }
 
 #[test]

@@ -22,6 +22,7 @@ mod judge;
 mod long_horizon;
 mod metrics;
 mod migrate;
+mod providers;
 mod sandbox;
 mod sim_server;
 mod soak;

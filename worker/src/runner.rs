@@ -536,7 +536,10 @@ impl Worker {
         let Some(wspec) = spec.workers.get(&task.worker) else {
             return Err(Failure::fatal(format!("this job has no worker named `{}`", task.worker)));
         };
-        let provider = self.providers.for_job(job.id, spec).map_err(|e| Failure::fatal(e.to_string()))?;
+        let provider = self
+            .providers
+            .for_job(job.id, spec, spec.worker_route(wspec))
+            .map_err(|e| Failure::fatal(e.to_string()))?;
         let (mcp_tools, mcp) = if spec.mcp_servers.is_empty() {
             (Vec::new(), crate::mcp::McpClients::default())
         } else {

@@ -52,6 +52,17 @@ impl ProviderError {
         }
     }
 
+    /// The context window an overflow error names (either provider's words).
+    pub fn window(&self) -> Option<u64> {
+        match self {
+            Self::Api { message, .. } if self.class() == ErrorClass::PromptTooLong => {
+                flower_model::windows::from_message(message)
+            }
+            Self::Exhausted { last, .. } => last.window(),
+            _ => None,
+        }
+    }
+
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Api { retry_after, .. } => *retry_after,
@@ -63,10 +74,15 @@ impl ProviderError {
 /// Classify an API error by status and error type.
 pub fn classify(status: u16, kind: &str, message: &str) -> ErrorClass {
     let lower = message.to_ascii_lowercase();
+    // Anthropic: `prompt is too long`; OpenAI: code `context_length_exceeded`
+    // and `maximum context length`; llama.cpp: `exceed_context_size_error`.
     if (status == 400 || status == 413)
         && (lower.contains("prompt is too long")
             || lower.contains("context length")
-            || lower.contains("context window"))
+            || lower.contains("context window")
+            || lower.contains("context size")
+            || kind == "context_length_exceeded"
+            || kind == "exceed_context_size_error")
     {
         return ErrorClass::PromptTooLong;
     }
@@ -96,6 +112,23 @@ mod tests {
             classify(400, "invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum"),
             ErrorClass::PromptTooLong
         );
+        assert_eq!(
+            classify(
+                400,
+                "context_length_exceeded",
+                "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
+            ),
+            ErrorClass::PromptTooLong
+        );
+        let e = ProviderError::Api {
+            status: 400,
+            kind: "context_length_exceeded".into(),
+            message:
+                "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
+                    .into(),
+            retry_after: None,
+        };
+        assert_eq!(e.window(), Some(8192));
         // An in-stream error event carries the type but no HTTP status of its own.
         assert_eq!(classify(200, "overloaded_error", "Overloaded"), ErrorClass::Retryable);
         assert_eq!(ProviderError::StreamDropped("eof".into()).class(), ErrorClass::Retryable);

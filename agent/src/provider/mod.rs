@@ -1,7 +1,9 @@
-//! LLM providers. One trait, [`Provider`]; the Anthropic Messages API client
-//! ([`anthropic`]) is the first implementation; [`table`] is the name →
-//! provider table a process is configured with. Requests and responses use
-//! the Messages API shapes (`flower_model::ContentBlock` is that shape).
+//! LLM providers. One trait, [`Provider`], two clients: the Anthropic
+//! Messages API ([`anthropic`]) and Chat Completions ([`openai`]), sharing
+//! settings and retries ([`client`]); [`table`] is the name → provider table
+//! a process is configured with. Requests and responses use the Messages API
+//! shapes (`flower_model::ContentBlock` is that shape); the Chat Completions
+//! client translates both ways.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,12 +13,16 @@ use flower_model::{ContentBlock, Usage};
 use serde::{Deserialize, Serialize};
 
 pub mod anthropic;
+pub mod client;
 pub mod error;
+pub mod openai;
 pub mod sse;
 pub mod table;
 
 pub use anthropic::{AnthropicClient, AnthropicConfig};
+pub use client::ClientConfig;
 pub use error::{ErrorClass, ProviderError};
+pub use openai::OpenAiClient;
 pub use table::{ConfiguredProviders, ProviderConfigError};
 
 /// A tool definition as sent to the model.
@@ -146,26 +152,33 @@ pub enum StreamEvent {
 /// Receives [`StreamEvent`]s while a request runs.
 pub type Observer = Arc<dyn Fn(StreamEvent) + Send + Sync>;
 
-/// Where a job's model calls go: the provider its spec names, as configured
-/// on this process (an in-process simulator, an endpoint, …).
+/// Where a job's model calls go: the provider a role's route names, as
+/// configured on this process (an in-process simulator, an endpoint, …).
 pub trait ProviderSource: Send + Sync + 'static {
     fn for_job(
         &self,
         job: flower_model::JobId,
         spec: &flower_model::JobSpec,
+        route: flower_model::spec::Route,
     ) -> Result<Arc<dyn Provider>, ProviderError>;
 }
 
-/// One provider for every job (embedded mode: the run's own provider).
-pub struct SingleProvider(pub Arc<dyn Provider>);
+/// One run's providers by route (embedded mode: the run's own clients).
+pub struct RunProviders(pub Vec<(flower_model::spec::Route, Arc<dyn Provider>)>);
 
-impl ProviderSource for SingleProvider {
+impl ProviderSource for RunProviders {
     fn for_job(
         &self,
         _job: flower_model::JobId,
         _spec: &flower_model::JobSpec,
+        route: flower_model::spec::Route,
     ) -> Result<Arc<dyn Provider>, ProviderError> {
-        Ok(self.0.clone())
+        self.0.iter().find(|(r, _)| *r == route).map(|(_, p)| p.clone()).ok_or_else(|| ProviderError::Api {
+            status: 400,
+            kind: "not_configured".into(),
+            message: format!("no client for provider `{}` ({}) in this run", route.entry.name(), route.api.name()),
+            retry_after: None,
+        })
     }
 }
 

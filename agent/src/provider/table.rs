@@ -1,19 +1,24 @@
-//! The provider table a service or worker process is configured with: a name → an Anthropic-compatible
-//! endpoint, keys from the environment (`<NAME>_API_KEY`), a cap on
-//! concurrent model calls per provider. Jobs name a provider; they never
-//! carry endpoints or keys.
+//! The provider table a service or worker process is configured with: a name
+//! (`anthropic`, `openai`, `sim`) → an endpoint, keys from the environment
+//! (`<NAME>_API_KEY`), a cap on concurrent model calls per provider. Each
+//! entry is spoken to in the API a role's route asks for: Messages or Chat
+//! Completions (an `openai` role of a `sim` job speaks Chat Completions to
+//! the `sim` entry). Jobs name a provider; they never carry endpoints or keys.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{AnthropicClient, AnthropicConfig, Observer, Provider, ProviderError, ProviderSource, Request, Response};
-use flower_model::spec::Budget;
+use super::{
+    AnthropicClient, ClientConfig, Observer, OpenAiClient, Provider, ProviderError, ProviderSource, Request, Response,
+};
+use flower_model::spec::{Api, Budget, Route};
 use flower_model::{JobId, JobSpec};
 
 #[derive(Clone, Default)]
 pub struct ConfiguredProviders {
-    /// The clients, unmetered: [`Self::get`] and [`Self::for_spec`] wrap them.
-    clients: BTreeMap<String, Arc<dyn Provider>>,
+    /// The clients by name and API, unmetered: [`Self::get`] and
+    /// [`Self::for_route`] wrap them.
+    clients: BTreeMap<String, BTreeMap<Api, Arc<dyn Provider>>>,
 }
 
 /// A provider entry that cannot be used, with the reason.
@@ -25,15 +30,20 @@ pub struct ProviderConfigError {
 }
 
 impl ConfiguredProviders {
-    /// A table of ready-made providers (embedding, benchmarks).
+    /// A table of ready-made providers (embedding, benchmarks), each
+    /// answering both APIs.
     pub fn from_map(clients: BTreeMap<String, Arc<dyn Provider>>) -> Self {
+        let clients = clients
+            .into_iter()
+            .map(|(name, p)| (name, [(Api::Messages, p.clone()), (Api::ChatCompletions, p)].into_iter().collect()))
+            .collect();
         Self { clients }
     }
 
     /// Parse `NAME=URL` entries (from repeated flags or a comma-separated
     /// `FLOWER_PROVIDERS`), each with at most `max_concurrent` calls at once.
     pub fn parse(entries: &[String], max_concurrent: usize) -> Result<Self, ProviderConfigError> {
-        let mut clients: BTreeMap<String, Arc<dyn Provider>> = BTreeMap::new();
+        let mut clients: BTreeMap<String, BTreeMap<Api, Arc<dyn Provider>>> = BTreeMap::new();
         for entry in entries.iter().flat_map(|e| e.split(',')).map(str::trim).filter(|e| !e.is_empty()) {
             let err = |reason: &str| ProviderConfigError { entry: entry.to_string(), reason: reason.to_string() };
             let (name, url) = entry.split_once('=').ok_or_else(|| err("expected NAME=URL"))?;
@@ -45,14 +55,17 @@ impl ConfiguredProviders {
                 return Err(err("the URL must start with http:// or https://"));
             }
             let key_var = format!("{}_API_KEY", name.to_ascii_uppercase().replace('-', "_"));
-            let config = AnthropicConfig {
+            let config = ClientConfig {
                 base_url: url.trim().to_string(),
                 api_key: std::env::var(&key_var).ok().filter(|k| !k.is_empty()),
                 max_concurrent,
                 ..Default::default()
             };
-            let client = AnthropicClient::new(config).map_err(|e| err(&e.to_string()))?;
-            if clients.insert(name.to_string(), Arc::new(client)).is_some() {
+            let messages: Arc<dyn Provider> =
+                Arc::new(AnthropicClient::new(config.clone()).map_err(|e| err(&e.to_string()))?);
+            let chat: Arc<dyn Provider> = Arc::new(OpenAiClient::new(config).map_err(|e| err(&e.to_string()))?);
+            let apis = [(Api::Messages, messages), (Api::ChatCompletions, chat)].into_iter().collect();
+            if clients.insert(name.to_string(), apis).is_some() {
                 return Err(err("configured twice"));
             }
         }
@@ -63,34 +76,44 @@ impl ConfiguredProviders {
         self.clients.keys().map(String::as_str).collect()
     }
 
-    /// The provider `name`, its calls metered and priced from the built-in table.
-    pub fn get(&self, name: &str) -> Option<Arc<dyn Provider>> {
-        self.metered(name, Budget::default())
+    /// The provider `name` speaking `api`, its calls metered and priced
+    /// from the built-in table.
+    pub fn get(&self, name: &str, api: Api) -> Option<Arc<dyn Provider>> {
+        self.metered(name, api, Budget::default())
     }
 
-    /// The provider `spec` names, its calls metered and priced as the job's
-    /// budget prices them (the spec's `prices`, else the built-in table).
+    /// The provider the coordinator of `spec` uses, its calls metered and
+    /// priced as the job's budget prices them (the spec's `prices`, else
+    /// the built-in table).
     pub fn for_spec(&self, spec: &JobSpec) -> Option<Arc<dyn Provider>> {
+        self.for_route(spec, spec.coordinator_route())
+    }
+
+    /// The provider of one of `spec`'s routes, metered and priced as [`Self::for_spec`].
+    pub fn for_route(&self, spec: &JobSpec, route: Route) -> Option<Arc<dyn Provider>> {
         let prices = Budget { prices: spec.runtime.budget.prices.clone(), ..Default::default() };
-        self.metered(spec.provider.name(), prices)
+        self.metered(route.entry.name(), route.api, prices)
     }
 
-    fn metered(&self, name: &str, prices: Budget) -> Option<Arc<dyn Provider>> {
-        let (name, inner) = self.clients.get_key_value(name)?;
-        Some(Arc::new(Metered { name: name.clone(), inner: inner.clone(), prices }))
+    fn metered(&self, name: &str, api: Api, prices: Budget) -> Option<Arc<dyn Provider>> {
+        let (name, apis) = self.clients.get_key_value(name)?;
+        let inner = apis.get(&api)?.clone();
+        Some(Arc::new(Metered { name: name.clone(), inner, prices }))
     }
 
-    /// Why a spec cannot run here, if it cannot.
+    /// Why a spec cannot run here, if it cannot: every provider its roles
+    /// name must be configured.
     pub fn check(&self, spec: &JobSpec) -> Result<(), String> {
-        let name = spec.provider.name();
-        if self.clients.contains_key(name) {
-            Ok(())
-        } else {
-            Err(format!(
-                "provider: `{name}` is not configured on this service (configured: {})",
-                if self.clients.is_empty() { "none".to_string() } else { self.names().join(", ") }
-            ))
+        for route in spec.routes() {
+            let name = route.entry.name();
+            if !self.clients.contains_key(name) {
+                return Err(format!(
+                    "provider: `{name}` is not configured on this service (configured: {})",
+                    if self.clients.is_empty() { "none".to_string() } else { self.names().join(", ") }
+                ));
+            }
         }
+        Ok(())
     }
 }
 
@@ -118,11 +141,11 @@ impl Provider for Metered {
 }
 
 impl ProviderSource for ConfiguredProviders {
-    fn for_job(&self, _job: JobId, spec: &JobSpec) -> Result<Arc<dyn Provider>, ProviderError> {
-        self.for_spec(spec).ok_or_else(|| ProviderError::Api {
+    fn for_job(&self, _job: JobId, spec: &JobSpec, route: Route) -> Result<Arc<dyn Provider>, ProviderError> {
+        self.for_route(spec, route).ok_or_else(|| ProviderError::Api {
             status: 400,
             kind: "not_configured".into(),
-            message: format!("provider `{}` is not configured here", spec.provider.name()),
+            message: format!("provider `{}` is not configured here", route.entry.name()),
             retry_after: None,
         })
     }

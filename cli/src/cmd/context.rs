@@ -88,6 +88,7 @@ pub async fn run(home: PathBuf, args: ContextArgs) -> anyhow::Result<ExitCode> {
     // The per-session list only makes sense for one run; with a baseline the
     // table is the comparison.
     if base.is_none() {
+        print_providers(&main);
         print_sessions(&main);
     }
     Ok(ExitCode::SUCCESS)
@@ -168,19 +169,45 @@ fn print_table(main: &ContextReport, base: Option<&ContextReport>) {
     });
 }
 
+/// Usage and cache reads by provider, each with the rule its cache follows.
+fn print_providers(main: &ContextReport) {
+    if main.providers.is_empty() {
+        return;
+    }
+    println!("\nproviders (each caches by its own rule):");
+    println!(
+        "  {:<10} {:<17} {:>8} {:>11} {:>11} {:>11} {:>7}  rule",
+        "provider", "api", "sessions", "input", "cache read", "cache write", "cache"
+    );
+    for p in &main.providers {
+        println!(
+            "  {:<10} {:<17} {:>8} {:>11} {:>11} {:>11} {:>7}  {}",
+            p.provider,
+            p.api,
+            p.sessions,
+            p.usage.input_tokens,
+            p.usage.cache_read_input_tokens,
+            p.usage.cache_creation_input_tokens,
+            rate(p.cache_rate),
+            p.cache_rule
+        );
+    }
+}
+
 /// Every session of the job, one line each, pointing at `--session` for detail.
 fn print_sessions(main: &ContextReport) {
     println!("\nsessions (flower context {} --session ID for one in detail):", &main.job[..8.min(main.job.len())]);
     println!(
-        "  {:<10} {:<12} {:<14} {:>6} {:>9} {:>7} {:>14} {:>14} {:>7}",
-        "session", "role", "label", "turns", "history", "cache", "resident/tok", "deferred/index", "loaded"
+        "  {:<10} {:<12} {:<14} {:<17} {:>6} {:>9} {:>7} {:>14} {:>14} {:>7}",
+        "session", "role", "label", "provider", "turns", "history", "cache", "resident/tok", "deferred/index", "loaded"
     );
     for s in &main.sessions {
         println!(
-            "  {:<10} {:<12} {:<14} {:>6} {:>9} {:>7} {:>14} {:>14} {:>7}",
+            "  {:<10} {:<12} {:<14} {:<17} {:>6} {:>9} {:>7} {:>14} {:>14} {:>7}",
             &s.session[..8],
             s.role,
             truncate(&s.label, 14),
+            if s.api == "chat_completions" { format!("{} (chat)", s.provider) } else { s.provider.clone() },
             s.turns,
             s.history_tokens,
             rate(s.cache_rate),

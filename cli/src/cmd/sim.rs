@@ -27,7 +27,10 @@ pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
     let roles = scenario.roles.len();
     let handle =
         flower_sim::start(scenario, args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
-    println!("flower sim listening on {} ({roles} scripted roles); POST /v1/messages", handle.base_url());
+    println!(
+        "flower sim listening on {} ({roles} scripted roles); POST /v1/messages, POST /v1/chat/completions",
+        handle.base_url()
+    );
     // Ctrl-C or SIGTERM (`docker stop`) ends it.
     super::backends::terminated().await;
     handle.shutdown().await;

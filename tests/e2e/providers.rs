@@ -1,0 +1,87 @@
+//! Two providers in one job: the coordinator on the Messages API, the
+//! workers on Chat Completions, each answered by the simulator with its own
+//! prompt-cache rule (explicit breakpoints; automatic prefix caching from
+//! 1,024 tokens in 128-token steps).
+
+use crate::support::{Home, repo, sessions, tool_uses};
+
+/// `flower context JOB --json`'s providers lines, by API.
+fn providers(home: &Home, job: &str) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+    let out = home.run(&["context", job, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let line = |api: &str| {
+        report["providers"].as_array().unwrap().iter().find(|p| p["api"] == api).cloned().unwrap_or_else(|| {
+            panic!("no {api} line: {}", report["providers"]);
+        })
+    };
+    (line("messages"), line("chat_completions"), report)
+}
+
+#[test]
+fn workers_on_chat_completions_and_the_coordinator_on_messages_each_cache_by_their_rule() {
+    let home = Home::new();
+    let summary = home.run_job(&repo().join("tests/fixtures/providers/job.yaml"), &[]);
+    assert_eq!(summary["state"], "succeeded", "{summary}");
+    assert_eq!(summary["tasks_succeeded"], 3);
+    let answer = summary["final_answer"].as_str().unwrap();
+    assert!(answer.contains("data/ holds") && answer.contains(".flower/artifacts/sizes.md"), "{answer}");
+    let job = summary["job_id"].as_str().unwrap();
+
+    // The workers' calls went through Chat Completions and came back as real tool calls.
+    let t = home.transcripts(job);
+    let workers = sessions(&t, "worker");
+    assert_eq!(workers.len(), 3);
+    for w in &workers {
+        assert!(!tool_uses(w).is_empty(), "{} made real tool calls", w["label"]);
+    }
+
+    let (messages, chat, report) = providers(&home, job);
+    assert_eq!((messages["provider"].as_str(), messages["sessions"].as_u64()), (Some("sim"), Some(1)), "{messages}");
+    assert_eq!(chat["sessions"], 3, "{chat}");
+    // Messages: breakpoints write the cache and later turns read it.
+    assert!(messages["usage"]["cache_creation_input_tokens"].as_u64().unwrap() > 0, "{messages}");
+    assert!(messages["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0, "{messages}");
+    // Chat Completions: nothing is written (no charge for it), reads come in 128-token steps.
+    assert_eq!(chat["usage"]["cache_creation_input_tokens"], 0, "{chat}");
+    let read = chat["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(read >= 1024 && read % 128 == 0, "automatic prefix reads: {chat}");
+    assert!(chat["cache_rule"].as_str().unwrap().contains("automatic"), "{chat}");
+    for s in report["sessions"].as_array().unwrap() {
+        let want = if s["role"] == "worker" { "chat_completions" } else { "messages" };
+        assert_eq!(s["api"], want, "{s}");
+        if s["role"] == "worker" {
+            let r = s["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+            assert_eq!(r % 128, 0, "each request's read is a multiple of 128: {s}");
+        }
+    }
+    // The text report shows both lines.
+    let text = home.run(&["context", job]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("chat_completions") && text.contains("automatic prefix cache"), "{text}");
+}
+
+#[test]
+fn a_role_cannot_name_the_simulator_and_unknown_providers_are_refused() {
+    let home = Home::new();
+    let dir = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(repo().join("tests/fixtures/providers/job.yaml")).unwrap();
+    let spec = src
+        .replacen("provider: openai", "provider: sim", 1)
+        .replace("../../../examples", &repo().join("examples").display().to_string());
+    std::fs::write(dir.path().join("job.yaml"), spec).unwrap();
+    std::fs::copy(repo().join("examples/demo/scenario.yaml"), dir.path().join("scenario.yaml")).unwrap();
+    let out = home.run(&["run", dir.path().join("job.yaml").to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("workers.counter.provider"), "the field is named: {err}");
+
+    let spec = src
+        .replacen("provider: openai", "provider: mistral", 1)
+        .replace("../../../examples", &repo().join("examples").display().to_string());
+    std::fs::write(dir.path().join("job.yaml"), spec).unwrap();
+    let out = home.run(&["run", dir.path().join("job.yaml").to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("workers") && err.contains("mistral"), "{err}");
+}
