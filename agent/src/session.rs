@@ -513,6 +513,7 @@ impl AgentSession {
                 stop_reason: response.stop_reason.clone().unwrap_or_default(),
                 latency_ms: Some(timing.latency_ms),
                 ttft_ms: timing.ttft_ms,
+                model: Some(c.model.clone()),
             },
         );
         let calls = tool_calls(&response.content);

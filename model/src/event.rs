@@ -34,6 +34,9 @@ pub enum EventKind {
         /// From the request to the response's start (`message_start`) (ms).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ttft_ms: Option<u64>,
+        /// The model the request named (priced by it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
     },
     ToolCalled {
         session: SessionId,

@@ -68,7 +68,15 @@ struct Inner {
     /// The token's digest (the cookie's value), when a token is set.
     token_digest: Option<String>,
     csrf: String,
+    /// Ended jobs' cost by role and model, latency and TTFT (the insights strip).
+    profiles: profile::Profiles,
+    /// Provider endpoints that may be simulators keeping a cache audit
+    /// (distributed mode); one that answered without one is not asked again.
+    audit_sources: Vec<String>,
+    no_audit: std::sync::Mutex<std::collections::HashSet<String>>,
 }
+
+mod profile;
 
 fn digest(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
@@ -95,8 +103,21 @@ impl Console {
                 notifier,
                 token_digest: token.as_deref().map(|t| digest(&format!("flower-console-session:{t}"))),
                 csrf: digest(&format!("flower-console-csrf:{secret}")),
+                profiles: Default::default(),
+                audit_sources: Vec::new(),
+                no_audit: Default::default(),
             }),
         }
+    }
+
+    /// Provider endpoints to ask for a simulator's cache audit of an ended
+    /// job that has none kept (a coordinator's console: the simulator is
+    /// another process). What is found is kept beside the job.
+    pub fn with_audit_sources(mut self, sources: Vec<String>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.audit_sources = sources;
+        }
+        self
     }
 
     pub fn router(self) -> Router {
@@ -388,6 +409,8 @@ struct Insight {
     cache_rate: Option<f64>,
     tokens: u64,
     tokens_per_s: Option<f64>,
+    /// Cost by role and model, latency and TTFT (from the jobs' events).
+    profile: profile::Profile,
 }
 
 fn insight(lines: &[JobLine], now: i64) -> Insight {
@@ -404,10 +427,12 @@ fn insight(lines: &[JobLine], now: i64) -> Insight {
     Insight {
         jobs: lines.len(),
         error_rate: (ended > 0).then(|| failed as f64 / ended as f64),
-        cost: lines.iter().filter_map(|l| l.cost).sum(),
+        // (An empty f64 sum is -0.0, shown as "$-0.0000".)
+        cost: lines.iter().filter_map(|l| l.cost).sum::<f64>() + 0.0,
         cache_rate: usage.cache_rate(),
         tokens,
         tokens_per_s: (run_ms > 0).then(|| tokens as f64 * 1000.0 / run_ms as f64),
+        profile: profile::Profile::default(),
     }
 }
 
@@ -422,14 +447,39 @@ fn insights(now_: &Insight, before: Option<&Insight>) -> String {
     };
     let rate = |r: Option<f64>| pct(r);
     let per_s = |r: Option<f64>| r.map_or("–".into(), |x| format!("{x:.0}"));
+    let ms = |m: Option<u64>| m.map_or("–".into(), |x| human_ms(x as i64));
+    let (p, b) = (&now_.profile, before.map(|b| &b.profile));
     format!(
-        "<section class=\"insights\" aria-label=\"insights\">{}{}{}{}{}{}</section>",
+        "<section class=\"insights\" aria-label=\"insights\">{}{}{}{}{}{}{}{}{}{}</section>",
         figure("jobs", now_.jobs.to_string(), before.map(|b| b.jobs.to_string())),
         figure("error rate", rate(now_.error_rate), before.map(|b| rate(b.error_rate))),
         figure("cost (est.)", format!("${:.4}", now_.cost), before.map(|b| format!("${:.4}", b.cost))),
         figure("cache rate", rate(now_.cache_rate), before.map(|b| rate(b.cache_rate))),
         figure("tokens", now_.tokens.to_string(), before.map(|b| b.tokens.to_string())),
         figure("tokens/s of run time", per_s(now_.tokens_per_s), before.map(|b| per_s(b.tokens_per_s))),
+        figure("model latency (p50)", ms(p.latency.median()), b.map(|b| ms(b.latency.median()))),
+        figure("time to first token (p50)", ms(p.ttft.median()), b.map(|b| ms(b.ttft.median()))),
+        breakdown("cost by role", &p.cost_by_role, b.map(|b| &b.cost_by_role)),
+        breakdown("cost by model", &p.cost_by_model, b.map(|b| &b.cost_by_model)),
+    )
+}
+
+/// A cost breakdown (largest first), each line beside the previous period's.
+fn breakdown(label: &str, now_: &BTreeMap<String, f64>, before: Option<&BTreeMap<String, f64>>) -> String {
+    let mut lines: Vec<(&String, &f64)> = now_.iter().collect();
+    lines.sort_by(|a, b| b.1.total_cmp(a.1));
+    let items: String = lines
+        .iter()
+        .map(|(k, v)| {
+            let prev = before
+                .map(|b| format!(" <span class=\"sub\">(previous: {})</span>", money(b.get(*k).copied())))
+                .unwrap_or_default();
+            format!("<li><span class=\"key\">{}</span> <span class=\"num\">${v:.4}</span>{prev}</li>", esc(k))
+        })
+        .collect();
+    let items = if items.is_empty() { "<li class=\"sub\">no priced calls</li>".to_string() } else { items };
+    format!(
+        "<div class=\"figure breakdown\"><div class=\"label\">{label}</div><ul aria-label=\"{label}\">{items}</ul></div>"
     )
 }
 
@@ -443,12 +493,12 @@ async fn jobs_page(State(c): State<Console>, headers: HeaderMap, Query(q): Query
     };
     let now = now_ms();
     // The period before the chosen window, with the same filters.
-    let before = (q.hours > 0).then(|| {
+    let earlier = (q.hours > 0).then(|| {
         let shift = (q.hours as i64) * 3_600_000;
         let earlier: Vec<Job> =
             jobs.iter().filter(|j| now - j.created_at > shift && now - j.created_at <= 2 * shift).cloned().collect();
         let all = ListQuery { state: q.state.clone(), name: q.name.clone(), ..Default::default() };
-        insight(&filtered(earlier, &all, now), now)
+        filtered(earlier, &all, now)
     });
     let lines = filtered(jobs, &q, now);
     let pages = lines.len().div_ceil(PAGE).max(1);
@@ -456,6 +506,20 @@ async fn jobs_page(State(c): State<Console>, headers: HeaderMap, Query(q): Query
     let shown = &lines[(page * PAGE).min(lines.len())..((page + 1) * PAGE).min(lines.len())];
     if q.fragment == "rows" {
         return html(StatusCode::OK, rows(shown, now));
+    }
+    let mut current = insight(&lines, now);
+    let mut before = earlier.as_ref().map(|e| insight(e, now));
+    let profiles = &c.inner.profiles;
+    let store = c.store();
+    match profiles.total(store, lines.iter().map(|l| &l.job)).await {
+        Ok(p) => current.profile = p,
+        Err(e) => return store_problem(e),
+    }
+    if let (Some(b), Some(e)) = (before.as_mut(), earlier.as_ref()) {
+        match profiles.total(store, e.iter().map(|l| &l.job)).await {
+            Ok(p) => b.profile = p,
+            Err(e) => return store_problem(e),
+        }
     }
     let states = ["", "queued", "running", "waiting_for_user", "succeeded", "failed", "cancelled"];
     let options: String = states
@@ -491,7 +555,7 @@ async fn jobs_page(State(c): State<Console>, headers: HeaderMap, Query(q): Query
          <thead><tr><th scope=\"col\">State</th><th scope=\"col\">Name</th><th scope=\"col\">Age</th><th scope=\"col\">Duration</th>\
          <th scope=\"col\" class=\"num\">Tokens</th><th scope=\"col\" class=\"num\">Cost (est.)</th><th scope=\"col\" class=\"num\">Cache rate</th></tr></thead>\
          <tbody>{rows}</tbody></table>{nav}</main>",
-        insights = insights(&insight(&lines, now), before.as_ref()),
+        insights = insights(&current, before.as_ref()),
         name = esc(&q.name),
         hours = [(0, "any time"), (1, "1 hour"), (24, "1 day"), (168, "7 days")]
             .iter()
@@ -633,11 +697,46 @@ async fn load_job(c: &Console, job: JobId) -> Result<JobView, StoreError> {
         attempts(store, job.id),
     )?;
     let files = Workbench::new(c.inner.objects.clone(), job.id).list().await.unwrap_or_default();
-    let audit = match c.inner.objects.get(&audit_key(job.id)).await {
+    let mut audit = match c.inner.objects.get(&audit_key(job.id)).await {
         Ok(got) => got.bytes().await.ok().and_then(|b| serde_json::from_slice(&b).ok()),
         Err(_) => None,
     };
+    if audit.is_none() && job.state.is_terminal() {
+        audit = fetch_audit(c, &sessions, &context).await;
+        if let Some(a) = &audit
+            && let Ok(body) = serde_json::to_vec(a)
+            && let Err(e) = c.inner.objects.put(&audit_key(job.id), object_store::PutPayload::from(body)).await
+        {
+            tracing::warn!(error = %e, "the cache audit was not kept");
+        }
+    }
     Ok(JobView { job, spec, tasks, sessions, record, context, pending, files, attempts, audit })
+}
+
+/// A simulator's cache audit of these sessions, from the provider endpoints
+/// that keep one (`GET /v1/flower/audit`), joined with the job's rewrites.
+async fn fetch_audit(
+    c: &Console,
+    sessions: &[flower_model::Session],
+    context: &ContextReport,
+) -> Option<flower_sim::audit::CacheAudit> {
+    let ours: std::collections::HashSet<String> = sessions.iter().map(|s| s.id.to_string()).collect();
+    let mut records = std::collections::HashMap::new();
+    for source in &c.inner.audit_sources {
+        if c.inner.no_audit.lock().unwrap_or_else(|p| p.into_inner()).contains(source) {
+            continue;
+        }
+        match tokio::time::timeout(Duration::from_secs(3), crate::audit::fetch(source)).await {
+            Ok(Ok(found)) => records.extend(found.into_iter().filter(|(s, _)| ours.contains(s))),
+            // Not a simulator (a real provider has no such endpoint): never asked again.
+            Ok(Err(e)) if e.status().is_some() || e.is_decode() => {
+                c.inner.no_audit.lock().unwrap_or_else(|p| p.into_inner()).insert(source.clone());
+            }
+            // Unreachable for now: asked again on the next view.
+            Ok(Err(_)) | Err(_) => {}
+        }
+    }
+    (!records.is_empty()).then(|| flower_sim::audit::join(&records, &context.rewrites()))
 }
 
 /// The job's header: state, figures, the context meter chip.

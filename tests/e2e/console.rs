@@ -347,4 +347,24 @@ async fn flower_ui_serves_the_embedded_store() {
     let list =
         http.get(format!("{base}/?fragment=rows")).bearer_auth("ui-s3cret").send().await.unwrap().text().await.unwrap();
     assert!(list.contains(&job), "{list}");
+    // The insights strip adds up the jobs' turns: cost by role and by model, latency and TTFT.
+    let jobs =
+        http.get(format!("{base}/?hours=24")).bearer_auth("ui-s3cret").send().await.unwrap().text().await.unwrap();
+    for want in [
+        "cost by role",
+        "worker counter",
+        "worker sizer",
+        "cost by model",
+        "claude-sonnet-4-5",
+        "model latency (p50)",
+        "time to first token (p50)",
+        "previous: –",
+    ] {
+        assert!(jobs.contains(want), "{want}: {jobs}");
+    }
+    let coordinator_cost = jobs.split("<span class=\"key\">coordinator</span> <span class=\"num\">$").nth(1).unwrap();
+    let cost: f64 = coordinator_cost.split('<').next().unwrap().parse().unwrap();
+    assert!(cost > 0.0, "the coordinator's calls were priced: {cost}");
+    let ttft = jobs.split("time to first token (p50)").next().unwrap();
+    assert!(!ttft.ends_with("<div class=\"value\">–</div><div class=\"label\">"), "a TTFT median: {jobs}");
 }

@@ -716,7 +716,7 @@ async fn an_unreachable_verdict_is_put_to_the_user_over_grpc() {
 /// its own rule.
 #[tokio::test(flavor = "multi_thread")]
 async fn workers_on_chat_completions_run_on_a_cluster() {
-    let mut c = Cluster::start(Options { workers: 2, ..Default::default() }).await;
+    let mut c = Cluster::start(Options { workers: 2, console: true, ..Default::default() }).await;
     let out = c.flower(&["submit", repo().join("tests/fixtures/providers/job.yaml").to_str().unwrap(), "--watch"]);
     let text = stdout(&out);
     assert!(out.status.success(), "submit --watch: {text}\n{}", String::from_utf8_lossy(&out.stderr));
@@ -733,4 +733,11 @@ async fn workers_on_chat_completions_run_on_a_cluster() {
     let read = chat["usage"]["cache_read_input_tokens"].as_u64().unwrap();
     assert!(read >= 1024 && read % 128 == 0, "{chat}");
     assert_eq!(chat["usage"]["cache_creation_input_tokens"], 0, "{chat}");
+    // The coordinator's console asks the simulator (another process) for the
+    // job's cache audit, both APIs' sessions in it, and keeps it beside the job.
+    let console = c.coordinators[0].console_url();
+    for _ in 0..2 {
+        let page = reqwest::get(format!("{console}/jobs/{job}")).await.unwrap().text().await.unwrap();
+        assert!(page.contains("Cache audit (simulator)") && page.contains(" 0 unexplained"), "{page}");
+    }
 }

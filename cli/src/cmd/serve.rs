@@ -76,6 +76,14 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         )),
         _ => None,
     };
+    // The providers' endpoints: a simulator among them keeps a cache audit the console shows.
+    let audit_sources: Vec<String> = args
+        .backends
+        .providers
+        .iter()
+        .flat_map(|e| e.split(','))
+        .filter_map(|e| e.split_once('=').map(|(_, url)| url.trim().to_string()))
+        .collect();
     let connected = args.backends.connect().await?;
     let backends = connected.backends();
     let listener =
@@ -111,6 +119,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
             Some(backends.notifier.clone()),
             token,
         )
+        .with_audit_sources(audit_sources)
         .serve(listener, shutdown.clone());
     }
     let stop = shutdown.clone();
