@@ -641,10 +641,18 @@ struct JobQuery {
     /// `live`: only the parts a live refresh replaces.
     #[serde(default)]
     fragment: String,
+    /// The first task the timeline draws (it draws [`TIMELINE_TASKS`] at a time).
+    #[serde(default)]
+    tasks: usize,
 }
+
+/// Tasks the timeline draws at once; links move the window.
+const TIMELINE_TASKS: usize = 200;
 
 /// Everything the job page shows, read once.
 struct JobView {
+    /// The timeline's first task (the page's `tasks`).
+    timeline_from: usize,
     job: Job,
     spec: Option<JobSpec>,
     tasks: Vec<Task>,
@@ -710,7 +718,7 @@ async fn load_job(c: &Console, job: JobId) -> Result<JobView, StoreError> {
             tracing::warn!(error = %e, "the cache audit was not kept");
         }
     }
-    Ok(JobView { job, spec, tasks, sessions, record, context, pending, files, attempts, audit })
+    Ok(JobView { timeline_from: 0, job, spec, tasks, sessions, record, context, pending, files, attempts, audit })
 }
 
 /// A simulator's cache audit of these sessions, from the provider endpoints
@@ -872,11 +880,12 @@ fn waterfall(v: &JobView, now: i64) -> String {
     let end_of = |t: &Task| if t.state.is_terminal() { t.updated_at } else { now };
     let end = v.tasks.iter().map(end_of).max().unwrap_or(start).max(start + 1);
     let span = (end - start) as f64;
-    let shown: Vec<&Task> = v.tasks.iter().take(200).collect();
+    let from = v.timeline_from;
+    let shown: Vec<&Task> = v.tasks.iter().skip(from).take(TIMELINE_TASKS).collect();
     let (w, row) = (1000.0, 7.0);
     let x = |at: i64| (at - start) as f64 / span * w;
     let mut svg = format!(
-        "<figure><svg class=\"waterfall\" viewBox=\"0 0 {w} {}\" role=\"img\" aria-label=\"task timeline: queue wait and attempts\">",
+        "<figure id=\"timeline\"><svg class=\"waterfall\" viewBox=\"0 0 {w} {}\" role=\"img\" aria-label=\"task timeline: queue wait and attempts\">",
         row * shown.len() as f64 + 4.0
     );
     for (i, t) in shown.iter().enumerate() {
@@ -915,13 +924,28 @@ fn waterfall(v: &JobView, now: i64) -> String {
         }
     }
     let retried = v.attempts.values().filter(|a| a.len() > 1).count();
+    let window = if v.tasks.len() > shown.len() {
+        let link = |at: usize, text: &str| format!(" <a href=\"/jobs/{}?tasks={at}#timeline\">{text}</a>", v.job.id);
+        format!(
+            " — tasks {}–{} drawn{}{}",
+            from + 1,
+            from + shown.len(),
+            if from > 0 { link(from.saturating_sub(TIMELINE_TASKS), "← earlier tasks") } else { String::new() },
+            if from + shown.len() < v.tasks.len() {
+                link(from + shown.len(), "later tasks →")
+            } else {
+                String::new()
+            },
+        )
+    } else {
+        String::new()
+    };
     let _ = write!(
         svg,
-        "</svg><figcaption>{} task(s) over {}: grey the wait in the queue, then each attempt{}{}</figcaption></figure>",
+        "</svg><figcaption>{} task(s) over {}: grey the wait in the queue, then each attempt{}{window}</figcaption></figure>",
         v.tasks.len(),
         human_ms(end - start),
         if retried > 0 { format!("; {retried} retried") } else { String::new() },
-        if v.tasks.len() > shown.len() { format!(" (the first {} drawn)", shown.len()) } else { String::new() }
     );
     svg
 }
@@ -1161,10 +1185,11 @@ async fn job_page(
         Ok(j) => j,
         Err(r) => return *r,
     };
-    let v = match load_job(&c, job).await {
+    let mut v = match load_job(&c, job).await {
         Ok(v) => v,
         Err(e) => return store_problem(e),
     };
+    v.timeline_from = q.tasks.min(v.tasks.len().saturating_sub(1));
     let now = now_ms();
     if q.fragment == "live" {
         return html(StatusCode::OK, live_parts(&c, &v, now));

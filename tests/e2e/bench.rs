@@ -39,7 +39,7 @@ fn the_console_pages_of_a_large_job_are_timed() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let figures: Value = serde_json::from_slice(&out.stdout).unwrap();
     let pages = figures["pages"].as_array().unwrap();
-    assert_eq!(pages.len(), 4, "{figures}");
+    assert_eq!(pages.len(), 5, "{figures}");
     for p in pages {
         assert!(p["median_ms"].as_f64().unwrap() > 0.0 && p["bytes"].as_u64().unwrap() > 500, "{p}");
     }
@@ -62,5 +62,5 @@ fn the_console_pages_of_a_large_job_are_timed() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let figures: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((figures["store"].as_str(), figures["pages"].as_array().map(Vec::len)), (Some("postgres"), Some(4)));
+    assert_eq!((figures["store"].as_str(), figures["pages"].as_array().map(Vec::len)), (Some("postgres"), Some(5)));
 }

@@ -65,6 +65,7 @@ pub async fn console(a: ConsoleArgs) -> anyhow::Result<ExitCode> {
     let pages = [
         ("jobs list", format!("{base}/")),
         ("job page", format!("{base}/jobs/{job}")),
+        ("job page, timeline from task 201", format!("{base}/jobs/{job}?tasks=200")),
         ("transcript, first page", format!("{base}/jobs/{job}/sessions/{main}")),
         ("transcript, pruned view", format!("{base}/jobs/{job}/sessions/{main}?view=pruned")),
     ];

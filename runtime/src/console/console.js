@@ -34,7 +34,10 @@
     pending = setTimeout(async () => {
       pending = null;
       if (busy()) { refresh(); return; }
-      const r = await fetch(`/jobs/${job.dataset.job}?fragment=live`, { credentials: "same-origin" });
+      // The same window of the timeline as the page shows (`tasks=N`).
+      const shown = new URLSearchParams(location.search);
+      shown.set("fragment", "live");
+      const r = await fetch(`/jobs/${job.dataset.job}?${shown}`, { credentials: "same-origin" });
       if (r.ok && !busy()) live.innerHTML = await r.text();
     }, 150);
   };
