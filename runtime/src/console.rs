@@ -1074,7 +1074,8 @@ fn sessions_table(v: &JobView) -> String {
         if v.context.sessions.len() <= 12 { " open" } else { "" },
         v.context.sessions.len()
     );
-    out.push_str("<table><thead><tr><th scope=\"col\">Session</th><th scope=\"col\">Role</th>\
+    out.push_str(&providers_line(v));
+    out.push_str("<table><thead><tr><th scope=\"col\">Session</th><th scope=\"col\">Role</th><th scope=\"col\">Provider</th>\
                   <th scope=\"col\">Turns</th><th scope=\"col\">Context</th><th scope=\"col\">Cache rate</th><th scope=\"col\">Resident tools (tokens)</th>\
                   <th scope=\"col\">Deferred</th><th scope=\"col\">Loaded (trigger)</th><th scope=\"col\">Search misses</th></tr></thead><tbody>");
     for s in &v.context.sessions {
@@ -1082,12 +1083,13 @@ fn sessions_table(v: &JobView) -> String {
         let loaded: Vec<String> = s.loaded.iter().map(|(t, why)| format!("{} ({})", esc(t), esc(why))).collect();
         let _ = write!(
             out,
-            "<tr><td><a href=\"/jobs/{job}/sessions/{id}\">{label}</a></td><td>{role}</td><td class=\"num\">{turns}</td>\
+            "<tr><td><a href=\"/jobs/{job}/sessions/{id}\">{label}</a></td><td>{role}</td><td>{provider}</td><td class=\"num\">{turns}</td>\
              <td class=\"num\">{ctx}</td><td class=\"num\">{rate}</td><td>{res}</td><td class=\"num\">{def}</td><td>{loaded}</td><td>{miss}</td></tr>",
             job = v.job.id,
             id = esc(&s.session),
             label = esc(&s.label),
             role = esc(&s.role),
+            provider = esc(&format!("{} · {}", s.provider, s.api.replace('_', " "))),
             turns = s.turns,
             ctx = s.history_tokens,
             rate = pct(s.cache_rate),
@@ -1099,6 +1101,31 @@ fn sessions_table(v: &JobView) -> String {
     }
     out.push_str("</tbody></table></details></section>");
     out
+}
+
+/// Each provider's cache reads under its own rule, when the job used more than one API.
+fn providers_line(v: &JobView) -> String {
+    if v.context.providers.len() < 2 {
+        return String::new();
+    }
+    let items: String = v
+        .context
+        .providers
+        .iter()
+        .map(|p| {
+            format!(
+                "<li>{} · {}: {} session(s), cache read {} of {} input tokens ({}) — {}</li>",
+                esc(&p.provider),
+                esc(&p.api.replace('_', " ")),
+                p.sessions,
+                p.usage.cache_read_input_tokens,
+                p.usage.context_tokens(),
+                pct(p.cache_rate),
+                esc(&p.cache_rule)
+            )
+        })
+        .collect();
+    format!("<ul class=\"providers\" aria-label=\"providers\">{items}</ul>")
 }
 
 fn workflow_section(v: &JobView) -> String {

@@ -739,5 +739,9 @@ async fn workers_on_chat_completions_run_on_a_cluster() {
     for _ in 0..2 {
         let page = reqwest::get(format!("{console}/jobs/{job}")).await.unwrap().text().await.unwrap();
         assert!(page.contains("Cache audit (simulator)") && page.contains(" 0 unexplained"), "{page}");
+        assert!(
+            page.contains("sim · chat completions: 3 session(s)") && page.contains("automatic prefix cache"),
+            "{page}"
+        );
     }
 }
