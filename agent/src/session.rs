@@ -441,12 +441,16 @@ impl AgentSession {
         let response = tokio::select! {
             r = call => match r {
                 Ok(r) => r,
-                // "Prompt is too long" cannot be retried; a handoff can help.
-                Err(e) if self.handoff.is_some() && e.class() == crate::provider::ErrorClass::PromptTooLong => {
+                // "Prompt is too long" cannot be retried; a handoff can help. The
+                // window it names is the model's, whichever session heard it.
+                Err(e) if e.class() == crate::provider::ErrorClass::PromptTooLong => {
                     let window = e.window();
                     if let Some(w) = window {
                         flower_model::windows::learn(&request.model, w);
                         tracing::info!(model = %request.model, window = w, "the provider named the model's context window");
+                    }
+                    if self.handoff.is_none() {
+                        return Err(e.into());
                     }
                     return Ok(ControlFlow::Break(Outcome::Handoff { forced: true, turns, usage, window }));
                 }

@@ -11,7 +11,9 @@
 //!   erroring result's text starts with [`ERROR_PREFIX`].
 //! - No cache markers: the provider caches prefixes by itself, so a
 //!   [`CachePlan`](super::CachePlan) is not sent; what makes its cache hit is
-//!   the same append-only discipline.
+//!   the same append-only discipline. OpenAI's own endpoint also gets the
+//!   session as `prompt_cache_key`, which keeps a session's requests on the
+//!   machine holding its prefix.
 //! - Streaming with `stream_options.include_usage`: text deltas, tool calls
 //!   assembled by `index` from `id`/`name`/`arguments` pieces (parallel calls
 //!   interleave), the finish reason, then a last chunk with `usage`.
@@ -72,7 +74,15 @@ impl OpenAiClient {
     }
 
     async fn attempt(&self, request: &Request, observer: &Option<Observer>) -> Result<Response, ProviderError> {
-        let mut req = self.http.post(self.url()).header("content-type", "application/json").json(&body(request));
+        let mut body = body(request);
+        // OpenAI routes requests with one key to the same cache; other
+        // servers (Azure among them) may refuse a field they do not know.
+        if let Some(session) = &request.session
+            && self.config.base_url.contains("api.openai.com")
+        {
+            body["prompt_cache_key"] = serde_json::Value::String(session.clone());
+        }
+        let mut req = self.http.post(self.url()).header("content-type", "application/json").json(&body);
         if let Some(key) = &self.config.api_key {
             req = req.bearer_auth(key);
         }
