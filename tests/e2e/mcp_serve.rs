@@ -91,13 +91,21 @@ fn mcp_serve_over_stdio_runs_the_demo_on_the_embedded_store() {
     let home = Home::new();
     let h = home.dir.path().to_str().unwrap();
     let t = template();
-    let r = client(&["--stdio", FLOWER, "--home", h, "mcp-serve", "--template", &t]);
+    let ask = repo().join("tests/fixtures/ask/job.yaml");
+    let ask = ask.to_str().unwrap();
+    let r = client(&["--ask-spec", ask, "--stdio", FLOWER, "--home", h, "mcp-serve", "--template", &t]);
     let (job, artifact) = check_report(&r);
     assert_eq!(artifact, stored_artifact(&home, &job), "get_artifact returns the stored bytes");
     coordinator_was_given_the_goal(&home, &job);
     let status = home.run(&["status", &job, "--json"]);
     let status: Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(status["state"], "succeeded");
+    // The asking job got the answer given through answer_question; the other ended as cancelled.
+    assert_eq!(r["ask"]["final_answer"], "asked: The user answered: CSV, with a header row / wrote: report written");
+    assert!(r["ask"]["bad_option"].as_str().unwrap().contains("2 options"), "{}", r["ask"]);
+    let other = home.run(&["status", r["ask"]["cancelled"].as_str().unwrap(), "--json"]);
+    let other: Value = serde_json::from_slice(&other.stdout).unwrap();
+    assert_eq!(other["state"], "cancelled");
     let errors = r["errors"].to_string();
     for field in ["job_id", "spec", "template", "goal", "timeout_seconds"] {
         assert!(errors.contains(field), "errors name {field}: {errors}");
@@ -133,6 +141,20 @@ async fn mcp_serve_over_http_requires_its_token() {
         let resp = req.send().await.unwrap();
         assert_eq!(resp.status(), 401, "{auth:?}");
         assert!(!resp.text().await.unwrap().contains("flower"), "a refusal says nothing of the server");
+    }
+
+    // Garbage with the right token is refused by the protocol layer; the server goes on.
+    for body in ["{not json", "[]", "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"tools/call\"}", "\u{0}\u{ff}"] {
+        let resp = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("authorization", "Bearer mcp-s3cret")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_client_error(), "{body:?}: {}", resp.status());
     }
 
     let url2 = url.clone();

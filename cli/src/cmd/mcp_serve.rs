@@ -76,7 +76,7 @@ pub async fn run(home: PathBuf, args: McpServeArgs) -> anyhow::Result<ExitCode> 
         let jobs = EmbeddedJobs::open(&home, policy.clone()).with_context(|| format!("opening {}", home.display()))?;
         let home = home.canonicalize().unwrap_or(home);
         // As `flower run`: the home (database, objects, other jobs' task directories) is hidden from tools.
-        args.tools.install(&home.join("work"), &[home.clone()], &[], policy)?;
+        args.tools.install(&home.join("work"), std::slice::from_ref(&home), &[], policy)?;
         Arc::new(jobs)
     };
     let base = std::env::current_dir().context("the working directory")?;

@@ -123,7 +123,7 @@ pub fn view(j: &flower_model::Job) -> JobView {
         state: j.state.to_string(),
         reason: j.reason.clone(),
         final_answer: j.final_answer.clone(),
-        usage: serde_json::to_value(&j.usage).unwrap_or_default(),
+        usage: serde_json::to_value(j.usage).unwrap_or_default(),
         created_at_ms: j.created_at,
         updated_at_ms: j.updated_at,
     }
