@@ -394,21 +394,23 @@ impl FlowerMcp {
         let (mut cursor, mut seen) = (0i64, 0u64);
         let why = loop {
             let j = self.inner.jobs.job(&id).await?;
-            if j.ended() {
-                break "ended";
-            }
-            if j.state == "waiting_for_user" {
-                break "waiting_for_user";
-            }
             let now = tokio::time::Instant::now();
-            if now >= deadline {
-                break "timeout";
-            }
-            let wait = (deadline - now).min(Duration::from_secs(1));
+            let end = if j.ended() {
+                Some("ended")
+            } else if j.state == "waiting_for_user" {
+                Some("waiting_for_user")
+            } else if now >= deadline {
+                Some("timeout")
+            } else {
+                None
+            };
+            // At the end, the events written up to it are still sent (the last is the job's state).
+            let wait = if end.is_some() { Duration::ZERO } else { (deadline - now).min(Duration::from_secs(1)) };
             let events = tokio::select! {
                 e = self.inner.jobs.events(&id, cursor, wait) => e?,
                 _ = stop.cancelled() => break "cancelled by the client",
             };
+            let drained = events.is_empty();
             for e in events {
                 cursor = e.seq;
                 seen += 1;
@@ -416,6 +418,11 @@ impl FlowerMcp {
                     let p = ProgressNotificationParam::new(token.clone(), seen as f64).with_message(event_line(&e));
                     let _ = ctx.peer.notify_progress(p).await;
                 }
+            }
+            if let Some(why) = end
+                && drained
+            {
+                break why;
             }
         };
         let mut v = self.status_value(&id).await?;
