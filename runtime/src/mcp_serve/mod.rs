@@ -787,6 +787,96 @@ mod tests {
         }
     }
 
+    /// One ended job whose workbench holds a text file and a binary one.
+    struct OneJob;
+
+    fn view() -> JobView {
+        JobView {
+            job_id: "0f0f0f0f-0000-4000-8000-000000000001".into(),
+            name: "one".into(),
+            state: "succeeded".into(),
+            reason: None,
+            final_answer: Some("done".into()),
+            usage: Value::Null,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Jobs for OneJob {
+        fn describe(&self) -> String {
+            "one job".into()
+        }
+        async fn submit(&self, _: flower_model::JobSpec) -> Result<JobView, BackendError> {
+            Ok(view())
+        }
+        async fn job(&self, _: &str) -> Result<JobView, BackendError> {
+            Ok(view())
+        }
+        async fn events(&self, _: &str, _: i64, _: Duration) -> Result<Vec<EventView>, BackendError> {
+            Ok(vec![])
+        }
+        async fn sessions(&self, _: &str) -> Result<Vec<SessionView>, BackendError> {
+            Ok(vec![])
+        }
+        async fn entries(&self, _: &str, _: &str, _: i64, _: u32) -> Result<Vec<flower_model::Entry>, BackendError> {
+            Ok(vec![])
+        }
+        async fn pruning(&self, _: &str) -> flower_model::spec::PruningOptions {
+            Default::default()
+        }
+        async fn files(&self, _: &str) -> Result<Vec<(String, u64)>, BackendError> {
+            Ok(vec![("artifacts/a.md".into(), 3), ("artifacts/p.png".into(), 4), ("notes/qa-log.md".into(), 9)])
+        }
+        async fn file(&self, _: &str, path: &str) -> Result<Vec<u8>, BackendError> {
+            match path {
+                "artifacts/a.md" => Ok(b"# a".to_vec()),
+                "artifacts/p.png" => Ok(vec![0x89, b'P', b'N', 0]),
+                _ => Err(BackendError::NotFound(format!("no file `{path}`"))),
+            }
+        }
+        async fn cancel(&self, _: &str, _: &str) -> Result<JobView, BackendError> {
+            Err(BackendError::Refused("job already succeeded".into()))
+        }
+        async fn interrupt(&self, _: &str, _: &str) -> Result<JobView, BackendError> {
+            Err(BackendError::Refused("job already succeeded".into()))
+        }
+        async fn answer(&self, _: &str, _: Option<&str>, _: Reply) -> Result<JobView, BackendError> {
+            Err(BackendError::Refused("job already succeeded".into()))
+        }
+    }
+
+    #[tokio::test]
+    async fn artifacts_come_back_as_text_or_as_an_embedded_blob() {
+        let s = FlowerMcp::new(Arc::new(OneJob), Templates::new(), std::env::temp_dir());
+        let args = |v: Value| v.as_object().cloned().unwrap_or_default();
+        let list = call(&s, "list_artifacts", json!({"job_id": "0f0f"})).await.unwrap().unwrap();
+        assert!(list.contains("artifacts/a.md") && !list.contains("qa-log"), "{list}");
+        let text = call(&s, "get_artifact", json!({"job_id": "0f0f", "path": "a.md"})).await.unwrap().unwrap();
+        assert_eq!(text, "# a");
+        let Some(Ok(r)) = s.call("get_artifact", &args(json!({"job_id": "0f0f", "path": "p.png"})), None).await else {
+            panic!("get_artifact p.png failed")
+        };
+        let Some(res) = r.content[0].as_resource() else { panic!("not a resource: {:?}", r.content) };
+        match &res.resource {
+            ResourceContents::BlobResourceContents { uri, mime_type, blob, .. } => {
+                assert_eq!(uri, "flower://jobs/0f0f0f0f-0000-4000-8000-000000000001/artifacts/p.png");
+                assert_eq!(mime_type.as_deref(), Some("image/png"));
+                assert_eq!(base64::engine::general_purpose::STANDARD.decode(blob).unwrap(), vec![0x89, b'P', b'N', 0]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = call(&s, "get_artifact", json!({"job_id": "0f0f", "path": "gone.md"})).await.unwrap().unwrap_err();
+        assert!(e.contains("no file `artifacts/gone.md`"), "{e}");
+        let e = call(&s, "cancel_job", json!({"job_id": "0f0f"})).await.unwrap().unwrap_err();
+        assert!(e.contains("already succeeded"), "{e}");
+        let w = call(&s, "watch_job", json!({"job_id": "0f0f", "timeout_seconds": 5})).await.unwrap().unwrap();
+        let w: Value = serde_json::from_str(&w).unwrap();
+        assert_eq!(w["watch"]["returned_because"], "ended");
+        assert_eq!(w["final_answer"], "done");
+    }
+
     fn server() -> FlowerMcp {
         FlowerMcp::new(Arc::new(NoJobs), Templates::new(), std::env::temp_dir())
     }
