@@ -73,3 +73,26 @@ ensure_chromium() {
   apt_install chromium chromium-driver ||
     die "chromium and chromium-driver are missing and cannot be installed here (needs root or sudo, and apt-get): install them for the console's browser test"
 }
+
+# The MCP server's end-to-end test (tests/e2e/mcp_serve.rs) is driven by the
+# Python MCP SDK from PyPI, in a venv of its own under target/flower-services/;
+# installed once, then reused. Exports FLOWER_TEST_MCP_PYTHON (the venv's python).
+FLOWER_MCP_SDK_VERSION=2.3.0
+ensure_python_mcp() {
+  local venv="$state/mcp-venv"
+  export FLOWER_TEST_MCP_PYTHON="$venv/bin/python"
+  if [ -x "$venv/bin/python" ] &&
+    [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))' 2>/dev/null)" = "$FLOWER_MCP_SDK_VERSION" ]; then
+    return 0
+  fi
+  command -v python3 >/dev/null || apt_install python3 python3-venv ||
+    die "python3 is missing and cannot be installed here: install Python 3.10+ with venv for the MCP server's test"
+  mkdir -p "$state"
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    apt_install python3-venv && rm -rf "$venv" && python3 -m venv "$venv" ||
+      die "python3 -m venv failed (install Debian's python3-venv) for the MCP server's test"
+  fi
+  say "installing the Python MCP SDK (mcp==$FLOWER_MCP_SDK_VERSION) into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "mcp==$FLOWER_MCP_SDK_VERSION" ||
+    die "pip could not install mcp==$FLOWER_MCP_SDK_VERSION (PyPI unreachable?) for the MCP server's test"
+}

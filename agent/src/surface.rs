@@ -130,15 +130,19 @@ pub struct SearchIndex {
 
 impl SearchIndex {
     pub fn build(tools: &ToolSet) -> Self {
+        Self::from_tools(tools.all().map(|t| (t.name().to_string(), t.description(), t.input_schema())))
+    }
+
+    /// The index over any catalog of `(name, description, input schema)`
+    /// (`flower mcp-serve` ranks its own tools with it).
+    pub fn from_tools(tools: impl IntoIterator<Item = (String, String, serde_json::Value)>) -> Self {
         let mut docs = Vec::new();
         let mut df: HashMap<String, usize> = HashMap::new();
-        for t in tools.all() {
-            let schema = t.input_schema();
+        for (name, description, schema) in tools {
             let params: Vec<String> =
                 schema["properties"].as_object().map(|p| p.keys().cloned().collect()).unwrap_or_default();
-            let description = t.description();
             let mut tf: HashMap<String, f64> = HashMap::new();
-            for (text, w) in [(t.name().to_string(), 3.0), (params.join(" "), 1.5), (description.clone(), 1.0)] {
+            for (text, w) in [(name.clone(), 3.0), (params.join(" "), 1.5), (description.clone(), 1.0)] {
                 for term in terms(&text) {
                     *tf.entry(term).or_default() += w;
                 }
@@ -149,7 +153,7 @@ impl SearchIndex {
             let first = description.split_inclusive(". ").next().unwrap_or_default().trim().to_string();
             let summary =
                 format!("{first} Parameters: {}.", if params.is_empty() { "none".into() } else { params.join(", ") });
-            docs.push(Doc { name: t.name().to_string(), len: tf.values().sum(), tf, summary });
+            docs.push(Doc { name, len: tf.values().sum(), tf, summary });
         }
         let avg_len = if docs.is_empty() { 1.0 } else { docs.iter().map(|d| d.len).sum::<f64>() / docs.len() as f64 };
         Self { docs, df, avg_len }

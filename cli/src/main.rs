@@ -6,6 +6,7 @@
 //! - `cmd/sim.rs`: `flower sim`
 //! - `cmd/transcript.rs`: `flower transcript show`
 //! - `cmd/status.rs`: `flower status`
+//! - `cmd/mcp_serve.rs`: `flower mcp-serve` (its flags and gRPC backend)
 //! - `cmd/isolation.rs`: tool isolation and spec policy flags; `flower tool-exec`, the tool launcher
 //! - `home.rs`: where the embedded mode keeps its state
 
@@ -39,6 +40,9 @@ enum Command {
     Demo(cmd::run::DemoArgs),
     /// Serve the LLM simulator (Messages API and Chat Completions), playing a scenario
     Sim(cmd::sim::SimArgs),
+    /// Serve flower itself as an MCP server (stdio, or streamable HTTP with --http): agent clients
+    /// submit jobs, follow them, read transcripts and artifacts, cancel, message and answer them
+    McpServe(cmd::mcp_serve::McpServeArgs),
     /// Serve the fixture MCP server (a catalog of ≥ 120 realistic tools) over stdio, or streamable HTTP with --http
     McpFixture(cmd::sim::McpFixtureArgs),
     /// Read transcripts
@@ -86,7 +90,7 @@ impl Command {
             Command::Coordinator(_) => "coordinator",
             Command::Worker(_) => "worker",
             Command::Sim(_) => "sim",
-            Command::Run(_) | Command::Demo(_) => "embedded",
+            Command::Run(_) | Command::Demo(_) | Command::McpServe(_) => "embedded",
             _ => "client",
         }
     }
@@ -125,6 +129,7 @@ fn main() -> ExitCode {
             Command::Demo(args) => cmd::run::demo(home, args).await,
             Command::Sim(args) => cmd::sim::serve(args).await,
             Command::McpFixture(args) => cmd::sim::mcp_fixture(args).await,
+            Command::McpServe(args) => cmd::mcp_serve::run(home, args).await,
             Command::Transcript(c) => cmd::transcript::run(home, c).await,
             Command::Status(args) => cmd::status::run(home, args).await,
             Command::Coordinator(args) => cmd::serve::coordinator(args).await,

@@ -66,6 +66,12 @@ pub async fn interrupt(
     Ok(found)
 }
 
+/// How a user's message (`interrupt`) reaches the running coordinator's
+/// inbox.
+pub fn inbox_text(message: &str) -> String {
+    format!("[a message from the user, sent while the job runs: adjust and continue — don't start over]\n{message}")
+}
+
 /// Tell watchers and the job's owner that an answer to its question is
 /// stored (`written`): the owner reads the job's events and wakes the
 /// waiting call.

@@ -173,6 +173,17 @@ impl EmbeddedRuntime {
 
     /// Run a submitted job to its end. `cancel` stops it cleanly (state `cancelled`).
     pub async fn run(&self, job_id: JobId, cancel: CancellationToken) -> Result<RunSummary, RunError> {
+        self.run_with_inbox(job_id, cancel, Inbox::default()).await
+    }
+
+    /// [`Self::run`], with the coordinator's `inbox` held by the caller (a
+    /// user's message pushed there reaches the running coordinator at once).
+    pub async fn run_with_inbox(
+        &self,
+        job_id: JobId,
+        cancel: CancellationToken,
+        inbox: Inbox,
+    ) -> Result<RunSummary, RunError> {
         let store: Arc<dyn Store> = self.store.clone();
         let job = store.get_job(job_id).await?;
         let spec = JobSpec::from_value(job.spec.clone())?;
@@ -203,7 +214,7 @@ impl EmbeddedRuntime {
             objects: self.objects.clone(),
             provider: coordinator_provider(&spec, &providers),
             epoch: 1,
-            inbox: Inbox::default(),
+            inbox,
             // Ctrl-C in a local run is the user's cancel.
             stop: flower_coordinator::stop::Stop::from_token(cancel),
         };

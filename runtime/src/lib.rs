@@ -13,6 +13,8 @@
 //! - [`metrics`]: the distributed processes' `/metrics` endpoint
 //! - [`console`]: the web console (`--http-listen`, `flower ui`)
 //! - [`audit`]: the simulator's cache audit fetched from a `flower sim` server
+//! - [`mcp_serve`]: flower as an MCP server (`flower mcp-serve`): its tools
+//!   over the embedded store or a coordinator's gRPC API
 //!
 //! It holds no policy of its own: rules live in the crates it wires (see
 //! docs/design.md, section 1).
@@ -22,6 +24,7 @@ pub mod console;
 pub mod distributed;
 pub mod embedded;
 pub mod home;
+pub mod mcp_serve;
 pub mod metrics;
 
 pub use distributed::{ConnectError, Connected, DistributedConfig};

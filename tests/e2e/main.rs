@@ -20,6 +20,7 @@ mod invalid_specs;
 mod isolation;
 mod judge;
 mod long_horizon;
+mod mcp_serve;
 mod metrics;
 mod migrate;
 mod providers;

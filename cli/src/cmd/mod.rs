@@ -8,6 +8,7 @@ pub mod context;
 pub mod glance;
 pub mod isolation;
 pub mod jobs;
+pub mod mcp_serve;
 pub mod migrate;
 pub mod run;
 pub mod serve;

@@ -69,7 +69,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The files of `dir` (not `.flower/`, no symlinks), refusing more than `limit` bytes.
-fn read_workspace(dir: &std::path::Path, limit: u64) -> anyhow::Result<Vec<pb::WorkspaceFile>> {
+pub(crate) fn read_workspace(dir: &std::path::Path, limit: u64) -> anyhow::Result<Vec<pb::WorkspaceFile>> {
     let manifest = flower_store::localfs::scan(dir, &[flower_store::workbench::MOUNT])?;
     let total: u64 = manifest.values().map(|f| f.size).sum();
     anyhow::ensure!(

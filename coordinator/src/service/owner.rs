@@ -262,9 +262,7 @@ impl Owner {
             r.cursor = r.cursor.max(e.seq);
             match e.kind {
                 EventKind::UserMessage { text } => {
-                    r.inbox.push(format!(
-                        "[a message from the user, sent while the job runs: adjust and continue — don't start over]\n{text}"
-                    ));
+                    r.inbox.push(crate::actions::inbox_text(&text));
                     messages.push(text);
                 }
                 EventKind::QuestionAnswered { .. } => r.inbox.answer_arrived(),

@@ -1,0 +1,983 @@
+//! `flower mcp-serve` (docs/design.md section 16): flower as an MCP server,
+//! so an agent client (Claude Code, Codex, an IDE assistant) can hand a long
+//! job to flower and follow it. Over stdio or streamable HTTP (`/mcp`, with
+//! a bearer token when configured); over the embedded store (jobs run in
+//! this process) or a coordinator's gRPC API ([`Jobs`]).
+//!
+//! The whole catalog is in `tools/list`, every tool with its full schema: a
+//! client that caches the list never needs a tool it did not see.
+//! `search_tool_bm25` ranks that same catalog with the agent's BM25 index
+//! ([`flower_agent::surface::SearchIndex`]) and loads nothing.
+//!
+//! Errors a caller can fix (a bad argument, a spec field, an unknown job, a
+//! path out of `artifacts/`) are tool results with `isError`, naming the
+//! field; an unknown tool is a JSON-RPC invalid-params error.
+
+pub mod args;
+pub mod backend;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use flower_agent::surface::SearchIndex;
+use flower_coordinator::tools::ask::Reply;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ResourceContents, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+pub use args::{ArgError, Template, Templates};
+pub use backend::{BackendError, EmbeddedJobs, EventView, JobView, Jobs, SessionView};
+
+use args::ToolArgs;
+
+/// The ranking tool's name.
+pub const SEARCH_TOOL: &str = "search_tool_bm25";
+/// `watch_job`'s default and longest wait.
+pub const WATCH_DEFAULT_SECS: u64 = 300;
+pub const WATCH_MAX_SECS: u64 = 3600;
+/// Transcript entries on a page, by default and at most.
+pub const PAGE_DEFAULT: u64 = 50;
+pub const PAGE_MAX: u64 = 200;
+/// The largest artifact `get_artifact` returns (larger: `flower artifacts JOB get PATH`).
+pub const MAX_ARTIFACT: usize = 16 << 20;
+
+/// One tool of the catalog.
+struct ToolDef {
+    name: &'static str,
+    description: String,
+    schema: Value,
+}
+
+fn job_id_param() -> Value {
+    json!({"type": "string", "description": "The job's id, as submit_job returned it (the embedded store also takes a unique prefix)."})
+}
+
+/// The catalog, in the order `tools/list` gives it.
+fn catalog(templates: &Templates) -> Vec<ToolDef> {
+    let template_names: Vec<&str> = templates.keys().map(String::as_str).collect();
+    let template_text = if templates.is_empty() {
+        "No templates are configured on this server (the operator adds them with --template NAME=PATH): give a full spec.".to_string()
+    } else {
+        format!(
+            "Templates on this server: {}.",
+            templates.values().map(|t| format!("`{}` ({})", t.name, t.summary)).collect::<Vec<_>>().join(", ")
+        )
+    };
+    let mut template_param = json!({"type": "string", "description": "A template's name: the operator's job spec, with `goal` in place of its own."});
+    if !template_names.is_empty() {
+        template_param["enum"] = json!(template_names);
+    }
+    vec![
+        ToolDef {
+            name: "submit_job",
+            description: format!(
+                "Hand a long job to flower: a coordinator agent delegates it to worker agents, which run real tools on real files; this returns at once with the job's id. Give either a full job spec (YAML or JSON text: name, goal, coordinator, workers, …) or a `goal` with a named `template`. {template_text} Follow the job with watch_job, then read its answer with job_status and its files with list_artifacts/get_artifact. A bad spec is refused naming the field."
+            ),
+            schema: json!({
+                "type": "object",
+                "properties": {
+                    "spec": {"type": "string", "description": "A full job spec as YAML or JSON text (relative scenario/workspace paths resolve against the server's working directory)."},
+                    "template": template_param,
+                    "goal": {"type": "string", "description": "What the job must achieve, in words (with template; replaces the template's goal)."},
+                    "name": {"type": "string", "description": "A short name for the job (default: the spec's or template's)."}
+                }
+            }),
+        },
+        ToolDef {
+            name: "job_status",
+            description: "A job's state now (queued, running, waiting_for_user, succeeded, failed, cancelled), its reason, final answer and token usage; when it waits for its user, the question to answer with answer_question.".into(),
+            schema: json!({"type": "object", "properties": {"job_id": job_id_param()}, "required": ["job_id"]}),
+        },
+        ToolDef {
+            name: "watch_job",
+            description: format!(
+                "Follow a job until it ends, asks its user a question, or the timeout passes, then return its status (as job_status does). Sends MCP progress notifications (one per job event: tasks queued and finished, turns, questions) when the request carries a progressToken. Call it again to keep following a long job. Default timeout {WATCH_DEFAULT_SECS} s, at most {WATCH_MAX_SECS} s."
+            ),
+            schema: json!({
+                "type": "object",
+                "properties": {
+                    "job_id": job_id_param(),
+                    "timeout_seconds": {"type": "integer", "minimum": 1, "maximum": WATCH_MAX_SECS, "description": "The longest to wait, in seconds."}
+                },
+                "required": ["job_id"]
+            }),
+        },
+        ToolDef {
+            name: "get_transcript",
+            description: format!(
+                "Read a job's transcript, one page at a time: by default the coordinator's main thread, or a named session (a worker's, a judge's). `raw` is every stored entry; `pruned` is what a resumed session would be fed (expired glances, dropped denials), with what each rule changed. Lists the job's sessions too. At most {PAGE_MAX} entries a page; pass `after` = the previous page's next_after."
+            ),
+            schema: json!({
+                "type": "object",
+                "properties": {
+                    "job_id": job_id_param(),
+                    "session": {"type": "string", "description": "A session's id, unique id prefix, or label (e.g. a worker's name); default: the coordinator's main thread."},
+                    "view": {"type": "string", "enum": ["raw", "pruned"], "description": "raw (default) or pruned."},
+                    "after": {"type": "integer", "minimum": 0, "description": "Start after this position (next_after of the previous page; default 0)."},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX, "description": "Entries on the page (default 50)."}
+                },
+                "required": ["job_id"]
+            }),
+        },
+        ToolDef {
+            name: "list_artifacts",
+            description: "List the files a job's workers wrote under its workbench's artifacts/ folder (reports, tables, outputs), with their sizes; get_artifact returns one.".into(),
+            schema: json!({"type": "object", "properties": {"job_id": job_id_param()}, "required": ["job_id"]}),
+        },
+        ToolDef {
+            name: "get_artifact",
+            description: format!(
+                "Download one file from a job's workbench artifacts/ folder: text comes back as text, binary as an embedded resource (base64). The path is relative to artifacts/ (or starts with artifacts/); paths leaving it are refused. At most {} MiB.",
+                MAX_ARTIFACT >> 20
+            ),
+            schema: json!({
+                "type": "object",
+                "properties": {
+                    "job_id": job_id_param(),
+                    "path": {"type": "string", "description": "The file, e.g. sizes.md or artifacts/sizes.md."}
+                },
+                "required": ["job_id", "path"]
+            }),
+        },
+        ToolDef {
+            name: "cancel_job",
+            description: "Cancel a running job: its tasks stop and it ends cancelled, with the reason. A job that already ended is refused.".into(),
+            schema: json!({
+                "type": "object",
+                "properties": {
+                    "job_id": job_id_param(),
+                    "reason": {"type": "string", "description": "Why (recorded as the job's reason)."}
+                },
+                "required": ["job_id"]
+            }),
+        },
+        ToolDef {
+            name: "interrupt_job",
+            description: "Send a message to a running job's coordinator (new information, a change of plan): it is delivered at once, and the coordinator adjusts and goes on without starting over.".into(),
+            schema: json!({
+                "type": "object",
+                "properties": {
+                    "job_id": job_id_param(),
+                    "message": {"type": "string", "description": "The message for the coordinator."}
+                },
+                "required": ["job_id", "message"]
+            }),
+        },
+        ToolDef {
+            name: "answer_question",
+            description: "Answer the question a job asked its user (the job waits in waiting_for_user; job_status and watch_job show the question and its options). Give words in `text`, or choose an option by its number in `option`.".into(),
+            schema: json!({
+                "type": "object",
+                "properties": {
+                    "job_id": job_id_param(),
+                    "text": {"type": "string", "description": "The answer in words."},
+                    "option": {"type": "integer", "minimum": 1, "description": "The chosen option's number (from 1)."},
+                    "question_id": {"type": "string", "description": "The question's id (default: the one waiting)."}
+                },
+                "required": ["job_id"]
+            }),
+        },
+        ToolDef {
+            name: SEARCH_TOOL,
+            description: "Search this server's tools by what they do (BM25 over names, descriptions and parameter names) and get the best matches' names and descriptions. Every tool's schema is already in tools/list: this loads nothing, it only ranks.".into(),
+            schema: json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "What you want to do, in a few words (e.g. \"download a file the job wrote\")."},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 10, "description": "Most matches to return (default 5)."}
+                },
+                "required": ["query"]
+            }),
+        },
+    ]
+}
+
+/// The server: a backend, the operator's templates, the catalog and its index.
+#[derive(Clone)]
+pub struct FlowerMcp {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    jobs: Arc<dyn Jobs>,
+    templates: Templates,
+    /// Where a full spec's relative paths resolve (the server's working directory).
+    base: PathBuf,
+    tools: Vec<ToolDef>,
+    index: SearchIndex,
+}
+
+/// A tool's failure: shown to the client as an error result.
+struct Fail(String);
+
+impl From<ArgError> for Fail {
+    fn from(e: ArgError) -> Self {
+        Fail(format!("invalid argument {e}"))
+    }
+}
+
+impl From<BackendError> for Fail {
+    fn from(e: BackendError) -> Self {
+        Fail(match e {
+            BackendError::Unavailable(m) => format!("{m} (try again)"),
+            other => other.to_string(),
+        })
+    }
+}
+
+type Outcome = Result<CallToolResult, Fail>;
+
+fn json_result(v: Value) -> Outcome {
+    Ok(CallToolResult::success(vec![ContentBlock::text(serde_json::to_string_pretty(&v).unwrap_or_default())]))
+}
+
+impl FlowerMcp {
+    pub fn new(jobs: Arc<dyn Jobs>, templates: Templates, base: PathBuf) -> Self {
+        let tools = catalog(&templates);
+        let index = SearchIndex::from_tools(
+            tools
+                .iter()
+                .filter(|t| t.name != SEARCH_TOOL)
+                .map(|t| (t.name.to_string(), t.description.clone(), t.schema.clone())),
+        );
+        Self { inner: Arc::new(Inner { jobs, templates, base, tools, index }) }
+    }
+
+    /// The catalog as MCP tools.
+    pub fn tools(&self) -> Vec<Tool> {
+        self.inner
+            .tools
+            .iter()
+            .map(|t| {
+                Tool::new(t.name, t.description.clone(), Arc::new(t.schema.as_object().cloned().unwrap_or_default()))
+            })
+            .collect()
+    }
+
+    /// The tool names `search_tool_bm25` finds for `query`, best first, with their descriptions.
+    pub fn search(&self, query: &str, limit: usize) -> Vec<(String, String, f64)> {
+        self.inner
+            .index
+            .search(query, limit)
+            .into_iter()
+            .map(|(name, score)| {
+                let d = self.inner.tools.iter().find(|t| t.name == name).map(|t| t.description.clone());
+                (name.to_string(), d.unwrap_or_default(), score)
+            })
+            .collect()
+    }
+
+    pub fn jobs(&self) -> &Arc<dyn Jobs> {
+        &self.inner.jobs
+    }
+
+    /// Run one call; `None` when no tool has that name.
+    async fn call(
+        &self,
+        name: &str,
+        args: &serde_json::Map<String, Value>,
+        ctx: Option<&RequestContext<RoleServer>>,
+    ) -> Option<Outcome> {
+        Some(match name {
+            "submit_job" => self.submit(args).await,
+            "job_status" => self.status(args).await,
+            "watch_job" => self.watch(args, ctx).await,
+            "get_transcript" => self.transcript(args).await,
+            "list_artifacts" => self.list_artifacts(args).await,
+            "get_artifact" => self.get_artifact(args).await,
+            "cancel_job" => self.cancel(args).await,
+            "interrupt_job" => self.interrupt(args).await,
+            "answer_question" => self.answer(args).await,
+            SEARCH_TOOL => self.search_tool(args),
+            _ => return None,
+        })
+    }
+
+    async fn submit(&self, m: &serde_json::Map<String, Value>) -> Outcome {
+        let a = ToolArgs::new(m, &["spec", "template", "goal", "name"])?;
+        let name = a.opt_str("name")?;
+        if let Some(n) = name
+            && (n.trim().is_empty() || n.len() > 200)
+        {
+            return Err(ArgError::new("name", "1 to 200 characters").into());
+        }
+        let spec = match (a.opt_str("spec")?, a.opt_str("template")?) {
+            (Some(_), Some(_)) => {
+                return Err(ArgError::new("template", "give either spec or template, not both").into());
+            }
+            (None, None) => {
+                return Err(ArgError::new("spec", "missing: give a full spec, or a goal with a template").into());
+            }
+            (Some(text), None) => {
+                if a.opt_str("goal")?.is_some() {
+                    return Err(ArgError::new("goal", "only with template (a full spec carries its own goal)").into());
+                }
+                let mut spec = args::spec_from_text(text, &self.inner.base)
+                    .map_err(|e| Fail(format!("invalid argument spec: {e}")))?;
+                if let Some(n) = name {
+                    spec.name = n.to_string();
+                }
+                spec
+            }
+            (None, Some(t)) => {
+                let Some(template) = self.inner.templates.get(t) else {
+                    let known = if self.inner.templates.is_empty() {
+                        "this server has none (start it with --template NAME=PATH)".to_string()
+                    } else {
+                        format!("known: {}", self.inner.templates.keys().cloned().collect::<Vec<_>>().join(", "))
+                    };
+                    return Err(
+                        ArgError::new("template", format!("no template `{}`; {known}", args::cut(t, 64))).into()
+                    );
+                };
+                let goal = a.str("goal")?;
+                template.with_goal(goal, name).map_err(|e| Fail(format!("invalid argument: template {t}: {e}")))?
+            }
+        };
+        let job = self.inner.jobs.submit(spec).await?;
+        json_result(json!({
+            "job_id": job.job_id,
+            "name": job.name,
+            "state": job.state,
+            "next": "follow it with watch_job (it returns when the job ends or asks a question); then job_status, list_artifacts, get_artifact",
+        }))
+    }
+
+    /// The job as job_status shows it (with the pending question, when it waits).
+    async fn status_value(&self, job: &str) -> Result<Value, Fail> {
+        let j = self.inner.jobs.job(job).await?;
+        let mut v = serde_json::to_value(&j).unwrap_or_default();
+        v["ended"] = json!(j.ended());
+        if j.state == "waiting_for_user" {
+            let events = self.all_events(&j.job_id).await?;
+            if let Some(q) = backend::pending_question(&events) {
+                v["question"] = q;
+                v["next"] = json!("answer it with answer_question");
+            }
+        }
+        Ok(v)
+    }
+
+    async fn all_events(&self, job: &str) -> Result<Vec<EventView>, Fail> {
+        let mut out: Vec<EventView> = Vec::new();
+        loop {
+            let after = out.last().map_or(0, |e| e.seq);
+            let page = self.inner.jobs.events(job, after, Duration::ZERO).await?;
+            if page.is_empty() || out.len() > 100_000 {
+                return Ok(out);
+            }
+            out.extend(page);
+        }
+    }
+
+    async fn status(&self, m: &serde_json::Map<String, Value>) -> Outcome {
+        let a = ToolArgs::new(m, &["job_id"])?;
+        json_result(self.status_value(a.str("job_id")?).await?)
+    }
+
+    async fn watch(&self, m: &serde_json::Map<String, Value>, ctx: Option<&RequestContext<RoleServer>>) -> Outcome {
+        let a = ToolArgs::new(m, &["job_id", "timeout_seconds"])?;
+        let job = a.str("job_id")?;
+        let timeout = a.opt_uint("timeout_seconds", 1, WATCH_MAX_SECS)?.unwrap_or(WATCH_DEFAULT_SECS);
+        let id = self.inner.jobs.job(job).await?.job_id;
+        let token = ctx.and_then(|c| c.meta.get_progress_token());
+        let stop = ctx.map(|c| c.ct.clone()).unwrap_or_default();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+        let (mut cursor, mut seen) = (0i64, 0u64);
+        let why = loop {
+            let j = self.inner.jobs.job(&id).await?;
+            let now = tokio::time::Instant::now();
+            let end = if j.ended() {
+                Some("ended")
+            } else if j.state == "waiting_for_user" {
+                Some("waiting_for_user")
+            } else if now >= deadline {
+                Some("timeout")
+            } else {
+                None
+            };
+            // At the end, the events written up to it are still sent (the last is the job's state).
+            let wait = if end.is_some() { Duration::ZERO } else { (deadline - now).min(Duration::from_secs(1)) };
+            let events = tokio::select! {
+                e = self.inner.jobs.events(&id, cursor, wait) => e?,
+                _ = stop.cancelled() => break "cancelled by the client",
+            };
+            let drained = events.is_empty();
+            for e in events {
+                cursor = e.seq;
+                seen += 1;
+                if let (Some(token), Some(ctx)) = (&token, ctx) {
+                    let p = ProgressNotificationParam::new(token.clone(), seen as f64).with_message(event_line(&e));
+                    let _ = ctx.peer.notify_progress(p).await;
+                }
+            }
+            if let Some(why) = end
+                && drained
+            {
+                break why;
+            }
+        };
+        let mut v = self.status_value(&id).await?;
+        v["watch"] = json!({
+            "returned_because": why,
+            "events_seen": seen,
+            "timed_out": why == "timeout",
+        });
+        if why == "timeout" {
+            v["next"] = json!("the job goes on: call watch_job again to keep following it");
+        }
+        json_result(v)
+    }
+
+    async fn transcript(&self, m: &serde_json::Map<String, Value>) -> Outcome {
+        let a = ToolArgs::new(m, &["job_id", "session", "view", "after", "limit"])?;
+        let job = a.str("job_id")?;
+        let view = a.opt_choice("view", &["raw", "pruned"])?.unwrap_or("raw");
+        let after = a.opt_uint("after", 0, i64::MAX as u64)?.unwrap_or(0);
+        let limit = a.opt_uint("limit", 1, PAGE_MAX)?.unwrap_or(PAGE_DEFAULT);
+        let want = a.opt_str("session")?;
+        let id = self.inner.jobs.job(job).await?.job_id;
+        let sessions = self.inner.jobs.sessions(&id).await?;
+        let session = match want {
+            Some(w) => {
+                backend::find_session(&sessions, w).map_err(|e| Fail(format!("invalid argument session: {e}")))?
+            }
+            None => backend::main_session(&sessions)
+                .ok_or_else(|| Fail(format!("job {id} has no coordinator session yet (it has not started)")))?,
+        }
+        .clone();
+        let (entries, next, more, changes) = if view == "raw" {
+            let entries = self.inner.jobs.entries(&id, &session.session_id, after as i64, limit as u32).await?;
+            let next = entries.last().map_or(after as i64, |e| e.seq);
+            let more = entries.len() as u64 == limit;
+            (entries, next, more, Value::Null)
+        } else {
+            let mut all = Vec::new();
+            loop {
+                let from = all.last().map_or(0, |e: &flower_model::Entry| e.seq);
+                let page = self.inner.jobs.entries(&id, &session.session_id, from, 500).await?;
+                if page.is_empty() {
+                    break;
+                }
+                all.extend(page);
+            }
+            let policy = self.inner.jobs.pruning(&id).await;
+            let pruned = flower_store::prune::prune(all, &policy, &flower_agent::glance::allows);
+            let total = pruned.entries.len() as u64;
+            let page: Vec<_> = pruned.entries.into_iter().skip(after as usize).take(limit as usize).collect();
+            let next = (after + page.len() as u64) as i64;
+            (page, next, (next as u64) < total, serde_json::to_value(&pruned.changes).unwrap_or_default())
+        };
+        let mut v = json!({
+            "job_id": id,
+            "session": session,
+            "view": view,
+            "entries": entries,
+            "next_after": next,
+            "more": more,
+            "sessions": sessions,
+        });
+        if view == "pruned" {
+            v["pruning_changes"] = changes;
+        }
+        json_result(v)
+    }
+
+    async fn list_artifacts(&self, m: &serde_json::Map<String, Value>) -> Outcome {
+        let a = ToolArgs::new(m, &["job_id"])?;
+        let job = a.str("job_id")?;
+        let id = self.inner.jobs.job(job).await?.job_id;
+        let files: Vec<Value> = self
+            .inner
+            .jobs
+            .files(&id)
+            .await?
+            .into_iter()
+            .filter(|(p, _)| p.starts_with(args::ARTIFACTS))
+            .map(|(path, size)| json!({"path": path, "size": size}))
+            .collect();
+        json_result(json!({"job_id": id, "artifacts": files}))
+    }
+
+    async fn get_artifact(&self, m: &serde_json::Map<String, Value>) -> Outcome {
+        let a = ToolArgs::new(m, &["job_id", "path"])?;
+        let job = a.str("job_id")?;
+        let path = args::artifact_path(a.opt_str("path")?.unwrap_or_default())?;
+        let id = self.inner.jobs.job(job).await?.job_id;
+        let bytes = self.inner.jobs.file(&id, &path).await?;
+        if bytes.len() > MAX_ARTIFACT {
+            return Err(Fail(format!(
+                "{path} holds {} bytes, more than the {} MiB this tool returns: download it with `flower artifacts {id} get {path}`",
+                bytes.len(),
+                MAX_ARTIFACT >> 20
+            )));
+        }
+        let uri = format!("flower://jobs/{id}/{path}");
+        Ok(CallToolResult::success(match args::as_text(&bytes) {
+            Some(text) => vec![ContentBlock::text(text.to_string())],
+            None => vec![ContentBlock::resource(ResourceContents::BlobResourceContents {
+                uri,
+                mime_type: Some(args::mime_for(&path).to_string()),
+                blob: base64::engine::general_purpose::STANDARD.encode(&bytes),
+                meta: None,
+            })],
+        }))
+    }
+
+    async fn cancel(&self, m: &serde_json::Map<String, Value>) -> Outcome {
+        let a = ToolArgs::new(m, &["job_id", "reason"])?;
+        let job = a.str("job_id")?;
+        let reason = a.opt_str("reason")?.unwrap_or_default();
+        if reason.len() > 4096 {
+            return Err(ArgError::new("reason", "at most 4,096 bytes").into());
+        }
+        let reason = if reason.trim().is_empty() { "cancelled by the MCP client" } else { reason };
+        let j = self.inner.jobs.cancel(job, reason).await?;
+        json_result(serde_json::to_value(j).unwrap_or_default())
+    }
+
+    async fn interrupt(&self, m: &serde_json::Map<String, Value>) -> Outcome {
+        let a = ToolArgs::new(m, &["job_id", "message"])?;
+        let job = a.str("job_id")?;
+        let message = a.str("message")?;
+        let j = self.inner.jobs.interrupt(job, message).await?;
+        json_result(json!({"job_id": j.job_id, "state": j.state, "delivered": true}))
+    }
+
+    async fn answer(&self, m: &serde_json::Map<String, Value>) -> Outcome {
+        let a = ToolArgs::new(m, &["job_id", "text", "option", "question_id"])?;
+        let job = a.str("job_id")?;
+        let reply = match (a.opt_str("text")?, a.opt_uint("option", 1, 64)?) {
+            (Some(_), Some(_)) => return Err(ArgError::new("option", "give either text or option, not both").into()),
+            (None, Some(n)) => Reply::Option(n as u32),
+            (Some(t), None) if !t.trim().is_empty() => Reply::Text(t.to_string()),
+            _ => return Err(ArgError::new("text", "missing: give the answer in text, or an option's number").into()),
+        };
+        let question = a.opt_str("question_id")?;
+        let j = self.inner.jobs.answer(job, question, reply).await?;
+        json_result(json!({"job_id": j.job_id, "state": j.state, "answered": true}))
+    }
+
+    fn search_tool(&self, m: &serde_json::Map<String, Value>) -> Outcome {
+        let a = ToolArgs::new(m, &["query", "limit"])?;
+        let query = a.str("query")?;
+        let limit = a.opt_uint("limit", 1, 10)?.unwrap_or(5);
+        let found: Vec<Value> = self
+            .search(query, limit as usize)
+            .into_iter()
+            .map(|(name, description, score)| {
+                json!({"name": name, "description": description, "score": (score * 1000.0).round() / 1000.0})
+            })
+            .collect();
+        let note = if found.is_empty() {
+            "nothing matched: try other words (what you act on: job, transcript, artifact, question; or the action: submit, follow, cancel…)"
+        } else {
+            "every tool's schema is already in tools/list: call the one you need"
+        };
+        json_result(json!({"query": query, "tools": found, "note": note}))
+    }
+}
+
+/// One line for a progress notification.
+pub fn event_line(e: &EventView) -> String {
+    let p = &e.payload;
+    let s = |k: &str| p[k].as_str().unwrap_or_default().to_string();
+    match e.kind.as_str() {
+        "job_state" => {
+            format!("job {}{}", s("state"), p["reason"].as_str().map(|r| format!(": {r}")).unwrap_or_default())
+        }
+        "task_queued" => format!("task to {}: {}", s("worker"), args::cut(&s("description"), 200)),
+        "task_started" => "a task started".into(),
+        "task_finished" => {
+            if p["succeeded"] == true {
+                "a task reported".into()
+            } else {
+                "a task failed".into()
+            }
+        }
+        "turn_completed" => format!("{} turn {}", s("role"), p["turn"]),
+        "tool_called" => format!("calls {}", s("tool")),
+        "tool_finished" => format!("{} done", s("tool")),
+        "question_asked" => format!("question for the user: {}", args::cut(&s("question"), 300)),
+        "question_answered" => format!("answered: {}", args::cut(&s("answer"), 200)),
+        "judge_verdict" => format!("judge: {}", s("verdict")),
+        other => other.replace('_', " "),
+    }
+}
+
+impl ServerHandler for FlowerMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("flower", env!("CARGO_PKG_VERSION")))
+            .with_instructions(format!(
+                "flower runs long-horizon agent jobs: a coordinator agent delegates to worker agents that run real tools. Hand a long job over with submit_job, follow it with watch_job, read the result with job_status and get_artifact. Jobs live in {}.",
+                self.inner.jobs.describe()
+            ))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let args = request.arguments.unwrap_or_default();
+        match self.call(&request.name, &args, Some(&context)).await {
+            Some(Ok(r)) => Ok(r.into()),
+            Some(Err(Fail(message))) => Ok(CallToolResult::error(vec![ContentBlock::text(message)]).into()),
+            None => Err(ErrorData::invalid_params(
+                format!(
+                    "unknown tool `{}`; this server's tools: {}",
+                    args::cut(&request.name, 64),
+                    self.inner.tools.iter().map(|t| t.name).collect::<Vec<_>>().join(", ")
+                ),
+                None,
+            )),
+        }
+    }
+}
+
+/// Serve over stdin/stdout until the client goes away; then wait for the
+/// jobs running here (Ctrl-C / SIGTERM: stop at once).
+pub async fn serve_stdio(server: FlowerMcp) -> anyhow::Result<()> {
+    let jobs = server.jobs().clone();
+    let running = server.serve(rmcp::transport::stdio()).await?;
+    running.waiting().await?;
+    jobs.drain().await;
+    Ok(())
+}
+
+/// A running HTTP server.
+pub struct HttpServer {
+    pub addr: SocketAddr,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl HttpServer {
+    /// The MCP endpoint.
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Equal without an early exit.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Serve streamable HTTP at `addr` (`/mcp`); with `token`, every request must
+/// carry `Authorization: Bearer <token>` (else 401).
+pub async fn serve_http(server: FlowerMcp, addr: SocketAddr, token: Option<String>) -> std::io::Result<HttpServer> {
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+    };
+    let stop = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let mut config =
+        StreamableHttpServerConfig::default().with_sse_keep_alive(None).with_cancellation_token(stop.child_token());
+    if !addr.ip().is_loopback() {
+        // The default admits loopback hosts only (DNS rebinding): add the address served.
+        config.allowed_hosts.push(addr.ip().to_string());
+        config.allowed_hosts.push(addr.to_string());
+    }
+    let service: StreamableHttpService<FlowerMcp, LocalSessionManager> =
+        StreamableHttpService::new(move || Ok(server.clone()), Default::default(), config);
+    let expected = token.filter(|t| !t.is_empty()).map(|t| format!("Bearer {t}"));
+    let router = axum::Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let expected = expected.clone();
+            async move {
+                use axum::response::IntoResponse;
+                if let Some(expected) = expected {
+                    let given = req.headers().get("authorization").map(|v| v.as_bytes()).unwrap_or_default();
+                    if !same(given, expected.as_bytes()) {
+                        return (
+                            axum::http::StatusCode::UNAUTHORIZED,
+                            [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+                            "missing or wrong bearer token",
+                        )
+                            .into_response();
+                    }
+                }
+                next.run(req).await
+            }
+        },
+    ));
+    let s = stop.clone();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).with_graceful_shutdown(async move { s.cancelled_owned().await }).await;
+    });
+    Ok(HttpServer { addr, stop, task: Some(task) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend that knows no job (the catalog and argument checks need none).
+    struct NoJobs;
+
+    #[async_trait::async_trait]
+    impl Jobs for NoJobs {
+        fn describe(&self) -> String {
+            "nowhere".into()
+        }
+        async fn submit(&self, spec: flower_model::JobSpec) -> Result<JobView, BackendError> {
+            Err(BackendError::Other(format!("would submit {}: {}", spec.name, spec.goal)))
+        }
+        async fn job(&self, job: &str) -> Result<JobView, BackendError> {
+            Err(BackendError::NotFound(format!("no job `{job}`")))
+        }
+        async fn events(&self, job: &str, _: i64, _: Duration) -> Result<Vec<EventView>, BackendError> {
+            self.job(job).await.map(|_| vec![])
+        }
+        async fn sessions(&self, job: &str) -> Result<Vec<SessionView>, BackendError> {
+            self.job(job).await.map(|_| vec![])
+        }
+        async fn entries(&self, job: &str, _: &str, _: i64, _: u32) -> Result<Vec<flower_model::Entry>, BackendError> {
+            self.job(job).await.map(|_| vec![])
+        }
+        async fn pruning(&self, _: &str) -> flower_model::spec::PruningOptions {
+            Default::default()
+        }
+        async fn files(&self, job: &str) -> Result<Vec<(String, u64)>, BackendError> {
+            self.job(job).await.map(|_| vec![])
+        }
+        async fn file(&self, job: &str, _: &str) -> Result<Vec<u8>, BackendError> {
+            self.job(job).await.map(|_| vec![])
+        }
+        async fn cancel(&self, job: &str, _: &str) -> Result<JobView, BackendError> {
+            self.job(job).await
+        }
+        async fn interrupt(&self, job: &str, _: &str) -> Result<JobView, BackendError> {
+            self.job(job).await
+        }
+        async fn answer(&self, job: &str, _: Option<&str>, _: Reply) -> Result<JobView, BackendError> {
+            self.job(job).await
+        }
+    }
+
+    /// One ended job whose workbench holds a text file and a binary one.
+    struct OneJob;
+
+    fn view() -> JobView {
+        JobView {
+            job_id: "0f0f0f0f-0000-4000-8000-000000000001".into(),
+            name: "one".into(),
+            state: "succeeded".into(),
+            reason: None,
+            final_answer: Some("done".into()),
+            usage: Value::Null,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Jobs for OneJob {
+        fn describe(&self) -> String {
+            "one job".into()
+        }
+        async fn submit(&self, _: flower_model::JobSpec) -> Result<JobView, BackendError> {
+            Ok(view())
+        }
+        async fn job(&self, _: &str) -> Result<JobView, BackendError> {
+            Ok(view())
+        }
+        async fn events(&self, _: &str, _: i64, _: Duration) -> Result<Vec<EventView>, BackendError> {
+            Ok(vec![])
+        }
+        async fn sessions(&self, _: &str) -> Result<Vec<SessionView>, BackendError> {
+            Ok(vec![])
+        }
+        async fn entries(&self, _: &str, _: &str, _: i64, _: u32) -> Result<Vec<flower_model::Entry>, BackendError> {
+            Ok(vec![])
+        }
+        async fn pruning(&self, _: &str) -> flower_model::spec::PruningOptions {
+            Default::default()
+        }
+        async fn files(&self, _: &str) -> Result<Vec<(String, u64)>, BackendError> {
+            Ok(vec![("artifacts/a.md".into(), 3), ("artifacts/p.png".into(), 4), ("notes/qa-log.md".into(), 9)])
+        }
+        async fn file(&self, _: &str, path: &str) -> Result<Vec<u8>, BackendError> {
+            match path {
+                "artifacts/a.md" => Ok(b"# a".to_vec()),
+                "artifacts/p.png" => Ok(vec![0x89, b'P', b'N', 0]),
+                _ => Err(BackendError::NotFound(format!("no file `{path}`"))),
+            }
+        }
+        async fn cancel(&self, _: &str, _: &str) -> Result<JobView, BackendError> {
+            Err(BackendError::Refused("job already succeeded".into()))
+        }
+        async fn interrupt(&self, _: &str, _: &str) -> Result<JobView, BackendError> {
+            Err(BackendError::Refused("job already succeeded".into()))
+        }
+        async fn answer(&self, _: &str, _: Option<&str>, _: Reply) -> Result<JobView, BackendError> {
+            Err(BackendError::Refused("job already succeeded".into()))
+        }
+    }
+
+    #[tokio::test]
+    async fn artifacts_come_back_as_text_or_as_an_embedded_blob() {
+        let s = FlowerMcp::new(Arc::new(OneJob), Templates::new(), std::env::temp_dir());
+        let args = |v: Value| v.as_object().cloned().unwrap_or_default();
+        let list = call(&s, "list_artifacts", json!({"job_id": "0f0f"})).await.unwrap().unwrap();
+        assert!(list.contains("artifacts/a.md") && !list.contains("qa-log"), "{list}");
+        let text = call(&s, "get_artifact", json!({"job_id": "0f0f", "path": "a.md"})).await.unwrap().unwrap();
+        assert_eq!(text, "# a");
+        let Some(Ok(r)) = s.call("get_artifact", &args(json!({"job_id": "0f0f", "path": "p.png"})), None).await else {
+            panic!("get_artifact p.png failed")
+        };
+        let Some(res) = r.content[0].as_resource() else { panic!("not a resource: {:?}", r.content) };
+        match &res.resource {
+            ResourceContents::BlobResourceContents { uri, mime_type, blob, .. } => {
+                assert_eq!(uri, "flower://jobs/0f0f0f0f-0000-4000-8000-000000000001/artifacts/p.png");
+                assert_eq!(mime_type.as_deref(), Some("image/png"));
+                assert_eq!(base64::engine::general_purpose::STANDARD.decode(blob).unwrap(), vec![0x89, b'P', b'N', 0]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = call(&s, "get_artifact", json!({"job_id": "0f0f", "path": "gone.md"})).await.unwrap().unwrap_err();
+        assert!(e.contains("no file `artifacts/gone.md`"), "{e}");
+        let e = call(&s, "cancel_job", json!({"job_id": "0f0f"})).await.unwrap().unwrap_err();
+        assert!(e.contains("already succeeded"), "{e}");
+        let w = call(&s, "watch_job", json!({"job_id": "0f0f", "timeout_seconds": 5})).await.unwrap().unwrap();
+        let w: Value = serde_json::from_str(&w).unwrap();
+        assert_eq!(w["watch"]["returned_because"], "ended");
+        assert_eq!(w["final_answer"], "done");
+    }
+
+    fn server() -> FlowerMcp {
+        FlowerMcp::new(Arc::new(NoJobs), Templates::new(), std::env::temp_dir())
+    }
+
+    async fn call(s: &FlowerMcp, name: &str, args: Value) -> Option<Result<String, String>> {
+        let args = args.as_object().cloned().unwrap_or_default();
+        s.call(name, &args, None).await.map(|r| match r {
+            Ok(r) => Ok(r.content[0].as_text().map(|t| t.text.clone()).unwrap_or_default()),
+            Err(Fail(m)) => Err(m),
+        })
+    }
+
+    #[test]
+    fn the_catalog_is_complete_and_ranked_by_bm25() {
+        let s = server();
+        let names: Vec<String> = s.tools().iter().map(|t| t.name.to_string()).collect();
+        for want in [
+            "submit_job",
+            "job_status",
+            "watch_job",
+            "get_transcript",
+            "list_artifacts",
+            "get_artifact",
+            "cancel_job",
+            "interrupt_job",
+            "answer_question",
+            SEARCH_TOOL,
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+        }
+        for t in s.tools() {
+            assert_eq!(t.input_schema["type"], "object", "{}", t.name);
+            assert!(t.input_schema["properties"].as_object().is_some_and(|p| !p.is_empty()), "{}", t.name);
+        }
+        let top = |q: &str| s.search(q, 3).first().map(|(n, _, _)| n.clone()).unwrap_or_default();
+        assert_eq!(top("download an artifact file"), "get_artifact");
+        assert_eq!(top("answer the question the job asked"), "answer_question");
+        assert_eq!(top("stop cancel a running job"), "cancel_job");
+        assert_eq!(top("transcript session entries pruned"), "get_transcript");
+        assert!(s.search("zzzz qqqq", 5).is_empty());
+        assert!(s.search("job", 10).iter().all(|(n, _, _)| n != SEARCH_TOOL), "the ranker does not rank itself");
+    }
+
+    #[tokio::test]
+    async fn bad_arguments_are_tool_errors_naming_the_field() {
+        let s = server();
+        assert!(call(&s, "no_such_tool", json!({})).await.is_none());
+        let e = call(&s, "job_status", json!({})).await.unwrap().unwrap_err();
+        assert!(e.contains("job_id") && e.contains("missing"), "{e}");
+        let e = call(&s, "job_status", json!({"job_id": 12})).await.unwrap().unwrap_err();
+        assert!(e.contains("job_id: expected a string"), "{e}");
+        let e = call(&s, "job_status", json!({"job_id": "abc", "extra": 1})).await.unwrap().unwrap_err();
+        assert!(e.contains("extra: not a parameter"), "{e}");
+        let e = call(&s, "job_status", json!({"job_id": "abc"})).await.unwrap().unwrap_err();
+        assert!(e.contains("no job `abc`"), "{e}");
+        let e = call(&s, "watch_job", json!({"job_id": "abc", "timeout_seconds": 0})).await.unwrap().unwrap_err();
+        assert!(e.contains("timeout_seconds"), "{e}");
+        let e = call(&s, "get_transcript", json!({"job_id": "abc", "view": "cooked"})).await.unwrap().unwrap_err();
+        assert!(e.contains("view"), "{e}");
+        let e = call(&s, "get_artifact", json!({"job_id": "abc", "path": "../notes/qa-log.md"}))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("path") && e.contains(".."), "{e}");
+        let e = call(&s, "submit_job", json!({})).await.unwrap().unwrap_err();
+        assert!(e.contains("spec: missing"), "{e}");
+        let e = call(&s, "submit_job", json!({"spec": "name: x\ngoal: y\n"})).await.unwrap().unwrap_err();
+        assert!(e.contains("invalid argument spec") && (e.contains("coordinator") || e.contains("workers")), "{e}");
+        let e = call(&s, "submit_job", json!({"template": "demo", "goal": "x"})).await.unwrap().unwrap_err();
+        assert!(e.contains("template") && e.contains("--template"), "{e}");
+        let e = call(&s, "answer_question", json!({"job_id": "abc"})).await.unwrap().unwrap_err();
+        assert!(e.contains("text: missing"), "{e}");
+        let e =
+            call(&s, "answer_question", json!({"job_id": "abc", "text": "t", "option": 1})).await.unwrap().unwrap_err();
+        assert!(e.contains("not both"), "{e}");
+        let e = call(&s, "interrupt_job", json!({"job_id": "abc", "message": ""})).await.unwrap().unwrap_err();
+        assert!(e.contains("message: must not be empty"), "{e}");
+        let ok =
+            call(&s, SEARCH_TOOL, json!({"query": "follow a job until it ends", "limit": 2})).await.unwrap().unwrap();
+        let v: Value = serde_json::from_str(&ok).unwrap();
+        assert_eq!(v["tools"][0]["name"], "watch_job", "{v}");
+        assert_eq!(v["tools"].as_array().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_template_submit_carries_the_goal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.yaml");
+        std::fs::write(
+            &path,
+            "name: t\ngoal: old\ncoordinator: {name: lead}\nworkers:\n  w: {description: d, tools: [Bash]}\n",
+        )
+        .unwrap();
+        let t = Template::parse_flag(&format!("t={}", path.display())).unwrap();
+        let s = FlowerMcp::new(Arc::new(NoJobs), [("t".to_string(), t)].into(), dir.path().to_path_buf());
+        let e = call(&s, "submit_job", json!({"template": "t", "goal": "the new goal"})).await.unwrap().unwrap_err();
+        assert_eq!(e, "would submit t: the new goal");
+        let e = call(&s, "submit_job", json!({"template": "t"})).await.unwrap().unwrap_err();
+        assert!(e.contains("goal: missing"), "{e}");
+        let e = call(&s, "submit_job", json!({"template": "nope", "goal": "g"})).await.unwrap().unwrap_err();
+        assert!(e.contains("known: t"), "{e}");
+        assert!(s.tools()[0].description.as_deref().unwrap_or_default().contains("`t`"));
+    }
+}
