@@ -436,6 +436,16 @@ fn insight(lines: &[JobLine], now: i64) -> Insight {
     }
 }
 
+/// Ended jobs' rows priced turn by turn at each turn's model (from their
+/// kept profiles); the others stay priced at the job's model.
+fn priced(lines: &mut [JobLine], profiles: &profile::Profiles) {
+    for l in lines {
+        if let Some(cost) = profiles.cost(l.job.id) {
+            l.cost = Some(cost);
+        }
+    }
+}
+
 /// The insights strip over the chosen jobs, each figure beside the previous
 /// period's (the same filters, the window before) when a window is chosen.
 fn insights(now_: &Insight, before: Option<&Insight>) -> String {
@@ -500,12 +510,13 @@ async fn jobs_page(State(c): State<Console>, headers: HeaderMap, Query(q): Query
         let all = ListQuery { state: q.state.clone(), name: q.name.clone(), ..Default::default() };
         filtered(earlier, &all, now)
     });
-    let lines = filtered(jobs, &q, now);
+    let mut lines = filtered(jobs, &q, now);
     let pages = lines.len().div_ceil(PAGE).max(1);
     let page = q.page.min(pages - 1);
-    let shown = &lines[(page * PAGE).min(lines.len())..((page + 1) * PAGE).min(lines.len())];
+    let shown = (page * PAGE).min(lines.len())..((page + 1) * PAGE).min(lines.len());
     if q.fragment == "rows" {
-        return html(StatusCode::OK, rows(shown, now));
+        priced(&mut lines[shown.clone()], &c.inner.profiles);
+        return html(StatusCode::OK, rows(&lines[shown], now));
     }
     let mut current = insight(&lines, now);
     let mut before = earlier.as_ref().map(|e| insight(e, now));
@@ -515,12 +526,17 @@ async fn jobs_page(State(c): State<Console>, headers: HeaderMap, Query(q): Query
         Ok(p) => current.profile = p,
         Err(e) => return store_problem(e),
     }
+    // Each turn priced at its own model (a job may use two).
+    current.cost = current.profile.cost_by_model.values().sum::<f64>() + 0.0;
     if let (Some(b), Some(e)) = (before.as_mut(), earlier.as_ref()) {
         match profiles.total(store, e.iter().map(|l| &l.job)).await {
             Ok(p) => b.profile = p,
             Err(e) => return store_problem(e),
         }
+        b.cost = b.profile.cost_by_model.values().sum::<f64>() + 0.0;
     }
+    priced(&mut lines[shown.clone()], profiles);
+    let shown = &lines[shown];
     let states = ["", "queued", "running", "waiting_for_user", "succeeded", "failed", "cancelled"];
     let options: String = states
         .iter()

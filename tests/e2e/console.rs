@@ -365,6 +365,13 @@ async fn flower_ui_serves_the_embedded_store() {
     let coordinator_cost = jobs.split("<span class=\"key\">coordinator</span> <span class=\"num\">$").nth(1).unwrap();
     let cost: f64 = coordinator_cost.split('<').next().unwrap().parse().unwrap();
     assert!(cost > 0.0, "the coordinator's calls were priced: {cost}");
+    // The strip's cost is its turns' costs, each at its own model: the sum of the by-model lines.
+    let money = |text: &str| text.trim_start_matches('$').split('<').next().unwrap().parse::<f64>().unwrap();
+    let strip = jobs.split("<div class=\"label\">cost (est.)</div>").next().unwrap();
+    let total = money(strip.rsplit("<div class=\"value\">").next().unwrap());
+    let by_model = jobs.split("aria-label=\"cost by model\">").nth(1).unwrap().split("</ul>").next().unwrap();
+    let sum: f64 = by_model.split("<span class=\"num\">").skip(1).map(money).sum();
+    assert!(total > 0.0 && (total - sum).abs() < 0.0002, "{total} vs {sum}");
     let ttft = jobs.split("time to first token (p50)").next().unwrap();
     assert!(!ttft.ends_with("<div class=\"value\">–</div><div class=\"label\">"), "a TTFT median: {jobs}");
 }

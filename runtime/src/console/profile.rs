@@ -134,6 +134,13 @@ pub struct Profiles {
 }
 
 impl Profiles {
+    /// An ended job's cost, each turn priced at its own model, when its
+    /// profile has been read.
+    pub fn cost(&self, job: JobId) -> Option<f64> {
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        kept.get(&job).filter(|p| !p.cost_by_model.is_empty()).map(|p| p.cost_by_model.values().sum())
+    }
+
     /// The profiles of `jobs` added up (eight read at once; an ended job's
     /// is read once and kept).
     pub async fn total<'a>(
