@@ -10,6 +10,7 @@
 //! `scripts/test` installs `chromium` and `chromium-driver` when missing;
 //! without them this test fails saying so.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,7 +31,11 @@ struct Browser {
 }
 
 impl Drop for Browser {
+    /// The driver leads a process group of its own: the browsers it started
+    /// go with it, however the test ends.
     fn drop(&mut self) {
+        let group = format!("-{}", self.driver.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
@@ -58,6 +63,7 @@ impl Browser {
         let driver_bin = tool(&["chromedriver", "/usr/bin/chromedriver"]);
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let driver = Command::new(driver_bin)
+            .process_group(0)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
