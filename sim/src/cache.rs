@@ -113,7 +113,8 @@ impl PromptCache {
         now: Instant,
         responds_at: Instant,
     ) -> Result<(CacheUsage, Shape), String> {
-        let blocks = linearise(body)?;
+        let blocks = linearise(body);
+        check_breakpoints(&blocks)?;
         let tokens = blocks.last().map_or(0, |b| b.tokens);
         // Scale block estimates to the request's own total (the two estimates differ in framing).
         let scale = |t: u64| if tokens == 0 { 0 } else { (t as u128 * total as u128 / tokens as u128) as u64 };
@@ -158,7 +159,8 @@ impl AutomaticCache {
     /// Account one request, as [`PromptCache::account`] (a `cache_control`
     /// in it is not read: the API has none).
     pub fn account(&self, body: &Value, total: u64, now: Instant, responds_at: Instant) -> (CacheUsage, Shape) {
-        let blocks = linearise_unmarked(body);
+        // Its blocks' TTLs are not read: the API has no breakpoints.
+        let blocks = linearise(body);
         let tokens = blocks.last().map_or(0, |b| b.tokens);
         let scale = |t: u64| if tokens == 0 { 0 } else { (t as u128 * total as u128 / tokens as u128) as u64 };
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
@@ -191,50 +193,14 @@ impl AutomaticCache {
     }
 }
 
-/// [`linearise`] for an API without breakpoints: markers stripped, none read.
-fn linearise_unmarked(body: &Value) -> Vec<Block> {
-    let mut chain: [u8; 32] = Sha256::digest(b"flower-sim-automatic-cache").into();
-    let mut tokens = 0u64;
-    let mut out = Vec::new();
-    for mut b in blocks_of(body) {
-        if let Some(o) = b.as_object_mut() {
-            o.remove("cache_control");
-        }
-        let text = b.to_string();
-        tokens += estimate_tokens(text.len());
-        let mut h = Sha256::new();
-        h.update(chain);
-        h.update(text.as_bytes());
-        chain = h.finalize().into();
-        out.push(Block { prefix: chain, tokens, ttl: None });
-    }
-    out
-}
-
-/// The request's prefix as blocks, each with its prefix hash, its running
-/// token estimate and its breakpoint TTL. `Err` is the provider's 400
-/// message for breakpoints out of order or too many.
-fn linearise(body: &Value) -> Result<Vec<Block>, String> {
+/// The request's prefix as blocks, each with its prefix hash (markers
+/// stripped), its running token estimate and its breakpoint TTL.
+fn linearise(body: &Value) -> Vec<Block> {
     let mut chain = Sha256::digest(b"flower-sim-cache").into();
     let mut tokens = 0u64;
     let mut blocks = Vec::new();
-    let mut seen_5m = false;
-    let mut breakpoints = 0;
     for mut b in blocks_of(body) {
-        let ttl = match b.get("cache_control") {
-            Some(cc) => {
-                breakpoints += 1;
-                let ttl = if cc["ttl"] == "1h" { ONE_HOUR } else { FIVE_MIN };
-                if ttl == ONE_HOUR && seen_5m {
-                    return Err(
-                        "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block".into()
-                    );
-                }
-                seen_5m |= ttl == FIVE_MIN;
-                Some(ttl)
-            }
-            None => None,
-        };
+        let ttl = b.get("cache_control").map(|cc| if cc["ttl"] == "1h" { ONE_HOUR } else { FIVE_MIN });
         if let Some(o) = b.as_object_mut() {
             o.remove("cache_control");
         }
@@ -246,10 +212,21 @@ fn linearise(body: &Value) -> Result<Vec<Block>, String> {
         chain = h.finalize().into();
         blocks.push(Block { prefix: chain, tokens, ttl });
     }
-    if breakpoints > 4 {
-        return Err(format!("A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."));
+    blocks
+}
+
+/// The provider's 400 message for breakpoints out of order (a 1-h one after
+/// a 5-min one) or too many.
+fn check_breakpoints(blocks: &[Block]) -> Result<(), String> {
+    let ttls: Vec<Duration> = blocks.iter().filter_map(|b| b.ttl).collect();
+    // Longer TTLs first: past the leading 1-h ones, no other.
+    if ttls.iter().skip_while(|t| **t == ONE_HOUR).any(|t| *t == ONE_HOUR) {
+        return Err("a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block".into());
     }
-    Ok(blocks)
+    if ttls.len() > 4 {
+        return Err(format!("A maximum of 4 blocks with cache_control may be provided. Found {}.", ttls.len()));
+    }
+    Ok(())
 }
 
 /// A: the longest prefix found within 20 positions back of any breakpoint

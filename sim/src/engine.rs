@@ -82,6 +82,13 @@ fn invalid(message: impl Into<String>) -> String {
     message.into()
 }
 
+/// A request's input tokens, estimated from its system, messages and tools.
+fn request_tokens(body: &Value) -> u64 {
+    estimate_tokens(
+        body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len(),
+    )
+}
+
 /// Rough token count: the simulator has no tokenizer; 4 characters a token.
 pub fn estimate_tokens(chars: usize) -> u64 {
     flower_model::usage::estimate_tokens(chars)
@@ -144,9 +151,7 @@ impl Engine {
         if let Err(message) = validate(body) {
             return Reply::Error { status: 400, kind: "invalid_request_error".into(), message };
         }
-        let total = estimate_tokens(
-            body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len(),
-        );
+        let total = request_tokens(body);
         let model = body["model"].as_str().unwrap_or_default();
         let now = std::time::Instant::now();
         let begins = now + std::time::Duration::from_millis(self.scenario.latency.ttft_ms);
@@ -159,7 +164,7 @@ impl Engine {
             }
             Err(message) => return Reply::Error { status: 400, kind: "invalid_request_error".into(), message },
         };
-        match self.reply_uncached(body) {
+        match self.reply_uncached(body, total) {
             Reply::Message(mut p) => {
                 p.input_tokens = cache.input_tokens;
                 p.cache = cache;
@@ -181,9 +186,7 @@ impl Engine {
         if let Err(message) = validate(&body) {
             return invalid(message);
         }
-        let total = estimate_tokens(
-            body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len(),
-        );
+        let total = request_tokens(&body);
         if let Some(window) = self.scenario.window_tokens
             && total > window
         {
@@ -199,7 +202,7 @@ impl Engine {
         if let Some(session) = session {
             self.record(session, &cache, shape);
         }
-        match self.reply_uncached(&body) {
+        match self.reply_uncached(&body, total) {
             Reply::Message(mut p) => {
                 p.input_tokens = cache.input_tokens;
                 p.cache = cache;
@@ -209,7 +212,8 @@ impl Engine {
         }
     }
 
-    fn reply_uncached(&self, body: &Value) -> Reply {
+    /// The reply to a request of `input_tokens` (estimated once by the caller).
+    fn reply_uncached(&self, body: &Value, input_tokens: u64) -> Reply {
         // Faults on a share of all requests, chosen by fingerprint, each served once.
         let fingerprint = hex::encode(Sha256::digest(body.to_string().as_bytes()));
         let faults = self.scenario.faults;
@@ -225,9 +229,6 @@ impl Engine {
         let model = body["model"].as_str().unwrap_or_default().to_string();
         let model = self.scenario.model.clone().unwrap_or(model);
         let messages = body["messages"].as_array().map(Vec::as_slice).unwrap_or_default();
-        let input_tokens = estimate_tokens(
-            body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len(),
-        );
         if let Some(window) = self.scenario.window_tokens
             && input_tokens > window
         {

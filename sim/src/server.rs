@@ -171,12 +171,16 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
     }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(stream_message(planned, latency, tx));
-    let body = Body::from_stream(tokio_stream_from(rx));
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(body)
-        .unwrap_or_else(|_| error_response(500, "api_error", "could not build the response"))
+    event_stream(rx)
+}
+
+/// A `text/event-stream` response of what the channel carries.
+fn event_stream(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Response {
+    let mut resp = Body::from_stream(tokio_stream_from(rx)).into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+    resp
 }
 
 fn chat_error(status: u16, kind: &str, message: &str) -> Response {
@@ -217,11 +221,7 @@ async fn chat_completions(State(engine): State<Arc<Engine>>, headers: HeaderMap,
     }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(stream_chat(planned, latency, include_usage, tx));
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(tokio_stream_from(rx)))
-        .unwrap_or_else(|_| chat_error(500, "api_error", "could not build the response"))
+    event_stream(rx)
 }
 
 /// The chunks of a streamed chat completion, paced like the Messages stream.
