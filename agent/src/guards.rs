@@ -40,6 +40,9 @@ pub struct DelegateGuard {
 
 #[async_trait]
 impl PreToolHook for DelegateGuard {
+    fn may_judge(&self, tool: &str) -> bool {
+        HANDS_ON.contains(&tool)
+    }
     async fn before(&self, tool: &str, input: &serde_json::Value, ctx: &HookContext) -> PreDecision {
         if !ctx.main_thread || !HANDS_ON.contains(&tool) {
             return PreDecision::Allow;

@@ -34,6 +34,12 @@ pub enum PreDecision {
 #[async_trait]
 pub trait PreToolHook: Send + Sync + 'static {
     async fn before(&self, tool: &str, input: &serde_json::Value, ctx: &HookContext) -> PreDecision;
+    /// Whether [`PreToolHook::before`] may deny or rewrite a call to `tool`
+    /// (true unless the hook says otherwise). A call no hook may judge can
+    /// have its task row committed with the turn that makes it.
+    fn may_judge(&self, _tool: &str) -> bool {
+        true
+    }
 }
 
 #[async_trait]

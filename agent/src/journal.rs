@@ -81,6 +81,11 @@ impl TranscriptWriter {
         uuid
     }
 
+    /// Queue a task row to create with the next commit.
+    pub fn task(&mut self, task: flower_model::Task) {
+        self.pending.tasks.push(task);
+    }
+
     pub fn event(&mut self, job: JobId, kind: EventKind) {
         self.pending.events.push((job, kind));
     }

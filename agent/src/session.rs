@@ -256,11 +256,20 @@ impl AgentSession {
                     usage: run.usage,
                 });
             }
-            // The assistant turn is durable before any tool acts on it.
-            run.w.flush().await?;
+            // The assistant turn is durable before any tool acts on it, and
+            // the task rows of its calls with it, in the same transaction.
+            let rows = self.rows_for_calls(run, &calls);
+            let written = run.w.flush().await?;
+            self.rows_committed(&calls, rows, written.tasks);
             let results = tracing::Instrument::instrument(self.run_calls(&calls), turn_span).await?;
             self.record_results(run, &calls, results);
-            run.w.flush().await?;
+            // Results a resumed run makes again the same way (an `Agent` call
+            // re-attaches to its task, whose row holds the report) go with the
+            // next answer's commit instead of one of their own; any other
+            // result is durable before the next model call.
+            if !calls.iter().all(|(_, name, _)| self.tools.get(name).is_some_and(|t| t.resumable())) {
+                run.w.flush().await?;
+            }
         }
     }
 
@@ -718,6 +727,36 @@ impl AgentSession {
             .collect()
     }
 
+    /// Queue the task rows of this turn's calls that can be committed with
+    /// the turn: calls of tools that give one, and that no guard may deny or
+    /// rewrite. How many were queued.
+    fn rows_for_calls(&self, run: &mut Run, calls: &[Call]) -> usize {
+        let runner = self.runner();
+        let mut queued = 0;
+        for (id, name, input) in calls {
+            if self.hooks.pre.iter().any(|h| h.may_judge(name)) {
+                continue;
+            }
+            if let Some(row) = self.tools.get(name).and_then(|t| t.row_for_call(input, &runner.tool_context(id))) {
+                run.w.task(row);
+                queued += 1;
+            }
+        }
+        queued
+    }
+
+    /// Hand each committed row to its call's tool.
+    fn rows_committed(&self, calls: &[Call], queued: usize, rows: Vec<(flower_model::Task, bool)>) {
+        debug_assert_eq!(queued, rows.len());
+        for (task, created) in rows {
+            let tool =
+                calls.iter().find(|(id, _, _)| *id == task.tool_use_id).and_then(|(_, name, _)| self.tools.get(name));
+            if let Some(tool) = tool {
+                tool.row_committed(task, created);
+            }
+        }
+    }
+
     /// What running one call needs, owned (so a call can outlive the turn).
     fn runner(&self) -> CallRunner {
         CallRunner {
@@ -743,15 +782,20 @@ struct CallRunner {
 }
 
 impl CallRunner {
-    async fn run_call(&self, id: &str, name: &str, input: &serde_json::Value) -> Result<ToolOutput, AgentError> {
+    fn tool_context(&self, tool_use_id: &str) -> ToolContext {
         let c = &self.config;
-        let ctx = ToolContext {
+        ToolContext {
             job_id: c.job_id,
             session_id: c.session_id,
             role: c.role,
-            tool_use_id: id.to_string(),
+            tool_use_id: tool_use_id.to_string(),
             cancel: self.cancel.child_token(),
-        };
+        }
+    }
+
+    async fn run_call(&self, id: &str, name: &str, input: &serde_json::Value) -> Result<ToolOutput, AgentError> {
+        let c = &self.config;
+        let ctx = self.tool_context(id);
         let hook_ctx = HookContext { tool: ctx.clone(), main_thread: c.main_thread };
         let mut input = input.clone();
         // Guards judge the call before anything else, even a call to a tool

@@ -99,6 +99,17 @@ pub trait Tool: Send + Sync + 'static {
     fn resumable(&self) -> bool {
         false
     }
+    /// The task row this call creates, when it can be committed with the
+    /// assistant turn that makes the call (docs/design.md section 3): the
+    /// turn is durable before any tool acts on it, and its `Agent` calls'
+    /// rows go in the same transaction instead of one of their own. `None`
+    /// (the default) when the call creates no row or its input is not valid.
+    fn row_for_call(&self, _input: &serde_json::Value, _ctx: &ToolContext) -> Option<flower_model::Task> {
+        None
+    }
+    /// The row [`Tool::row_for_call`] gave, as that commit stored it, and
+    /// whether the commit created it (a resumed call finds it there).
+    fn row_committed(&self, _task: flower_model::Task, _created: bool) {}
     async fn call(&self, input: serde_json::Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>;
 }
 

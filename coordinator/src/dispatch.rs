@@ -3,6 +3,7 @@
 //! finished task's workspace changeset is applied here, by the job's owner, in
 //! completion order.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,9 +132,102 @@ impl TaskWriter {
     }
 }
 
+/// Waiters for task ends, woken per task: one notice subscription per
+/// dispatcher (a job's run) instead of one per waiting delegation, so a
+/// fan-out of N wakes one waiter per task's end, not N on every notice.
+#[derive(Default)]
+struct TaskWaiters {
+    inner: std::sync::Mutex<WaitersInner>,
+}
+
+#[derive(Default)]
+struct WaitersInner {
+    /// Per task, its waiters' signals. A `Notify` keeps a permit, so an end
+    /// heard between a waiter's store read and its wait is not lost.
+    by_task: HashMap<TaskId, Vec<(u64, Arc<tokio::sync::Notify>)>>,
+    next: u64,
+    /// The notice stream closed: waiters stop.
+    closed: bool,
+    /// Stops the listener when the dispatcher goes; set by the first waiter.
+    listener: Option<tokio_util::sync::DropGuard>,
+}
+
+/// One waiter's registration, removed when dropped.
+struct Waiting<'a> {
+    waiters: &'a TaskWaiters,
+    task: TaskId,
+    key: u64,
+    signal: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.waiters.lock();
+        if let Some(list) = inner.by_task.get_mut(&self.task) {
+            list.retain(|(k, _)| *k != self.key);
+            if list.is_empty() {
+                inner.by_task.remove(&self.task);
+            }
+        }
+    }
+}
+
+impl TaskWaiters {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WaitersInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Register a waiter for `task`'s end, before its row is read. The
+    /// listener subscribes here, synchronously, so no notice after this
+    /// call can be missed.
+    fn register<'a>(self: &'a Arc<Self>, notifier: &Arc<dyn flower_bus::Notifier>, task: TaskId) -> Waiting<'a> {
+        let signal = Arc::new(tokio::sync::Notify::new());
+        let mut inner = self.lock();
+        if inner.listener.is_none() {
+            let stop = CancellationToken::new();
+            tokio::spawn(Self::listen(Arc::downgrade(self), notifier.subscribe(), stop.clone()));
+            inner.listener = Some(stop.drop_guard());
+        }
+        inner.next += 1;
+        let key = inner.next;
+        inner.by_task.entry(task).or_default().push((key, signal.clone()));
+        Waiting { waiters: self, task, key, signal }
+    }
+
+    async fn listen(waiters: std::sync::Weak<Self>, mut notices: flower_bus::NoticeStream, stop: CancellationToken) {
+        loop {
+            let heard = tokio::select! {
+                heard = notices.recv() => heard,
+                _ = stop.cancelled() => return,
+            };
+            let Some(waiters) = waiters.upgrade() else { return };
+            let mut inner = waiters.lock();
+            match heard {
+                Heard::Notice(Notice::TaskDone { task, .. }) => {
+                    for (_, signal) in inner.by_task.get(&task).into_iter().flatten() {
+                        signal.notify_one();
+                    }
+                }
+                Heard::Notice(_) => {}
+                // Notices were dropped: every waiter reads its row again.
+                Heard::Lagged => inner.by_task.values().flatten().for_each(|(_, signal)| signal.notify_one()),
+                Heard::Closed => {
+                    inner.closed = true;
+                    inner.by_task.values().flatten().for_each(|(_, signal)| signal.notify_one());
+                    return;
+                }
+            }
+        }
+    }
+}
+
 pub struct Dispatcher {
     journal: Journal,
     tasks: Arc<TaskWriter>,
+    /// Rows committed with the assistant turn that made their calls, not yet
+    /// dispatched (see [`Dispatcher::row_committed`]).
+    committed: std::sync::Mutex<HashMap<TaskId, (Task, bool)>>,
+    waiters: Arc<TaskWaiters>,
     queue: Arc<dyn TaskQueue>,
     workspace: Workspace,
     /// Changesets are applied one at a time.
@@ -162,6 +256,8 @@ impl Dispatcher {
     pub fn new(journal: Journal, queue: Arc<dyn TaskQueue>, workspace: Workspace, epoch: i64, sweep: Sweep) -> Self {
         Self {
             tasks: Arc::new(TaskWriter { journal: journal.clone(), state: Default::default() }),
+            committed: Default::default(),
+            waiters: Default::default(),
             journal,
             queue,
             workspace,
@@ -234,14 +330,26 @@ impl Dispatcher {
         self.dispatch(d).await
     }
 
+    /// A call's row, committed with the assistant turn that made the call
+    /// (and `created` by that commit, or found there): its dispatch only
+    /// publishes it.
+    pub fn row_committed(&self, task: Task, created: bool) {
+        self.committed.lock().unwrap_or_else(|p| p.into_inner()).insert(task.id, (task, created));
+    }
+
     /// Create the task (or find it again: the id is derived from the call) and
-    /// publish it unless it already ended.
+    /// publish it unless it already ended. A row committed with its call's
+    /// turn is not written again.
     #[tracing::instrument(name = "task.publish", skip_all, fields(job = %d.job, worker = d.worker))]
     pub async fn dispatch(&self, d: &Delegation<'_>) -> Result<Task, DispatchError> {
         let task = Task::queued(d.job, d.session, d.tool_use_id, d.worker, d.description, d.mandate);
         let id = task.id;
         // The row is committed (and announced) before the message that points at it is published.
-        let (task, created) = self.tasks.create(task).await?;
+        let committed = self.committed.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        let (task, created) = match committed {
+            Some(row) => row,
+            None => self.tasks.create(task).await?,
+        };
         if !task.state.is_terminal() {
             self.queue
                 .publish(TaskMessage {
@@ -262,27 +370,21 @@ impl Dispatcher {
 
     /// Wait until the task ends; its row holds the report.
     pub async fn wait(&self, id: TaskId, cancel: &CancellationToken) -> Result<Task, DispatchError> {
-        let mut notices = self.journal.notifier().subscribe();
+        let waiting = self.waiters.register(self.journal.notifier(), id);
         let mut requeued: Option<tokio::time::Instant> = None;
         loop {
             let task = self.journal.store().get_task(id).await?;
             if task.state.is_terminal() {
                 return Ok(task);
             }
+            if self.waiters.lock().closed {
+                return Err(DispatchError::Bus(flower_bus::BusError::Closed));
+            }
             self.sweep(&task, &mut requeued).await?;
-            let deadline = tokio::time::sleep(RECHECK);
-            tokio::pin!(deadline);
-            loop {
-                tokio::select! {
-                    heard = notices.recv() => match heard {
-                        Heard::Notice(Notice::TaskDone { task, .. }) if task == id => break,
-                        Heard::Lagged => break,
-                        Heard::Closed => return Err(DispatchError::Bus(flower_bus::BusError::Closed)),
-                        Heard::Notice(_) => continue,
-                    },
-                    _ = &mut deadline => break,
-                    _ = cancel.cancelled() => return Err(DispatchError::Cancelled),
-                }
+            tokio::select! {
+                _ = waiting.signal.notified() => {}
+                _ = tokio::time::sleep(RECHECK) => {}
+                _ = cancel.cancelled() => return Err(DispatchError::Cancelled),
             }
         }
     }
@@ -302,7 +404,7 @@ impl Dispatcher {
         if task.attempt >= self.sweep.max_attempts {
             let attempt = task.attempt + 1;
             if let flower_store::Claim::Claimed { events, .. } = store.claim_task(task.id, attempt, "sweeper").await? {
-                self.journal.announce(&flower_store::Written { events, entry_seqs: vec![] }).await;
+                self.journal.announce(&flower_store::Written { events, ..Default::default() }).await;
                 let error = format!("no worker reported after {} attempts (the last one went silent)", task.attempt);
                 let outcome = flower_model::TaskOutcome::Failed { error };
                 let (_, written) = store.finish_task(task.id, attempt, outcome, Default::default()).await?;

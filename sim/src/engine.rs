@@ -53,6 +53,8 @@ pub struct Engine {
     /// Per session (the `x-flower-session` header): what each request read
     /// versus what the one before it left in the cache.
     audit: Mutex<HashMap<String, SessionAudit>>,
+    /// Where answered requests are logged with their instants, when asked (`--timeline`).
+    timeline: Option<crate::timeline::Timeline>,
 }
 
 /// One audited request of a session.
@@ -107,7 +109,18 @@ impl Engine {
             cache: Default::default(),
             automatic: Default::default(),
             audit: Default::default(),
+            timeline: None,
         }
+    }
+
+    /// Log every answered Messages request to `timeline`.
+    pub fn with_timeline(mut self, timeline: crate::timeline::Timeline) -> Self {
+        self.timeline = Some(timeline);
+        self
+    }
+
+    pub fn timeline(&self) -> Option<&crate::timeline::Timeline> {
+        self.timeline.as_ref()
     }
 
     pub fn scenario(&self) -> &Scenario {

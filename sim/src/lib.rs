@@ -25,6 +25,7 @@ pub mod engine;
 pub mod mcp_fixture;
 pub mod scenario;
 pub mod server;
+pub mod timeline;
 
 pub use scenario::{Scenario, ScenarioError};
 pub use server::{SimHandle, start};

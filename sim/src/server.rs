@@ -68,6 +68,9 @@ impl SimHandle {
             let _ = s.send(());
         }
         let _ = (&mut self.task).await;
+        if let Some(t) = self.engine.timeline() {
+            t.close();
+        }
     }
 }
 
@@ -81,10 +84,15 @@ impl Drop for SimHandle {
 
 /// Start a simulator on `addr` (`127.0.0.1:0` for an ephemeral port).
 pub async fn start(scenario: Scenario, addr: SocketAddr) -> std::io::Result<SimHandle> {
+    start_with(Engine::new(scenario), addr).await
+}
+
+/// Start a simulator playing `engine` (a scenario, and perhaps a timeline).
+pub async fn start_with(engine: Engine, addr: SocketAddr) -> std::io::Result<SimHandle> {
     let listener = TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let (tx, rx) = oneshot::channel::<()>();
-    let engine = Arc::new(Engine::new(scenario));
+    let engine = Arc::new(engine);
     let app = router(engine.clone());
     // Streamed events are small writes: without TCP_NODELAY, Nagle's
     // algorithm holds each behind the client's delayed ACK (~40 ms a turn).
@@ -136,6 +144,7 @@ fn usage(p: &Planned, output_tokens: u64) -> Value {
 }
 
 async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> Response {
+    let arrived = crate::timeline::now_us();
     if !headers.contains_key("anthropic-version") {
         return error_response(400, "invalid_request_error", "anthropic-version: header is required");
     }
@@ -155,6 +164,9 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
         }
         Reply::Message(p) => p,
     };
+    if let Some(t) = engine.timeline() {
+        t.record(arrived, &body, &planned.content);
+    }
     if !stream {
         sleep_ms(latency.ttft_ms).await;
         let body = json!({

@@ -38,6 +38,7 @@ macro_rules! store_conformance_tests {
             events_are_a_gapless_sequence,
             leases_fence_writes,
             a_fan_out_is_created_in_one_write,
+            a_turn_and_its_calls_tasks_commit_together,
             a_claim_opens_the_attempts_session,
             a_final_batch_lands_with_the_end_or_not_at_all,
             a_large_batch_is_stored_whole_or_not_at_all,
@@ -198,6 +199,7 @@ pub async fn transcripts_are_ordered_per_session(store: &dyn Store) {
             events: vec![(job, EventKind::ToolCalled { session: a, tool: "Read".into(), tool_use_id: "t1".into() })],
             usage: Some((job, usage)),
             fence: None,
+            tasks: vec![],
         })
         .await
         .unwrap();
@@ -518,6 +520,57 @@ pub async fn a_fan_out_is_created_in_one_write(store: &dyn Store) {
     assert!(store.create_tasks(Vec::new(), None).await.unwrap().0.is_empty());
 }
 
+/// An assistant turn's entry and the task rows of its `Agent` calls land in
+/// one write: the entry, the turn's event, then one `task_queued` per new
+/// row; a row already there is reported as it is, and a fenced batch stores
+/// neither.
+pub async fn a_turn_and_its_calls_tasks_commit_together(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let session = SessionId::random();
+    let row = Session {
+        id: session,
+        job_id: job,
+        role: Role::Coordinator,
+        label: "c".into(),
+        task_id: None,
+        created_at: now_ms(),
+    };
+    store.create_session(row).await.unwrap();
+    let existing = task(job, session, "toolu_0");
+    store.create_task(existing.clone(), None).await.unwrap();
+    let tasks: Vec<Task> = (0..3).map(|i| task(job, session, &format!("toolu_{i}"))).collect();
+    let turn = Entry::new(job, session, None, EntryKind::Assistant, vec![ContentBlock::text("delegating")]);
+    let event = EventKind::ToolCalled { session, tool: "Agent".into(), tool_use_id: "toolu_1".into() };
+    let written = store
+        .append(Batch { entries: vec![turn], events: vec![(job, event)], tasks: tasks.clone(), ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(written.entry_seqs, vec![1]);
+    assert_eq!(
+        written.tasks.iter().map(|(t, c)| (t.id, *c)).collect::<Vec<_>>(),
+        vec![(tasks[0].id, false), (tasks[1].id, true), (tasks[2].id, true)]
+    );
+    let kinds: Vec<String> = written
+        .events
+        .iter()
+        .map(|e| match &e.kind {
+            EventKind::ToolCalled { .. } => "called".to_string(),
+            EventKind::TaskQueued { task, .. } => format!("queued {task}"),
+            other => panic!("unexpected event {other:?}"),
+        })
+        .collect();
+    assert_eq!(kinds, vec!["called".to_string(), format!("queued {}", tasks[1].id), format!("queued {}", tasks[2].id)]);
+    let seqs: Vec<i64> = written.events.iter().map(|e| e.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "gapless: {seqs:?}");
+    assert_eq!(store.tasks(job).await.unwrap().len(), 3);
+    // A batch its fence refuses stores no row.
+    let late = task(job, session, "toolu_9");
+    let stale = crate::Fence { job, epoch: 99 };
+    let refused = store.append(Batch { tasks: vec![late.clone()], fence: Some(stale), ..Default::default() }).await;
+    assert!(matches!(refused, Err(StoreError::Fenced { .. })), "{refused:?}");
+    assert!(matches!(store.get_task(late.id).await, Err(StoreError::NotFound(_))));
+}
+
 pub async fn a_claim_opens_the_attempts_session(store: &dyn Store) {
     let job = new_job(store, None).await;
     let t = task(job, SessionId::random(), "toolu_a");
@@ -576,6 +629,7 @@ pub async fn a_final_batch_lands_with_the_end_or_not_at_all(store: &dyn Store) {
         events: vec![(job, EventKind::Spill { session: sid, tool: "Bash".into(), path: "p".into(), chars: 1 })],
         usage: Some((job, usage)),
         fence: None,
+        tasks: vec![],
     };
     let stale =
         store.finish_task_with(t.id, 1, TaskOutcome::Succeeded { report: "old".into() }, usage, batch("old")).await;
@@ -647,6 +701,7 @@ pub async fn leases_fence_writes(store: &dyn Store) {
         events: vec![(job, EventKind::JobState { state: JobState::Running, reason: None })],
         usage: None,
         fence,
+        tasks: vec![],
     };
     let events_before = store.events(job, 0, 1000).await.unwrap().len();
     for err in [

@@ -133,19 +133,24 @@ pub struct NewJob {
 }
 
 /// Writes that must land together, in one transaction: transcript entries, the
-/// events reporting them, and the usage they add to the job.
+/// events reporting them, the usage they add to the job, and the task rows
+/// of the calls they record.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
     pub entries: Vec<Entry>,
     pub events: Vec<(JobId, EventKind)>,
     pub usage: Option<(JobId, Usage)>,
+    /// Task rows created with the batch, as [`Store::create_tasks`] does (a
+    /// row already there is left as it is); their `task_queued` events follow
+    /// the batch's own.
+    pub tasks: Vec<Task>,
     /// When set, the whole batch is rejected unless this epoch owns the job.
     pub fence: Option<Fence>,
 }
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty() && self.events.is_empty() && self.usage.is_none()
+        self.entries.is_empty() && self.events.is_empty() && self.usage.is_none() && self.tasks.is_empty()
     }
 }
 
@@ -155,6 +160,8 @@ impl Batch {
 pub struct Written {
     pub events: Vec<Event>,
     pub entry_seqs: Vec<i64>,
+    /// The batch's task rows as stored, each with whether this write created it.
+    pub tasks: Vec<(Task, bool)>,
 }
 
 /// The outcome of claiming a task attempt.

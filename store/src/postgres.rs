@@ -552,7 +552,57 @@ fn decode_session(r: &Row) -> Result<Session> {
 }
 
 fn written(events: Vec<Event>) -> Written {
-    Written { events, entry_seqs: vec![] }
+    Written { events, entry_seqs: vec![], tasks: vec![] }
+}
+
+/// Insert task rows in one statement (a row already there, a retried call,
+/// is left as it is and reported as not created); the rows as stored, and
+/// the `task_queued` events of the created ones, to be numbered.
+async fn insert_tasks(tx: &Transaction<'_>, tasks: &[Task]) -> Result<(Vec<(Task, bool)>, Vec<(JobId, EventKind)>)> {
+    let now = now_ms();
+    let no_usage = json(&Usage::default())?;
+    let (mut ids, mut jobs, mut parents, mut calls, mut workers, mut mandates, mut descriptions) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    for t in tasks {
+        ids.push(t.id.0);
+        jobs.push(t.job_id.0);
+        parents.push(t.parent_session.0);
+        calls.push(t.tool_use_id.as_str());
+        workers.push(t.worker.as_str());
+        mandates.push(t.mandate.as_str());
+        descriptions.push(t.description.as_str());
+    }
+    let created: std::collections::HashSet<Uuid> = db_query(
+        tx,
+        &format!(
+            "INSERT INTO tasks ({TASK_COLS})
+                 SELECT u.id, u.job_id, u.parent_session, u.tool_use_id, u.worker, u.mandate, u.description,
+                   'queued', 0, NULL, NULL, NULL, $8, $9, $9
+                 FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[])
+                   AS u (id, job_id, parent_session, tool_use_id, worker, mandate, description)
+                 ON CONFLICT (id) DO NOTHING RETURNING id"
+        ),
+        &[&ids, &jobs, &parents, &calls, &workers, &mandates, &descriptions, &no_usage, &now],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    let rows = db_query(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1)"), &[&ids]).await?;
+    let stored: std::collections::HashMap<Uuid, Task> =
+        rows.iter().map(|r| decode_task(r).map(|t| (t.id.0, t))).collect::<Result<_>>()?;
+    let mut out = Vec::with_capacity(tasks.len());
+    let mut events = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for t in tasks {
+        let row = stored.get(&t.id.0).cloned().ok_or_else(|| StoreError::NotFound(format!("task {}", t.id)))?;
+        let new = created.contains(&t.id.0) && seen.insert(t.id.0);
+        if new {
+            events.push((t.job_id, rules::task_queued(t)));
+        }
+        out.push((row, new));
+    }
+    Ok((out, events))
 }
 
 #[async_trait]
@@ -723,8 +773,16 @@ impl Store for PostgresStore {
             Box::pin(async move {
                 check_fence(tx, batch.fence).await?;
                 let entry_seqs = write_entries(tx, batch.entries).await?;
-                let events = write_events(tx, batch.events, batch.usage).await?;
-                Ok(Written { events, entry_seqs })
+                let mut events = batch.events;
+                let tasks = if batch.tasks.is_empty() {
+                    Vec::new()
+                } else {
+                    let (tasks, queued) = insert_tasks(tx, &batch.tasks).await?;
+                    events.extend(queued);
+                    tasks
+                };
+                let events = write_events(tx, events, batch.usage).await?;
+                Ok(Written { events, entry_seqs, tasks })
             })
         })
         .await
@@ -748,50 +806,7 @@ impl Store for PostgresStore {
         self.tx(move |tx| {
             Box::pin(async move {
                 check_fence(tx, fence).await?;
-                let now = now_ms();
-                let no_usage = json(&Usage::default())?;
-                let (mut ids, mut jobs, mut parents, mut calls, mut workers, mut mandates, mut descriptions) =
-                    (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
-                for t in &tasks {
-                    ids.push(t.id.0);
-                    jobs.push(t.job_id.0);
-                    parents.push(t.parent_session.0);
-                    calls.push(t.tool_use_id.as_str());
-                    workers.push(t.worker.as_str());
-                    mandates.push(t.mandate.as_str());
-                    descriptions.push(t.description.as_str());
-                }
-                // One statement for all rows; a row already there (a retried
-                // call) is left as it is and reported as not created.
-                let created: std::collections::HashSet<Uuid> = db_query(tx,
-                        &format!(
-                            "INSERT INTO tasks ({TASK_COLS})
-                             SELECT u.id, u.job_id, u.parent_session, u.tool_use_id, u.worker, u.mandate, u.description,
-                               'queued', 0, NULL, NULL, NULL, $8, $9, $9
-                             FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[])
-                               AS u (id, job_id, parent_session, tool_use_id, worker, mandate, description)
-                             ON CONFLICT (id) DO NOTHING RETURNING id"
-                        ),
-                        &[&ids, &jobs, &parents, &calls, &workers, &mandates, &descriptions, &no_usage, &now],
-                    )
-                    .await?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                let rows = db_query(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1)"), &[&ids]).await?;
-                let stored: std::collections::HashMap<Uuid, Task> =
-                    rows.iter().map(|r| decode_task(r).map(|t| (t.id.0, t))).collect::<Result<_>>()?;
-                let mut out = Vec::with_capacity(tasks.len());
-                let mut events = Vec::new();
-                let mut seen = std::collections::HashSet::new();
-                for t in &tasks {
-                    let row = stored.get(&t.id.0).cloned().ok_or_else(|| StoreError::NotFound(format!("task {}", t.id)))?;
-                    let new = created.contains(&t.id.0) && seen.insert(t.id.0);
-                    if new {
-                        events.push((t.job_id, rules::task_queued(t)));
-                    }
-                    out.push((row, new));
-                }
+                let (out, events) = insert_tasks(tx, &tasks).await?;
                 Ok((out, written(write_events(tx, events, None).await?)))
             })
         })
@@ -859,7 +874,7 @@ impl Store for PostgresStore {
                 let mut events = batch.events;
                 events.push((change.task.job_id, change.event));
                 let events = write_events(tx, events, batch.usage).await?;
-                Ok((change.task, Written { events, entry_seqs }))
+                Ok((change.task, Written { events, entry_seqs, ..Default::default() }))
             })
         })
         .await

@@ -352,6 +352,41 @@ fn add_usage(tx: &Transaction<'_>, job: JobId, usage: &Usage) -> Result<()> {
     Ok(())
 }
 
+/// Insert task rows (a row already there, a retried call, is left as it
+/// is and reported as not created), numbering the created ones'
+/// `task_queued` events into `written`; the rows as stored.
+fn insert_tasks(tx: &Transaction<'_>, tasks: Vec<Task>, written: &mut Written) -> Result<Vec<(Task, bool)>> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let id = task.id.to_string();
+        if let Some(existing) = load_task(tx, &id)? {
+            out.push((existing, false));
+            continue;
+        }
+        exec(
+            tx,
+            &format!(
+                "INSERT INTO tasks ({TASK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', 0, NULL, NULL, NULL, ?8, ?9, ?9)"
+            ),
+            params![
+                id,
+                task.job_id.to_string(),
+                task.parent_session.to_string(),
+                task.tool_use_id,
+                task.worker,
+                task.mandate,
+                task.description,
+                json(&Usage::default())?,
+                now_ms()
+            ],
+        )?;
+        written.events.push(write_event(tx, task.job_id, rules::task_queued(&task))?);
+        let stored = load_task(tx, &id)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+        out.push((stored, true));
+    }
+    Ok(out)
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn create_job(&self, job: NewJob) -> Result<(Job, bool)> {
@@ -466,7 +501,7 @@ impl Store for SqliteStore {
                 params![id.to_string(), job.state.as_str(), job.reason, job.final_answer, job.updated_at],
             )?;
             let ev = write_event(tx, id, change.event)?;
-            Ok(Written { events: vec![ev], entry_seqs: vec![] })
+            Ok(Written { events: vec![ev], ..Default::default() })
         })
         .await
     }
@@ -487,7 +522,7 @@ impl Store for SqliteStore {
 
     async fn create_session(&self, session: Session) -> Result<Written> {
         self.tx(move |tx| {
-            Ok(Written { events: insert_session(tx, &session)?.into_iter().collect(), entry_seqs: vec![] })
+            Ok(Written { events: insert_session(tx, &session)?.into_iter().collect(), ..Default::default() })
         })
         .await
     }
@@ -526,12 +561,15 @@ impl Store for SqliteStore {
         }
         self.tx(move |tx| {
             check_fence(tx, batch.fence)?;
-            let mut written = Written { entry_seqs: write_entries(tx, batch.entries)?, events: vec![] };
+            let mut written = Written { entry_seqs: write_entries(tx, batch.entries)?, ..Default::default() };
             if let Some((job, usage)) = batch.usage {
                 add_usage(tx, job, &usage)?;
             }
             for (job, kind) in batch.events {
                 written.events.push(write_event(tx, job, kind)?);
+            }
+            if !batch.tasks.is_empty() {
+                written.tasks = insert_tasks(tx, batch.tasks, &mut written)?;
             }
             Ok(written)
         })
@@ -553,32 +591,8 @@ impl Store for SqliteStore {
     async fn create_tasks(&self, tasks: Vec<Task>, fence: Option<Fence>) -> Result<(Vec<(Task, bool)>, Written)> {
         self.tx(move |tx| {
             check_fence(tx, fence)?;
-            let mut out = Vec::with_capacity(tasks.len());
             let mut written = Written::default();
-            for task in tasks {
-                let id = task.id.to_string();
-                if let Some(existing) = load_task(tx, &id)? {
-                    out.push((existing, false));
-                    continue;
-                }
-                exec(tx,
-                    &format!("INSERT INTO tasks ({TASK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', 0, NULL, NULL, NULL, ?8, ?9, ?9)"),
-                    params![
-                        id,
-                        task.job_id.to_string(),
-                        task.parent_session.to_string(),
-                        task.tool_use_id,
-                        task.worker,
-                        task.mandate,
-                        task.description,
-                        json(&Usage::default())?,
-                        now_ms()
-                    ],
-                )?;
-                written.events.push(write_event(tx, task.job_id, rules::task_queued(&task))?);
-                let stored = load_task(tx, &id)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-                out.push((stored, true));
-            }
+            let out = insert_tasks(tx, tasks, &mut written)?;
             Ok((out, written))
         })
         .await
@@ -653,7 +667,7 @@ impl Store for SqliteStore {
             }
             let (task, event) = apply_task_change(tx, change)?;
             events.push(event);
-            Ok((task, Written { events, entry_seqs }))
+            Ok((task, Written { events, entry_seqs, ..Default::default() }))
         })
         .await
     }

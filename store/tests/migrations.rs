@@ -87,6 +87,7 @@ async fn check_usable(store: &dyn Store, old: &Release) {
             events: vec![],
             usage: Some((old.job, old.usage)),
             fence: Some(lease.fence()),
+            tasks: vec![],
         })
         .await
         .unwrap();

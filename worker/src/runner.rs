@@ -17,7 +17,9 @@ use flower_agent::hooks::{HookContext, Hooks, PostToolHook};
 use flower_agent::provider::{ProviderSource, SystemBlock};
 use flower_agent::{AgentError, AgentSession, FatalCause, Journal, Outcome, SessionConfig, ToolOutput, ToolSet};
 use flower_bus::{BusError, Delivery, Heard, Notice, TaskQueue};
-use flower_model::{Entry, Job, JobId, JobSpec, Role, Session, Task, TaskOutcome, Usage, WorkerSpec, now_ms};
+use flower_model::{
+    Entry, EventKind, Job, JobId, JobSpec, Role, Session, Task, TaskId, TaskOutcome, Usage, WorkerSpec, now_ms,
+};
 use flower_store::localfs::Manifest;
 use flower_store::workbench::MOUNT;
 use flower_store::workspace::Workspace;
@@ -246,31 +248,45 @@ impl Worker {
     async fn handle_in_span(&self, delivery: Box<dyn Delivery>) {
         let msg = delivery.message().clone();
         let attempt = msg.base_attempt + delivery.delivered();
-        let claim = match self.claim(delivery.as_ref(), attempt).await {
+        let over = delivery.delivered() > self.opts.max_attempts;
+        // The working directory is made ready while the claim commits: the
+        // claim decides whether it is used, and the first model call waits
+        // for neither one after the other.
+        let open = async { if over { None } else { Some(self.open_attempt(&msg, attempt).await) } };
+        let (claim, opened) = tokio::join!(self.claim(delivery.as_ref(), attempt), open);
+        let claim = match claim {
             Ok(c) => c,
             Err(StoreError::NotFound(_)) => {
                 tracing::warn!(task = %msg.task_id, "delivery for an unknown task, dropped");
+                self.discard(msg.job_id, opened).await;
                 let _ = delivery.term().await;
                 return;
             }
             Err(e) => {
                 tracing::warn!(task = %msg.task_id, error = %e, "claim failed, redelivering later");
+                self.discard(msg.job_id, opened).await;
                 let _ = delivery.nak(Some(Duration::from_secs(1))).await;
                 return;
             }
         };
-        let task = match claim {
+        let (task, fresh) = match claim {
             Claim::Claimed { task, events } => {
-                self.journal.announce(&flower_store::Written { events, entry_seqs: vec![] }).await;
-                task
+                // The claim opened the task's session just now: it has no history to read.
+                let session = task.id.session();
+                let fresh = events
+                    .iter()
+                    .any(|e| matches!(&e.kind, EventKind::SessionStarted { session: s, .. } if *s == session));
+                self.journal.announce(&flower_store::Written { events, ..Default::default() }).await;
+                (task, fresh)
             }
             Claim::AlreadyFinished(_) | Claim::Superseded { .. } => {
                 // Someone else owns or finished it: this delivery is stale.
+                self.discard(msg.job_id, opened).await;
                 let _ = delivery.ack().await;
                 return;
             }
         };
-        if delivery.delivered() > self.opts.max_attempts {
+        let Some(opened) = opened else {
             let error = format!("gave up after {} attempts (no worker finished the task)", self.opts.max_attempts);
             let _ = match self
                 .finish(&task, attempt, TaskOutcome::Failed { error }, Usage::default(), Batch::default())
@@ -280,7 +296,7 @@ impl Worker {
                 Recorded::GaveUp => delivery.nak(Some(Duration::from_secs(1))).await,
             };
             return;
-        }
+        };
         let cancel = CancellationToken::new();
         self.lock_running().entry(task.job_id).or_default().push((task.id, cancel.clone()));
         let delivery: Arc<dyn Delivery> = Arc::from(delivery);
@@ -293,7 +309,7 @@ impl Worker {
         }
         metrics.worker_slots_busy.inc();
         let started = std::time::Instant::now();
-        let (result, held) = self.execute(&task, attempt, cancel.clone()).await;
+        let (result, held) = self.execute(&task, attempt, opened, fresh, cancel.clone()).await;
         metrics.task_duration.observe(started.elapsed().as_secs_f64());
         metrics.worker_slots_busy.dec();
         metrics.task(match &result {
@@ -452,16 +468,36 @@ impl Worker {
         }
     }
 
+    /// The attempt's job (cached) and its working directory, made ready
+    /// before the claim is known (see [`Worker::handle`]).
+    async fn open_attempt(&self, msg: &flower_bus::TaskMessage, attempt: u32) -> Opened {
+        let cached = self.job(msg.job_id).await?;
+        let dir =
+            self.open_dir(msg.job_id, &cached.1, msg.task_id, attempt).await.map_err(|f| (f, Usage::default()))?;
+        Ok((cached, dir))
+    }
+
+    /// A directory made ready for an attempt the claim refused: emptied for
+    /// the job's next attempt, as after a run.
+    async fn discard(&self, job: JobId, opened: Option<Opened>) {
+        if let Some(Ok((_, dir))) = opened {
+            self.release_dir(job, &dir.path).await;
+        }
+    }
+
     /// Run the worker agent for one attempt; the report, or why there is
     /// none, and the final answer's uncommitted batch (see
-    /// [`AgentSession::with_held_answer`]).
+    /// [`AgentSession::with_held_answer`]). `fresh`: the claim opened the
+    /// task's session, so there is no stored history to take up.
     async fn execute(
         &self,
         task: &Task,
         attempt: u32,
+        opened: Opened,
+        fresh: bool,
         cancel: CancellationToken,
     ) -> (Result<(String, Usage), (Failure, Usage)>, Batch) {
-        match self.execute_held(task, attempt, cancel).await {
+        match self.execute_held(task, attempt, opened, fresh, cancel).await {
             Ok((result, held)) => (result, held),
             Err(failure) => (Err(failure), Batch::default()),
         }
@@ -471,16 +507,17 @@ impl Worker {
         &self,
         task: &Task,
         attempt: u32,
+        opened: Opened,
+        fresh: bool,
         cancel: CancellationToken,
     ) -> Result<(Result<(String, Usage), (Failure, Usage)>, Batch), (Failure, Usage)> {
         let none = Usage::default();
-        let cached = self.job(task.job_id).await?;
+        let (cached, dir) = opened?;
         let (job, spec) = &*cached;
-        let dir = self.open_dir(job.id, spec, task, attempt).await.map_err(|f| (f, none))?;
         if task.worker == flower_model::job::COMMAND_TASK {
             return Ok((self.run_command(task, attempt, &dir, cancel).await, Batch::default()));
         }
-        let run = self.build_session(task, job, spec, &dir, cancel).await.map_err(|f| (f, none))?;
+        let run = self.build_session(task, job, spec, &dir, fresh, cancel).await.map_err(|f| (f, none))?;
         let outcome = run.agent.run(run.history, run.input).await;
         let held = run.agent.take_held().unwrap_or_default();
         run.mcp.close().await;
@@ -498,11 +535,11 @@ impl Worker {
     /// directory is emptied down to its `.flower/` folders and reused by the
     /// next attempt of the same job — never another job's: a job's tasks
     /// already share its workbench and workspace, jobs share nothing.
-    async fn open_dir(&self, job: JobId, spec: &JobSpec, task: &Task, attempt: u32) -> Result<TaskDir, Failure> {
+    async fn open_dir(&self, job: JobId, spec: &JobSpec, task: TaskId, attempt: u32) -> Result<TaskDir, Failure> {
         let reused = if self.opts.keep_workdirs { None } else { self.take_spare(job) };
         let path = match &reused {
             Some(path) => path.clone(),
-            None => self.opts.work_root.join(job.to_string()).join(format!("{}-{attempt}", task.id)),
+            None => self.opts.work_root.join(job.to_string()).join(format!("{task}-{attempt}")),
         };
         let (workspace, base, workbench, wb_base) = self
             .prepare(job, &path, reused.is_none())
@@ -531,6 +568,7 @@ impl Worker {
         job: &Job,
         spec: &JobSpec,
         dir: &TaskDir,
+        fresh: bool,
         cancel: CancellationToken,
     ) -> Result<WorkerRun, Failure> {
         let Some(wspec) = spec.workers.get(&task.worker) else {
@@ -547,7 +585,7 @@ impl Worker {
         };
         let tools = Arc::new(worker_surface(spec, &dir.sandbox, &dir.limits, mcp_tools));
         let hooks = worker_hooks(task, spec, wspec, dir);
-        let history = self.load_history(task, spec, &dir.path).await?;
+        let history = if fresh { Vec::new() } else { self.load_history(task, spec, &dir.path).await? };
         let input = history.is_empty().then(|| vec![flower_model::ContentBlock::text(task.mandate.clone())]);
         let config = session_config(task, spec, wspec, &tools);
         let limits = flower_agent::limits::JobLimits::new(
@@ -661,17 +699,24 @@ impl Worker {
     /// directory unless directories are kept for debugging.
     async fn close_dir(&self, task: &Task, attempt: u32, dir: &TaskDir) -> Result<(), StoreError> {
         let kept = self.collect(task, attempt, dir).await;
-        if !self.opts.keep_workdirs {
-            let path = dir.path.clone();
-            let emptied = tokio::task::spawn_blocking(move || empty_for_reuse(&path).map(|()| path)).await;
-            match emptied {
-                Ok(Ok(path)) => self.put_spare(task.job_id, path).await,
-                _ => {
-                    let _ = tokio::fs::remove_dir_all(&dir.path).await;
-                }
+        self.release_dir(task.job_id, &dir.path).await;
+        kept
+    }
+
+    /// Empty a finished attempt's directory for the job's next attempt, or
+    /// remove it when it cannot be reused (unless directories are kept).
+    async fn release_dir(&self, job: JobId, dir: &Path) {
+        if self.opts.keep_workdirs {
+            return;
+        }
+        let path = dir.to_path_buf();
+        let emptied = tokio::task::spawn_blocking(move || empty_for_reuse(&path).map(|()| path)).await;
+        match emptied {
+            Ok(Ok(path)) => self.put_spare(job, path).await,
+            _ => {
+                let _ = tokio::fs::remove_dir_all(dir).await;
             }
         }
-        kept
     }
 
     fn take_spare(&self, job: JobId) -> Option<PathBuf> {
@@ -765,6 +810,9 @@ struct TaskDir {
     workbench: Workbench,
     sync: Arc<WorkbenchSync>,
 }
+
+/// An attempt's job and working directory, or why they could not be had.
+type Opened = Result<(Arc<(Job, JobSpec)>, TaskDir), (Failure, Usage)>;
 
 /// A built worker agent, what it starts from, and the MCP servers to close after it.
 struct WorkerRun {

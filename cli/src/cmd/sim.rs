@@ -17,6 +17,11 @@ pub struct SimArgs {
     /// every request gets the default reply
     #[arg(long)]
     pub scenario: Option<PathBuf>,
+    /// Log every answered Messages request as a JSON line (arrival and answer
+    /// instants in µs since the Unix epoch, its first user text, the tool
+    /// results it carries and the calls answered) for benchmarks
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
 }
 
 pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
@@ -25,8 +30,15 @@ pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
         None => Scenario::default(),
     };
     let roles = scenario.roles.len();
-    let handle =
-        flower_sim::start(scenario, args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let mut engine = flower_sim::engine::Engine::new(scenario);
+    if let Some(path) = &args.timeline {
+        let timeline =
+            flower_sim::timeline::Timeline::create(path).with_context(|| format!("--timeline {}", path.display()))?;
+        engine = engine.with_timeline(timeline);
+    }
+    let handle = flower_sim::server::start_with(engine, args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
     println!(
         "flower sim listening on {} ({roles} scripted roles); POST /v1/messages, POST /v1/chat/completions",
         handle.base_url()

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flower_agent::tool::str_field;
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
-use flower_model::{JobSpec, TaskState};
+use flower_model::{JobSpec, Task, TaskState};
 use serde_json::{Value, json};
 
 use crate::dispatch::{Delegation, DispatchError, Dispatcher};
@@ -69,20 +69,15 @@ impl Tool for AgentTool {
     fn resumable(&self) -> bool {
         true
     }
+    fn row_for_call(&self, input: &Value, ctx: &ToolContext) -> Option<Task> {
+        let (worker, prompt, description) = self.checked(input).ok()?;
+        Some(Task::queued(ctx.job_id, ctx.session_id, &ctx.tool_use_id, worker, description, prompt))
+    }
+    fn row_committed(&self, task: Task, created: bool) {
+        self.dispatcher.row_committed(task, created);
+    }
     async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let worker = str_field(&input, "subagent_type")?;
-        let prompt = str_field(&input, "prompt")?;
-        let description = input.get("description").and_then(Value::as_str).unwrap_or_default();
-        if !self.workers.iter().any(|(n, _)| n == worker) {
-            let names: Vec<&str> = self.workers.iter().map(|(n, _)| n.as_str()).collect();
-            return Err(ToolError::RespondToModel(format!(
-                "no worker named `{worker}`; this job's workers are: {}",
-                names.join(", ")
-            )));
-        }
-        if prompt.trim().is_empty() {
-            return Err(ToolError::RespondToModel("`prompt` is empty: say what the worker should do".into()));
-        }
+        let (worker, prompt, description) = self.checked(&input)?;
         let d = Delegation {
             job: ctx.job_id,
             session: ctx.session_id,
@@ -107,5 +102,25 @@ impl Tool for AgentTool {
                 task.error.unwrap_or_else(|| "no reason given".into())
             ))),
         }
+    }
+}
+
+impl AgentTool {
+    /// The call's worker, prompt and description, or what is wrong with it.
+    fn checked<'a>(&self, input: &'a Value) -> Result<(&'a str, &'a str, &'a str), ToolError> {
+        let worker = str_field(input, "subagent_type")?;
+        let prompt = str_field(input, "prompt")?;
+        let description = input.get("description").and_then(Value::as_str).unwrap_or_default();
+        if !self.workers.iter().any(|(n, _)| n == worker) {
+            let names: Vec<&str> = self.workers.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(ToolError::RespondToModel(format!(
+                "no worker named `{worker}`; this job's workers are: {}",
+                names.join(", ")
+            )));
+        }
+        if prompt.trim().is_empty() {
+            return Err(ToolError::RespondToModel("`prompt` is empty: say what the worker should do".into()));
+        }
+        Ok((worker, prompt, description))
     }
 }
