@@ -214,6 +214,23 @@ pub async fn transcripts_are_ordered_per_session(store: &dyn Store) {
     assert_eq!(store.entries(a, 1, 100).await.unwrap().len(), 1);
     assert_eq!(store.entries(b, 0, 100).await.unwrap()[0].uuid, other.uuid);
     assert_eq!(store.get_job(job).await.unwrap().usage, usage);
+    // Usage adds up field by field, the per-TTL split included.
+    let more = Usage {
+        input_tokens: 1,
+        output_tokens: 2,
+        cache_creation_input_tokens: 30,
+        cache_read_input_tokens: 40,
+        cache_creation: flower_model::usage::CacheCreation {
+            ephemeral_5m_input_tokens: 10,
+            ephemeral_1h_input_tokens: 20,
+        },
+    };
+    store.append(Batch { usage: Some((job, more)), ..Default::default() }).await.unwrap();
+    store.append(Batch { usage: Some((job, more)), ..Default::default() }).await.unwrap();
+    let mut total = usage;
+    total.add(&more);
+    total.add(&more);
+    assert_eq!(store.get_job(job).await.unwrap().usage, total);
     let sessions = store.sessions(job).await.unwrap();
     assert_eq!(sessions.iter().map(|s| s.id).collect::<Vec<_>>(), vec![a, b]);
     assert_eq!(store.get_session(b).await.unwrap().role, Role::Worker);
