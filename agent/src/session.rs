@@ -366,6 +366,10 @@ impl AgentSession {
             .into_iter()
             .map(|n| format!("<system-reminder>\n{n}\n</system-reminder>"))
             .collect();
+        // What came through the inbox (a user's words, a late result) is
+        // durable before the model sees it; the turn hooks' reminders are
+        // derived (a resumed run makes them again) and go with the next answer.
+        let from_inbox = !arrived.is_empty() || !notices.is_empty();
         for hook in &self.hooks.turn {
             if let Some(n) = hook.before_turn().await {
                 notices.push(format!("<system-reminder>\n{n}\n</system-reminder>"));
@@ -380,7 +384,9 @@ impl AgentSession {
         for n in notices {
             run.push(self.entry(EntryKind::Notice, vec![ContentBlock::text(n)]));
         }
-        run.w.flush().await?;
+        if from_inbox {
+            run.w.flush().await?;
+        }
         Ok(())
     }
 

@@ -47,6 +47,40 @@ async fn demo_on_a_cluster(s3: bool) {
     assert_eq!(sessions.iter().filter(|(r, _)| r == "worker").count(), 3, "{sessions:?}");
     assert!(sessions.iter().all(|(_, n)| *n >= 4), "every session's transcript is in Postgres: {sessions:?}");
 
+    // One transaction per coordinator turn (docs/design.md section 3): each
+    // task's row and `task_queued` event were inserted by the transaction
+    // that stored the assistant turn making its `Agent` call (a row's `xmin`
+    // names the transaction that inserted it), and each `Agent` result by the
+    // one that stored the next answer.
+    let same_tx = |sql: String| {
+        let pg = &pg;
+        async move {
+            let r = pg.query_one(&sql, &[]).await.unwrap();
+            (r.get::<_, i64>(0), r.get::<_, i64>(1))
+        }
+    };
+    let (with_turn, queued) = same_tx(format!(
+        "SELECT count(*) FILTER (WHERE EXISTS (SELECT 1 FROM entries e WHERE e.session_id = t.parent_session
+                  AND e.kind = 'assistant' AND position(t.tool_use_id in e.body) > 0 AND e.xmin = q.xmin)),
+                count(*)
+         FROM events q JOIN tasks t ON t.id = (q.payload->>'task')::uuid
+         WHERE q.job_id = '{job}' AND q.kind = 'task_queued'"
+    ))
+    .await;
+    assert!(queued >= 3, "{queued} tasks queued");
+    assert_eq!(with_turn, queued, "every task row was committed with the turn that made its call");
+    let (with_answer, results) = same_tx(format!(
+        "SELECT count(*) FILTER (WHERE EXISTS (SELECT 1 FROM entries a WHERE a.session_id = r.session_id
+                  AND a.kind = 'assistant' AND a.seq > r.seq AND a.xmin = r.xmin)),
+                count(*)
+         FROM entries r JOIN sessions s ON s.id = r.session_id
+         WHERE s.job_id = '{job}' AND s.role = 'coordinator' AND r.kind = 'tool_result'
+           AND r.body LIKE '%\"tool_name\":\"Agent\"%'"
+    ))
+    .await;
+    assert!(results >= 3, "{results} Agent results");
+    assert_eq!(with_answer, results, "every Agent result was committed with the next answer");
+
     let list = c.flower(&["artifacts", &job]);
     assert!(stdout(&list).contains("artifacts/sizes.md"), "{}", stdout(&list));
     let got = c.flower(&["artifacts", &job, "get", "artifacts/sizes.md"]);
