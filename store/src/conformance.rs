@@ -641,18 +641,21 @@ pub async fn a_final_batch_lands_with_the_end_or_not_at_all(store: &dyn Store) {
     store.claim_task(t.id, 2, "w2").await.unwrap();
     let answer = |text: &str| Entry::new(job, sid, None, EntryKind::Assistant, vec![ContentBlock::text(text)]);
     let usage = Usage { output_tokens: 5, ..Default::default() };
+    // A row made by the final turn's call lands with the end too.
+    let child = task(job, sid, "toolu_child");
     let batch = |text: &str| Batch {
         entries: vec![answer(text)],
         events: vec![(job, EventKind::Spill { session: sid, tool: "Bash".into(), path: "p".into(), chars: 1 })],
         usage: Some((job, usage)),
         fence: None,
-        tasks: vec![],
+        tasks: vec![child.clone()],
     };
     let stale =
         store.finish_task_with(t.id, 1, TaskOutcome::Succeeded { report: "old".into() }, usage, batch("old")).await;
     assert!(matches!(stale, Err(StoreError::Superseded { .. })), "{stale:?}");
     assert!(store.entries(sid, 0, 10).await.unwrap().is_empty(), "a refused end stores none of its batch");
     assert_eq!(store.get_job(job).await.unwrap().usage.output_tokens, 0, "nor its usage");
+    assert!(matches!(store.get_task(child.id).await, Err(StoreError::NotFound(_))), "nor its task rows");
     let (done, written) = store
         .finish_task_with(t.id, 2, TaskOutcome::Succeeded { report: "new".into() }, usage, batch("new"))
         .await
@@ -660,8 +663,10 @@ pub async fn a_final_batch_lands_with_the_end_or_not_at_all(store: &dyn Store) {
     assert_eq!(done.state, TaskState::Succeeded);
     assert_eq!(written.entry_seqs, vec![1]);
     assert!(matches!(written.events[0].kind, EventKind::Spill { .. }), "the batch's events first");
-    assert!(matches!(written.events[1].kind, EventKind::TaskFinished { .. }), "then the end");
-    assert_eq!(written.events[1].seq, written.events[0].seq + 1);
+    assert!(matches!(written.events[1].kind, EventKind::TaskQueued { task, .. } if task == child.id), "its rows'");
+    assert!(matches!(written.events[2].kind, EventKind::TaskFinished { .. }), "then the end");
+    assert_eq!(written.events[2].seq, written.events[0].seq + 2);
+    assert_eq!(written.tasks.iter().map(|(t, c)| (t.id, *c)).collect::<Vec<_>>(), vec![(child.id, true)]);
     let stored = store.entries(sid, 0, 10).await.unwrap();
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].text(), "new");

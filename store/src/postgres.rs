@@ -872,9 +872,16 @@ impl Store for PostgresStore {
                 let entry_seqs = write_entries(tx, batch.entries).await?;
                 write_tasks(tx, &[&change.task]).await?;
                 let mut events = batch.events;
+                let tasks = if batch.tasks.is_empty() {
+                    Vec::new()
+                } else {
+                    let (tasks, queued) = insert_tasks(tx, &batch.tasks).await?;
+                    events.extend(queued);
+                    tasks
+                };
                 events.push((change.task.job_id, change.event));
                 let events = write_events(tx, events, batch.usage).await?;
-                Ok((change.task, Written { events, entry_seqs, ..Default::default() }))
+                Ok((change.task, Written { events, entry_seqs, tasks }))
             })
         })
         .await

@@ -661,13 +661,16 @@ impl Store for SqliteStore {
             if let Some((job, usage)) = batch.usage {
                 add_usage(tx, job, &usage)?;
             }
-            let mut events = Vec::with_capacity(batch.events.len() + 1);
+            let mut written = Written { entry_seqs, ..Default::default() };
             for (job, kind) in batch.events {
-                events.push(write_event(tx, job, kind)?);
+                written.events.push(write_event(tx, job, kind)?);
+            }
+            if !batch.tasks.is_empty() {
+                written.tasks = insert_tasks(tx, batch.tasks, &mut written)?;
             }
             let (task, event) = apply_task_change(tx, change)?;
-            events.push(event);
-            Ok((task, Written { events, entry_seqs, ..Default::default() }))
+            written.events.push(event);
+            Ok((task, written))
         })
         .await
     }
