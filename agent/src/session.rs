@@ -258,9 +258,9 @@ impl AgentSession {
             }
             // The assistant turn is durable before any tool acts on it, and
             // the task rows of its calls with it, in the same transaction.
-            let rows = self.rows_for_calls(run, &calls);
+            self.rows_for_calls(run, &calls);
             let written = run.w.flush().await?;
-            self.rows_committed(&calls, rows, written.tasks);
+            self.rows_committed(&calls, written.tasks);
             let results = tracing::Instrument::instrument(self.run_calls(&calls), turn_span).await?;
             self.record_results(run, &calls, results);
             // Results a resumed run makes again the same way (an `Agent` call
@@ -735,25 +735,21 @@ impl AgentSession {
 
     /// Queue the task rows of this turn's calls that can be committed with
     /// the turn: calls of tools that give one, and that no guard may deny or
-    /// rewrite. How many were queued.
-    fn rows_for_calls(&self, run: &mut Run, calls: &[Call]) -> usize {
+    /// rewrite.
+    fn rows_for_calls(&self, run: &mut Run, calls: &[Call]) {
         let runner = self.runner();
-        let mut queued = 0;
         for (id, name, input) in calls {
             if self.hooks.pre.iter().any(|h| h.may_judge(name)) {
                 continue;
             }
             if let Some(row) = self.tools.get(name).and_then(|t| t.row_for_call(input, &runner.tool_context(id))) {
                 run.w.task(row);
-                queued += 1;
             }
         }
-        queued
     }
 
     /// Hand each committed row to its call's tool.
-    fn rows_committed(&self, calls: &[Call], queued: usize, rows: Vec<(flower_model::Task, bool)>) {
-        debug_assert_eq!(queued, rows.len());
+    fn rows_committed(&self, calls: &[Call], rows: Vec<(flower_model::Task, bool)>) {
         for (task, created) in rows {
             let tool =
                 calls.iter().find(|(id, _, _)| *id == task.tool_use_id).and_then(|(_, name, _)| self.tools.get(name));

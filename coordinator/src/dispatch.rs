@@ -144,8 +144,7 @@ struct TaskWaiters {
 struct WaitersInner {
     /// Per task, its waiters' signals. A `Notify` keeps a permit, so an end
     /// heard between a waiter's store read and its wait is not lost.
-    by_task: HashMap<TaskId, Vec<(u64, Arc<tokio::sync::Notify>)>>,
-    next: u64,
+    by_task: HashMap<TaskId, Vec<Arc<tokio::sync::Notify>>>,
     /// The notice stream closed: waiters stop.
     closed: bool,
     /// Stops the listener when the dispatcher goes; set by the first waiter.
@@ -156,7 +155,6 @@ struct WaitersInner {
 struct Waiting<'a> {
     waiters: &'a TaskWaiters,
     task: TaskId,
-    key: u64,
     signal: Arc<tokio::sync::Notify>,
 }
 
@@ -164,7 +162,7 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let mut inner = self.waiters.lock();
         if let Some(list) = inner.by_task.get_mut(&self.task) {
-            list.retain(|(k, _)| *k != self.key);
+            list.retain(|s| !Arc::ptr_eq(s, &self.signal));
             if list.is_empty() {
                 inner.by_task.remove(&self.task);
             }
@@ -188,10 +186,8 @@ impl TaskWaiters {
             tokio::spawn(Self::listen(Arc::downgrade(self), notifier.subscribe(), stop.clone()));
             inner.listener = Some(stop.drop_guard());
         }
-        inner.next += 1;
-        let key = inner.next;
-        inner.by_task.entry(task).or_default().push((key, signal.clone()));
-        Waiting { waiters: self, task, key, signal }
+        inner.by_task.entry(task).or_default().push(signal.clone());
+        Waiting { waiters: self, task, signal }
     }
 
     async fn listen(waiters: std::sync::Weak<Self>, mut notices: flower_bus::NoticeStream, stop: CancellationToken) {
@@ -204,16 +200,16 @@ impl TaskWaiters {
             let mut inner = waiters.lock();
             match heard {
                 Heard::Notice(Notice::TaskDone { task, .. }) => {
-                    for (_, signal) in inner.by_task.get(&task).into_iter().flatten() {
+                    for signal in inner.by_task.get(&task).into_iter().flatten() {
                         signal.notify_one();
                     }
                 }
                 Heard::Notice(_) => {}
                 // Notices were dropped: every waiter reads its row again.
-                Heard::Lagged => inner.by_task.values().flatten().for_each(|(_, signal)| signal.notify_one()),
+                Heard::Lagged => inner.by_task.values().flatten().for_each(|signal| signal.notify_one()),
                 Heard::Closed => {
                     inner.closed = true;
-                    inner.by_task.values().flatten().for_each(|(_, signal)| signal.notify_one());
+                    inner.by_task.values().flatten().for_each(|signal| signal.notify_one());
                     return;
                 }
             }

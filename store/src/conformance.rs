@@ -99,6 +99,15 @@ fn task(job: JobId, session: SessionId, tool_use: &str) -> Task {
     Task::queued(job, session, tool_use, "w", "d", "do it")
 }
 
+/// A new coordinator session of `job`.
+async fn coordinator_session(store: &dyn Store, job: JobId) -> SessionId {
+    let id = SessionId::random();
+    let session =
+        Session { id, job_id: job, role: Role::Coordinator, label: "c".into(), task_id: None, created_at: now_ms() };
+    store.create_session(session).await.unwrap();
+    id
+}
+
 pub async fn jobs_and_idempotency(store: &dyn Store) {
     let id = new_job(store, Some("key-1")).await;
     let (again, created) = store
@@ -543,16 +552,7 @@ pub async fn a_fan_out_is_created_in_one_write(store: &dyn Store) {
 /// neither.
 pub async fn a_turn_and_its_calls_tasks_commit_together(store: &dyn Store) {
     let job = new_job(store, None).await;
-    let session = SessionId::random();
-    let row = Session {
-        id: session,
-        job_id: job,
-        role: Role::Coordinator,
-        label: "c".into(),
-        task_id: None,
-        created_at: now_ms(),
-    };
-    store.create_session(row).await.unwrap();
+    let session = coordinator_session(store, job).await;
     let existing = task(job, session, "toolu_0");
     store.create_task(existing.clone(), None).await.unwrap();
     let tasks: Vec<Task> = (0..3).map(|i| task(job, session, &format!("toolu_{i}"))).collect();
@@ -706,18 +706,7 @@ pub async fn leases_fence_writes(store: &dyn Store) {
     assert!(!store.orphaned_jobs(now_ms() + 30_000, 1000).await.unwrap().contains(&other), "renewed for the TTL");
     assert!(store.renew_leases(&[], 60_000).await.unwrap().is_empty());
 
-    let session = SessionId::random();
-    store
-        .create_session(Session {
-            id: session,
-            job_id: job,
-            role: Role::Coordinator,
-            label: "c".into(),
-            task_id: None,
-            created_at: now_ms(),
-        })
-        .await
-        .unwrap();
+    let session = coordinator_session(store, job).await;
     let stale = |fence| Batch {
         entries: vec![Entry::new(job, session, None, EntryKind::User, vec![ContentBlock::text("x")])],
         events: vec![(job, EventKind::JobState { state: JobState::Running, reason: None })],

@@ -556,9 +556,17 @@ fn written(events: Vec<Event>) -> Written {
 }
 
 /// Insert task rows in one statement (a row already there, a retried call,
-/// is left as it is and reported as not created); the rows as stored, and
-/// the `task_queued` events of the created ones, to be numbered.
-async fn insert_tasks(tx: &Transaction<'_>, tasks: &[Task]) -> Result<(Vec<(Task, bool)>, Vec<(JobId, EventKind)>)> {
+/// is left as it is and reported as not created); the rows as stored. The
+/// `task_queued` events of the created ones are added to `events`, to be
+/// numbered with them.
+async fn insert_tasks(
+    tx: &Transaction<'_>,
+    tasks: &[Task],
+    events: &mut Vec<(JobId, EventKind)>,
+) -> Result<Vec<(Task, bool)>> {
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
     let now = now_ms();
     let no_usage = json(&Usage::default())?;
     let (mut ids, mut jobs, mut parents, mut calls, mut workers, mut mandates, mut descriptions) =
@@ -592,7 +600,6 @@ async fn insert_tasks(tx: &Transaction<'_>, tasks: &[Task]) -> Result<(Vec<(Task
     let stored: std::collections::HashMap<Uuid, Task> =
         rows.iter().map(|r| decode_task(r).map(|t| (t.id.0, t))).collect::<Result<_>>()?;
     let mut out = Vec::with_capacity(tasks.len());
-    let mut events = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for t in tasks {
         let row = stored.get(&t.id.0).cloned().ok_or_else(|| StoreError::NotFound(format!("task {}", t.id)))?;
@@ -602,7 +609,7 @@ async fn insert_tasks(tx: &Transaction<'_>, tasks: &[Task]) -> Result<(Vec<(Task
         }
         out.push((row, new));
     }
-    Ok((out, events))
+    Ok(out)
 }
 
 #[async_trait]
@@ -774,13 +781,7 @@ impl Store for PostgresStore {
                 check_fence(tx, batch.fence).await?;
                 let entry_seqs = write_entries(tx, batch.entries).await?;
                 let mut events = batch.events;
-                let tasks = if batch.tasks.is_empty() {
-                    Vec::new()
-                } else {
-                    let (tasks, queued) = insert_tasks(tx, &batch.tasks).await?;
-                    events.extend(queued);
-                    tasks
-                };
+                let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
                 let events = write_events(tx, events, batch.usage).await?;
                 Ok(Written { events, entry_seqs, tasks })
             })
@@ -806,7 +807,8 @@ impl Store for PostgresStore {
         self.tx(move |tx| {
             Box::pin(async move {
                 check_fence(tx, fence).await?;
-                let (out, events) = insert_tasks(tx, &tasks).await?;
+                let mut events = Vec::new();
+                let out = insert_tasks(tx, &tasks, &mut events).await?;
                 Ok((out, written(write_events(tx, events, None).await?)))
             })
         })
@@ -872,13 +874,7 @@ impl Store for PostgresStore {
                 let entry_seqs = write_entries(tx, batch.entries).await?;
                 write_tasks(tx, &[&change.task]).await?;
                 let mut events = batch.events;
-                let tasks = if batch.tasks.is_empty() {
-                    Vec::new()
-                } else {
-                    let (tasks, queued) = insert_tasks(tx, &batch.tasks).await?;
-                    events.extend(queued);
-                    tasks
-                };
+                let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
                 events.push((change.task.job_id, change.event));
                 let events = write_events(tx, events, batch.usage).await?;
                 Ok((change.task, Written { events, entry_seqs, tasks }))

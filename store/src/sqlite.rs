@@ -568,9 +568,7 @@ impl Store for SqliteStore {
             for (job, kind) in batch.events {
                 written.events.push(write_event(tx, job, kind)?);
             }
-            if !batch.tasks.is_empty() {
-                written.tasks = insert_tasks(tx, batch.tasks, &mut written)?;
-            }
+            written.tasks = insert_tasks(tx, batch.tasks, &mut written)?;
             Ok(written)
         })
         .await
@@ -665,9 +663,7 @@ impl Store for SqliteStore {
             for (job, kind) in batch.events {
                 written.events.push(write_event(tx, job, kind)?);
             }
-            if !batch.tasks.is_empty() {
-                written.tasks = insert_tasks(tx, batch.tasks, &mut written)?;
-            }
+            written.tasks = insert_tasks(tx, batch.tasks, &mut written)?;
             let (task, event) = apply_task_change(tx, change)?;
             written.events.push(event);
             Ok((task, written))
