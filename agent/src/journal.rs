@@ -86,6 +86,16 @@ impl TranscriptWriter {
         self.pending.tasks.push(task);
     }
 
+    /// The next write commits only if this task end is stored.
+    pub fn require(&mut self, end: flower_store::TaskEnd) {
+        self.pending.requires.push(end);
+    }
+
+    /// Called when the next write is staged (see [`flower_store::Staged`]).
+    pub fn on_staged(&mut self, staged: flower_store::Staged) {
+        self.pending.staged = Some(staged);
+    }
+
     pub fn event(&mut self, job: JobId, kind: EventKind) {
         self.pending.events.push((job, kind));
     }

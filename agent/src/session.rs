@@ -97,6 +97,18 @@ pub enum AgentError {
 /// Messages for a running session from outside (see [`crate::mailbox`]).
 pub type Inbox = Arc<crate::mailbox::Mailbox>;
 
+/// Whether each end a result was built on is stored so (a late result
+/// becomes a notice, which carries no requirement: it is confirmed first).
+async fn confirmed(store: &Arc<dyn flower_store::Store>, ends: &[flower_store::TaskEnd]) -> bool {
+    for end in ends {
+        match store.settled_task(end.task).await {
+            Ok(t) if flower_store::rules::ended_as(&t, end) => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// The result given to a call still running when the user interrupted.
 pub const STILL_RUNNING: &str = "[still running: you were interrupted while waiting; this call goes on and its result will be appended as a notice when it arrives]";
 
@@ -121,6 +133,19 @@ pub struct AgentSession {
     observer: Option<Observer>,
     /// Set by [`AgentSession::with_held_answer`]: the final answer's batch.
     held: Option<std::sync::Mutex<Option<flower_store::Batch>>>,
+    /// Set by [`AgentSession::with_gate`]: what the run waits for before it
+    /// acts on a model answer.
+    gate: Option<Gate>,
+}
+
+/// A decision a run may start before (see [`AgentSession::with_gate`]):
+/// `None` while pending, then whether the run may act.
+pub type Gate = tokio::sync::watch::Receiver<Option<bool>>;
+
+/// Wait for the gate's decision; a dropped sender closes it.
+async fn gate_opens(gate: &Gate) -> bool {
+    let mut gate = gate.clone();
+    matches!(gate.wait_for(Option::is_some).await.as_deref(), Ok(Some(true)))
 }
 
 impl AgentSession {
@@ -144,6 +169,7 @@ impl AgentSession {
             limits: None,
             handoff: None,
             held: None,
+            gate: None,
         }
     }
 
@@ -177,6 +203,23 @@ impl AgentSession {
     }
 
     /// The final answer's uncommitted batch (entries, events, usage), once,
+    /// The run's model requests may go out before `gate` decides (a
+    /// worker's first request while its claim commits), but nothing the
+    /// model answers is acted on — no entry written, no tool run — until it
+    /// opens; a gate that closes ends the run as cancelled.
+    pub fn with_gate(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Whether the run may act now (no gate, or an open one).
+    async fn through_gate(&self) -> bool {
+        match &self.gate {
+            None => true,
+            Some(gate) => gate_opens(gate).await,
+        }
+    }
+
     /// after [`AgentSession::run`] answered with [`AgentSession::with_held_answer`] set.
     pub fn take_held(&self) -> Option<flower_store::Batch> {
         self.held.as_ref().and_then(|h| h.lock().unwrap_or_else(|p| p.into_inner()).take())
@@ -202,6 +245,10 @@ impl AgentSession {
             && let Some(answered) = stored_answer(&history)
         {
             return Ok(answered);
+        }
+        // A resume may write before its first model call: gated first.
+        if (!history.is_empty() || self.held.is_none()) && !self.through_gate().await {
+            return Ok(Outcome::Cancelled { turns: 0, usage: Usage::default() });
         }
         let mut run = self.resume(history).await?;
         if let Some(content) = input {
@@ -248,6 +295,9 @@ impl AgentSession {
                 ControlFlow::Continue(sent) => sent,
                 ControlFlow::Break(outcome) => return Ok(outcome),
             };
+            if !self.through_gate().await {
+                return Ok(Outcome::Cancelled { turns: run.turns - 1, usage: run.usage });
+            }
             let calls = self.record_response(run, &response, dropped, rewrite, timing);
             if calls.is_empty() {
                 return Ok(Outcome::Answered {
@@ -258,10 +308,24 @@ impl AgentSession {
             }
             // The assistant turn is durable before any tool acts on it, and
             // the task rows of its calls with it, in the same transaction.
-            self.rows_for_calls(run, &calls);
-            let written = run.w.flush().await?;
-            self.rows_committed(&calls, written.tasks);
-            let results = tracing::Instrument::instrument(self.run_calls(&calls), turn_span).await?;
+            // When every call's row is in that transaction, the calls start
+            // with the commit: what they do first is publish their rows'
+            // messages, and a worker's claim waits for the commit in the
+            // store (docs/design.md section 3).
+            let all_rows = self.rows_for_calls(run, &calls);
+            let calls_run = tracing::Instrument::instrument(self.run_calls(&calls), turn_span);
+            let results = if all_rows {
+                let commit = async {
+                    let written = run.w.flush().await?;
+                    self.rows_committed(&calls, written.tasks);
+                    Ok::<_, AgentError>(())
+                };
+                tokio::try_join!(commit, calls_run)?.1
+            } else {
+                let written = run.w.flush().await?;
+                self.rows_committed(&calls, written.tasks);
+                calls_run.await?
+            };
             self.record_results(run, &calls, results);
             // Results a resumed run makes again the same way (an `Agent` call
             // re-attaches to its task, whose row holds the report) go with the
@@ -571,6 +635,9 @@ impl AgentSession {
             for ev in std::mem::take(&mut out.events) {
                 run.w.event(c.job_id, ev);
             }
+            for end in std::mem::take(&mut out.requires) {
+                run.w.require(end);
+            }
             let chars =
                 out.content.iter().map(|b| if let ResultBlock::Text { text } = b { text.len() } else { 0 }).sum();
             let mut e = self.entry(
@@ -706,10 +773,14 @@ impl AgentSession {
                 },
                 _ = inbox.message_arrived() => {
                     let late: Vec<(String, String)> = calls.iter().map(|(id, name, _)| (id.clone(), name.clone())).collect();
+                    let store = self.journal.store().clone();
                     tokio::spawn(async move {
                         while let Some((k, joined)) = running.next().await {
                             let (id, name) = &late[k];
                             let text = match joined {
+                                Ok(Ok(out)) if !confirmed(&store, &out.requires).await => {
+                                    "error: the worker's report was not stored; the task runs again".to_string()
+                                }
                                 Ok(Ok(out)) => flower_model::content::result_text(&out.content),
                                 Ok(Err(e)) => format!("error: {e}"),
                                 Err(e) => format!("error: the call's task failed: {e}"),
@@ -736,16 +807,33 @@ impl AgentSession {
     /// Queue the task rows of this turn's calls that can be committed with
     /// the turn: calls of tools that give one, and that no guard may deny or
     /// rewrite.
-    fn rows_for_calls(&self, run: &mut Run, calls: &[Call]) {
+    ///
+    /// Once the turn's transaction is staged, each row's tool hears of it
+    /// ([`Tool::row_staged`]): its message may go out during the commit.
+    ///
+    /// Whether every call got its row in the batch.
+    fn rows_for_calls(&self, run: &mut Run, calls: &[Call]) -> bool {
         let runner = self.runner();
+        let mut staged: Vec<(Arc<dyn crate::tool::Tool>, flower_model::Task)> = Vec::new();
         for (id, name, input) in calls {
             if self.hooks.pre.iter().any(|h| h.may_judge(name)) {
                 continue;
             }
-            if let Some(row) = self.tools.get(name).and_then(|t| t.row_for_call(input, &runner.tool_context(id))) {
+            let Some(tool) = self.tools.get(name) else { continue };
+            if let Some(row) = tool.row_for_call(input, &runner.tool_context(id)) {
+                staged.push((tool.clone(), row.clone()));
                 run.w.task(row);
             }
         }
+        let all = staged.len() == calls.len();
+        if !staged.is_empty() {
+            run.w.on_staged(flower_store::Staged::new(move || {
+                for (tool, row) in &staged {
+                    tool.row_staged(row);
+                }
+            }));
+        }
+        all
     }
 
     /// Hand each committed row to its call's tool.

@@ -39,6 +39,10 @@ pub struct ToolOutput {
     pub spills: Vec<(String, usize)>,
     /// Events to record with the result (e.g. a search's loads or miss).
     pub events: Vec<flower_model::EventKind>,
+    /// Task ends this result was built on before they were known committed
+    /// (a report heard in its worker's notice): the write that stores the
+    /// result requires them ([`flower_store::Batch::requires`]).
+    pub requires: Vec<flower_store::TaskEnd>,
 }
 
 impl ToolOutput {
@@ -104,12 +108,19 @@ pub trait Tool: Send + Sync + 'static {
     /// turn is durable before any tool acts on it, and its `Agent` calls'
     /// rows go in the same transaction instead of one of their own. `None`
     /// (the default) when the call creates no row or its input is not valid.
+    /// The call may then start during that commit; it must wait for
+    /// [`Tool::row_committed`] before it relies on the row.
     fn row_for_call(&self, _input: &serde_json::Value, _ctx: &ToolContext) -> Option<flower_model::Task> {
         None
     }
     /// The row [`Tool::row_for_call`] gave, as that commit stored it, and
     /// whether the commit created it (a resumed call finds it there).
     fn row_committed(&self, _task: flower_model::Task, _created: bool) {}
+    /// The row [`Tool::row_for_call`] gave is staged in the turn's
+    /// transaction (see [`flower_store::Staged`]): a message naming it may
+    /// go out before the commit. Called from inside the store's write: it
+    /// must not block.
+    fn row_staged(&self, _task: &flower_model::Task) {}
     async fn call(&self, input: serde_json::Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>;
 }
 

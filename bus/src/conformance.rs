@@ -22,6 +22,13 @@ pub fn msg() -> TaskMessage {
         // A requeued task's count travels with it.
         base_attempt: 2,
         trace: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        body: Some(crate::TaskBody {
+            parent_session: flower_model::SessionId::random(),
+            tool_use_id: "toolu_1".into(),
+            description: "d".into(),
+            mandate: "do the thing".into(),
+        }),
+        republish: 0,
     }
 }
 
@@ -127,7 +134,19 @@ pub async fn notices_fan_out<B: Notifier>(bus: &B, _redelivery: Duration) {
     let job = JobId::random();
     let sent = [
         Notice::Events { job, seq: 7 },
-        Notice::TaskDone { job, task: TaskId::random() },
+        Notice::TaskDone { job, task: TaskId::random(), ended: None },
+        Notice::TaskDone {
+            job,
+            task: TaskId::random(),
+            ended: Some(Box::new(crate::TaskEnded {
+                attempt: 2,
+                state: flower_model::TaskState::Succeeded,
+                report: Some("the report".into()),
+                error: None,
+                usage: flower_model::Usage { input_tokens: 3, output_tokens: 4, ..Default::default() },
+                committed: false,
+            })),
+        },
         Notice::Cancel { job },
         Notice::Interrupt { job },
         Notice::TaskStreaming { job, task: TaskId::random() },

@@ -3,15 +3,19 @@
 //! distributed mode ([`nats`]); `conformance` (feature `testsuite`) is the
 //! suite both pass.
 //!
-//! The bus carries **references and hints only**: a task message names a task
-//! whose row is in the store; a notice says that new rows exist. Whoever
-//! receives one reads the store. So a lost or duplicated message can delay
-//! work but never lose or double it — the store's attempt claim is the guard.
+//! The bus carries **references and hints**: a task message names a task
+//! whose row is in the store; a notice says that new rows exist. A first
+//! dispatch's message may carry a copy of the task's words, and a task's end
+//! notice a copy of the end, so the next step can start while the write that
+//! they copy commits — but nothing is decided from a copy: the store's
+//! attempt claim decides who runs a task, and a write built on a copied end
+//! commits only if the store holds that end (docs/design.md section 3). So a
+//! lost or duplicated message can delay work but never lose or double it.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flower_model::{JobId, TaskId};
+use flower_model::{JobId, SessionId, TaskId, TaskState, Usage};
 use serde::{Deserialize, Serialize};
 
 #[cfg(any(test, feature = "testsuite"))]
@@ -52,12 +56,107 @@ pub struct TaskMessage {
     /// W3C `traceparent` of the dispatching span, when tracing is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// A copy of the task's words (first dispatch, when small): the worker
+    /// may start the attempt's first model request while its claim commits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<TaskBody>,
+    /// A publish again of a dispatch whose first message may have been
+    /// dropped (its task row did not commit then): a dedupe id of its own.
+    /// Not on the wire.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub republish: u32,
 }
 
 impl TaskMessage {
     /// The publish dedupe id: a task is published once per dispatch epoch.
     pub fn dedupe_id(&self) -> String {
-        format!("{}.{}.{}", self.task_id, self.epoch, self.base_attempt)
+        match self.republish {
+            0 => format!("{}.{}.{}", self.task_id, self.epoch, self.base_attempt),
+            n => format!("{}.{}.{}.r{n}", self.task_id, self.epoch, self.base_attempt),
+        }
+    }
+
+    /// The task row the body describes, as its creator queued it — `None`
+    /// without a body, or when the body does not derive this message's task
+    /// id (the id is derived from the job, session and call).
+    pub fn queued_task(&self) -> Option<flower_model::Task> {
+        let b = self.body.as_ref()?;
+        let task = flower_model::Task::queued(
+            self.job_id,
+            b.parent_session,
+            &b.tool_use_id,
+            &self.worker,
+            &b.description,
+            &b.mandate,
+        );
+        (task.id == self.task_id).then_some(task)
+    }
+}
+
+/// The words of a task, copied into its first message ([`TaskMessage::body`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskBody {
+    pub parent_session: SessionId,
+    pub tool_use_id: String,
+    pub description: String,
+    pub mandate: String,
+}
+
+impl TaskBody {
+    /// Bodies above this many bytes stay in the store only (the worker reads
+    /// the row with its claim).
+    pub const INLINE_MAX: usize = 16 * 1024;
+
+    /// The body of `task`, when small enough to travel inline.
+    pub fn of(task: &flower_model::Task) -> Option<Self> {
+        (task.mandate.len() + task.description.len() + task.tool_use_id.len() <= Self::INLINE_MAX).then(|| Self {
+            parent_session: task.parent_session,
+            tool_use_id: task.tool_use_id.clone(),
+            description: task.description.clone(),
+            mandate: task.mandate.clone(),
+        })
+    }
+}
+
+/// A copy of a task's end ([`Notice::TaskDone`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEnded {
+    pub attempt: u32,
+    pub state: TaskState,
+    pub report: Option<String>,
+    pub error: Option<String>,
+    pub usage: Usage,
+    /// `false`: sent while the end's transaction was staged, before its
+    /// commit — a write built on it must require the end
+    /// (`flower_store::Batch::requires`).
+    pub committed: bool,
+}
+
+impl TaskEnded {
+    /// Reports above this many bytes are not copied: the receiver reads the row.
+    pub const INLINE_MAX: usize = 32 * 1024;
+
+    /// The end of `task` (as stored, or as its transaction will store it).
+    pub fn of(task: &flower_model::Task, committed: bool) -> Option<Self> {
+        let size = task.report.as_deref().map_or(0, str::len) + task.error.as_deref().map_or(0, str::len);
+        (task.state.is_terminal() && size <= Self::INLINE_MAX).then(|| Self {
+            attempt: task.attempt,
+            state: task.state,
+            report: task.report.clone(),
+            error: task.error.clone(),
+            usage: task.usage,
+            committed,
+        })
+    }
+
+    /// `task` (as its creator queued it) with this end applied.
+    pub fn apply(&self, mut task: flower_model::Task) -> flower_model::Task {
+        task.state = self.state;
+        task.attempt = self.attempt;
+        task.report = self.report.clone();
+        task.error = self.error.clone();
+        task.usage = self.usage;
+        task
     }
 }
 
@@ -70,8 +169,8 @@ fn is_zero(n: &u32) -> bool {
 pub enum Notice {
     /// Events up to `seq` are stored for `job`.
     Events { job: JobId, seq: i64 },
-    /// A task ended (its row holds the outcome).
-    TaskDone { job: JobId, task: TaskId },
+    /// A task ended (its row holds the outcome); with a copy of the end when small.
+    TaskDone { job: JobId, task: TaskId, ended: Option<Box<TaskEnded>> },
     /// Stop work on a job (cancel); workers stop its running tasks.
     Cancel { job: JobId },
     /// A user's message for a running job is stored: the job's owner reads
@@ -145,5 +244,62 @@ impl NoticeStream {
             Err(RecvError::Lagged(_)) => Heard::Lagged,
             Err(RecvError::Closed) => Heard::Closed,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn first_message(task: &flower_model::Task) -> TaskMessage {
+        TaskMessage {
+            job_id: task.job_id,
+            task_id: task.id,
+            worker: task.worker.clone(),
+            epoch: 3,
+            base_attempt: 0,
+            trace: None,
+            body: TaskBody::of(task),
+            republish: 0,
+        }
+    }
+
+    #[test]
+    fn a_body_gives_back_its_task_only_when_it_derives_the_id() {
+        let task = flower_model::Task::queued(JobId::random(), SessionId::random(), "toolu_1", "w", "d", "do it");
+        let msg = first_message(&task);
+        let again = msg.queued_task().unwrap();
+        assert_eq!((again.id, again.mandate.as_str(), again.worker.as_str()), (task.id, "do it", "w"));
+        let mut forged = msg.clone();
+        forged.body.as_mut().unwrap().mandate = "something else".into();
+        assert_eq!(forged.queued_task().unwrap().mandate, "something else", "the id covers the call, not the words");
+        forged.body.as_mut().unwrap().tool_use_id = "toolu_2".into();
+        assert!(forged.queued_task().is_none(), "a body of another call is not this task's");
+        assert!(TaskMessage { body: None, ..msg }.queued_task().is_none());
+    }
+
+    #[test]
+    fn large_words_and_reports_stay_in_the_store() {
+        let big = "x".repeat(TaskBody::INLINE_MAX + 1);
+        let task = flower_model::Task::queued(JobId::random(), SessionId::random(), "toolu_1", "w", "d", &big);
+        assert!(TaskBody::of(&task).is_none());
+        let mut ended = task.clone();
+        ended.state = TaskState::Succeeded;
+        ended.report = Some("y".repeat(TaskEnded::INLINE_MAX + 1));
+        assert!(TaskEnded::of(&ended, true).is_none());
+        ended.report = Some("ok".into());
+        let copy = TaskEnded::of(&ended, false).unwrap();
+        assert!(!copy.committed);
+        assert_eq!(copy.apply(task.clone()).report.as_deref(), Some("ok"));
+        assert!(TaskEnded::of(&task, true).is_none(), "a queued task has no end to copy");
+    }
+
+    #[test]
+    fn a_republish_has_a_dedupe_id_of_its_own() {
+        let task = flower_model::Task::queued(JobId::random(), SessionId::random(), "toolu_1", "w", "d", "do it");
+        let msg = first_message(&task);
+        assert_eq!(msg.dedupe_id(), format!("{}.3.0", task.id));
+        assert_eq!(TaskMessage { republish: 1, ..msg }.dedupe_id(), format!("{}.3.0.r1", task.id));
     }
 }

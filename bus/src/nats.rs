@@ -24,7 +24,7 @@ use futures::StreamExt;
 use prost::Message as _;
 use tokio::sync::broadcast;
 
-use crate::{BusError, Delivery, Notice, NoticeStream, Notifier, Result, TaskMessage, TaskQueue};
+use crate::{BusError, Delivery, Notice, NoticeStream, Notifier, Result, TaskBody, TaskEnded, TaskMessage, TaskQueue};
 
 /// Where and how the bus lives on the server.
 #[derive(Clone, Debug)]
@@ -163,6 +163,8 @@ impl NatsBus {
             epoch: 0,
             base_attempt: 0,
             trace: None,
+            body: None,
+            republish: 0,
         };
         self.publish(id).await?;
         let d = self.next().await?;
@@ -173,17 +175,34 @@ impl NatsBus {
 
 fn notice_to_pb(n: &Notice) -> pb::Notice {
     use pb::notice::What;
-    match n {
-        Notice::Events { job, seq } => pb::Notice { job_id: job.to_string(), what: Some(What::EventSeq(*seq)) },
-        Notice::TaskDone { job, task } => {
-            pb::Notice { job_id: job.to_string(), what: Some(What::TaskDone(task.to_string())) }
-        }
-        Notice::Cancel { job } => pb::Notice { job_id: job.to_string(), what: Some(What::Cancel(true)) },
-        Notice::Interrupt { job } => pb::Notice { job_id: job.to_string(), what: Some(What::Interrupt(true)) },
-        Notice::TaskStreaming { job, task } => {
-            pb::Notice { job_id: job.to_string(), what: Some(What::TaskStreaming(task.to_string())) }
-        }
+    let (job, what, ended) = match n {
+        Notice::Events { job, seq } => (job, What::EventSeq(*seq), None),
+        Notice::TaskDone { job, task, ended } => (job, What::TaskDone(task.to_string()), ended.as_deref()),
+        Notice::Cancel { job } => (job, What::Cancel(true), None),
+        Notice::Interrupt { job } => (job, What::Interrupt(true), None),
+        Notice::TaskStreaming { job, task } => (job, What::TaskStreaming(task.to_string()), None),
+    };
+    pb::Notice {
+        job_id: job.to_string(),
+        what: Some(what),
+        ended: ended.map(|e| pb::TaskEnded {
+            attempt: e.attempt,
+            state: e.state.as_str().to_string(),
+            report: e.report.clone(),
+            error: e.error.clone(),
+            usage_json: serde_json::to_string(&e.usage).unwrap_or_default(),
+            committed: e.committed,
+        }),
     }
+}
+
+fn ended_from_pb(e: pb::TaskEnded) -> std::result::Result<TaskEnded, String> {
+    let state: flower_model::TaskState = e.state.parse().map_err(|e| format!("ended.state: {e}"))?;
+    if !state.is_terminal() {
+        return Err(format!("ended.state: `{}` is not an end", state.as_str()));
+    }
+    let usage = serde_json::from_str(&e.usage_json).map_err(|err| format!("ended.usage_json: {err}"))?;
+    Ok(TaskEnded { attempt: e.attempt, state, report: e.report, error: e.error, usage, committed: e.committed })
 }
 
 fn notice_from_pb(n: pb::Notice) -> std::result::Result<Notice, String> {
@@ -191,9 +210,11 @@ fn notice_from_pb(n: pb::Notice) -> std::result::Result<Notice, String> {
     let job: JobId = n.job_id.parse().map_err(|e| format!("job_id: {e}"))?;
     match n.what {
         Some(What::EventSeq(seq)) => Ok(Notice::Events { job, seq }),
-        Some(What::TaskDone(t)) => {
-            Ok(Notice::TaskDone { job, task: t.parse().map_err(|e| format!("task_done: {e}"))? })
-        }
+        Some(What::TaskDone(t)) => Ok(Notice::TaskDone {
+            job,
+            task: t.parse().map_err(|e| format!("task_done: {e}"))?,
+            ended: n.ended.map(ended_from_pb).transpose()?.map(Box::new),
+        }),
         Some(What::Cancel(_)) => Ok(Notice::Cancel { job }),
         Some(What::Interrupt(_)) => Ok(Notice::Interrupt { job }),
         Some(What::TaskStreaming(t)) => {
@@ -210,6 +231,12 @@ fn task_to_pb(t: &TaskMessage) -> pb::TaskMessage {
         worker: t.worker.clone(),
         epoch: t.epoch,
         base_attempt: t.base_attempt,
+        body: t.body.as_ref().map(|b| pb::TaskBody {
+            parent_session: b.parent_session.to_string(),
+            tool_use_id: b.tool_use_id.clone(),
+            description: b.description.clone(),
+            mandate: b.mandate.clone(),
+        }),
     }
 }
 
@@ -221,6 +248,18 @@ fn task_from_pb(t: pb::TaskMessage) -> std::result::Result<TaskMessage, String> 
         epoch: t.epoch,
         base_attempt: t.base_attempt,
         trace: None,
+        body: t
+            .body
+            .map(|b| -> std::result::Result<TaskBody, String> {
+                Ok(TaskBody {
+                    parent_session: b.parent_session.parse().map_err(|e| format!("body.parent_session: {e}"))?,
+                    tool_use_id: b.tool_use_id,
+                    description: b.description,
+                    mandate: b.mandate,
+                })
+            })
+            .transpose()?,
+        republish: 0,
     })
 }
 

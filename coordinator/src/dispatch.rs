@@ -145,6 +145,10 @@ struct WaitersInner {
     /// Per task, its waiters' signals. A `Notify` keeps a permit, so an end
     /// heard between a waiter's store read and its wait is not lost.
     by_task: HashMap<TaskId, Vec<Arc<tokio::sync::Notify>>>,
+    /// Tasks this run dispatched and waits for, with the copy of the end
+    /// their worker's notice carried, once heard. An entry is made before the
+    /// task's message goes out, so a notice that beats the waiter is kept.
+    expected: HashMap<TaskId, Option<flower_bus::TaskEnded>>,
     /// The notice stream closed: waiters stop.
     closed: bool,
     /// Stops the listener when the dispatcher goes; set by the first waiter.
@@ -181,13 +185,36 @@ impl TaskWaiters {
     fn register<'a>(self: &'a Arc<Self>, notifier: &Arc<dyn flower_bus::Notifier>, task: TaskId) -> Waiting<'a> {
         let signal = Arc::new(tokio::sync::Notify::new());
         let mut inner = self.lock();
+        self.listening(&mut inner, notifier);
+        inner.expected.entry(task).or_default();
+        inner.by_task.entry(task).or_default().push(signal.clone());
+        Waiting { waiters: self, task, signal }
+    }
+
+    /// Keep the end notice of `task`, whose message is about to go out
+    /// (before anyone waits for it: a fast worker may report first).
+    fn expect(self: &Arc<Self>, notifier: &Arc<dyn flower_bus::Notifier>, task: TaskId) {
+        let mut inner = self.lock();
+        self.listening(&mut inner, notifier);
+        inner.expected.entry(task).or_default();
+    }
+
+    fn listening(self: &Arc<Self>, inner: &mut WaitersInner, notifier: &Arc<dyn flower_bus::Notifier>) {
         if inner.listener.is_none() {
             let stop = CancellationToken::new();
             tokio::spawn(Self::listen(Arc::downgrade(self), notifier.subscribe(), stop.clone()));
             inner.listener = Some(stop.drop_guard());
         }
-        inner.by_task.entry(task).or_default().push(signal.clone());
-        Waiting { waiters: self, task, signal }
+    }
+
+    /// The end heard for `task`, taken.
+    fn heard_end(&self, task: TaskId) -> Option<flower_bus::TaskEnded> {
+        self.lock().expected.get_mut(&task).and_then(Option::take)
+    }
+
+    /// `task` is no longer waited for.
+    fn forget(&self, task: TaskId) {
+        self.lock().expected.remove(&task);
     }
 
     async fn listen(waiters: std::sync::Weak<Self>, mut notices: flower_bus::NoticeStream, stop: CancellationToken) {
@@ -199,7 +226,10 @@ impl TaskWaiters {
             let Some(waiters) = waiters.upgrade() else { return };
             let mut inner = waiters.lock();
             match heard {
-                Heard::Notice(Notice::TaskDone { task, .. }) => {
+                Heard::Notice(Notice::TaskDone { task, ended, .. }) => {
+                    if let (Some(slot), Some(ended)) = (inner.expected.get_mut(&task), ended) {
+                        *slot = Some(*ended);
+                    }
                     for signal in inner.by_task.get(&task).into_iter().flatten() {
                         signal.notify_one();
                     }
@@ -217,12 +247,48 @@ impl TaskWaiters {
     }
 }
 
+/// A call's row as its turn's commit stored it, and whether it created it;
+/// `None` until that commit.
+type RowSlot = tokio::sync::watch::Sender<Option<(Task, bool)>>;
+
+/// A message published during its row's commit: whether the queue took it as new.
+type EarlyPublish = tokio::task::JoinHandle<Result<bool, flower_bus::BusError>>;
+
+/// A delegation's end: the task as it ended, and, when its end was heard
+/// before its commit, what the write storing the result must require.
+#[derive(Clone, Debug)]
+pub struct Delegated {
+    pub task: Task,
+    pub requires: Option<flower_store::TaskEnd>,
+}
+
+impl Delegated {
+    /// `out`, the call's result built from this end, carrying its requirement.
+    pub fn result(&self, mut out: flower_agent::ToolOutput) -> flower_agent::ToolOutput {
+        out.requires.extend(self.requires);
+        out
+    }
+}
+
+/// Forgets a waited-for task when its wait ends, however it ends.
+struct Forget<'a>(&'a TaskWaiters, TaskId);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.forget(self.1);
+    }
+}
+
 pub struct Dispatcher {
     journal: Journal,
     tasks: Arc<TaskWriter>,
-    /// Rows committed with the assistant turn that made their calls, not yet
-    /// dispatched (see [`Dispatcher::row_committed`]).
-    committed: std::sync::Mutex<HashMap<TaskId, (Task, bool)>>,
+    /// Rows going with the assistant turn that made their calls, not yet
+    /// dispatched: each as that commit stored it (and whether it created it),
+    /// once it committed (see [`Dispatcher::row_pending`]).
+    committed: std::sync::Mutex<HashMap<TaskId, RowSlot>>,
+    /// Messages published while their row's transaction was staged (see
+    /// [`Dispatcher::row_staged`]): whether the queue took each as new.
+    early: std::sync::Mutex<HashMap<TaskId, EarlyPublish>>,
     waiters: Arc<TaskWaiters>,
     queue: Arc<dyn TaskQueue>,
     workspace: Workspace,
@@ -253,6 +319,7 @@ impl Dispatcher {
         Self {
             tasks: Arc::new(TaskWriter { journal: journal.clone(), state: Default::default() }),
             committed: Default::default(),
+            early: Default::default(),
             waiters: Default::default(),
             journal,
             queue,
@@ -330,7 +397,42 @@ impl Dispatcher {
     /// (and `created` by that commit, or found there): its dispatch only
     /// publishes it.
     pub fn row_committed(&self, task: Task, created: bool) {
-        self.committed.lock().unwrap_or_else(|p| p.into_inner()).insert(task.id, (task, created));
+        let mut rows = self.committed.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = rows.entry(task.id).or_insert_with(|| tokio::sync::watch::channel(None).0);
+        slot.send_replace(Some((task, created)));
+    }
+
+    /// A call's row goes with its turn's commit: its dispatch, which may
+    /// start during that commit, waits for it instead of writing the row.
+    pub fn row_pending(&self, task: &Task) {
+        let mut rows = self.committed.lock().unwrap_or_else(|p| p.into_inner());
+        rows.entry(task.id).or_insert_with(|| tokio::sync::watch::channel(None).0);
+    }
+
+    /// A call's row is staged in its turn's transaction, which holds the
+    /// row's creation lock (docs/design.md section 3): the message goes out
+    /// now, during the commit. A worker's claim waits for the transaction;
+    /// if it never commits, the claim finds no row and drops the message.
+    pub fn row_staged(&self, task: &Task) {
+        self.waiters.expect(self.journal.notifier(), task.id);
+        let msg = self.first_message(task);
+        let queue = self.queue.clone();
+        let publish = tokio::spawn(async move { queue.publish(msg).await });
+        self.early.lock().unwrap_or_else(|p| p.into_inner()).insert(task.id, publish);
+    }
+
+    /// A task's first message, with a copy of its words when small.
+    fn first_message(&self, task: &Task) -> TaskMessage {
+        TaskMessage {
+            job_id: task.job_id,
+            task_id: task.id,
+            worker: task.worker.clone(),
+            epoch: self.epoch,
+            base_attempt: 0,
+            trace: flower_bus::trace::current_traceparent(),
+            body: flower_bus::TaskBody::of(task),
+            republish: 0,
+        }
     }
 
     /// Create the task (or find it again: the id is derived from the call) and
@@ -341,22 +443,39 @@ impl Dispatcher {
         let task = Task::queued(d.job, d.session, d.tool_use_id, d.worker, d.description, d.mandate);
         let id = task.id;
         // The row is committed (and announced) before the message that points at it is published.
-        let committed = self.committed.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-        let (task, created) = match committed {
-            Some(row) => row,
+        let slot = self.committed.lock().unwrap_or_else(|p| p.into_inner()).get(&id).map(|s| s.subscribe());
+        let (task, created) = match slot {
+            Some(mut slot) => {
+                let row = slot.wait_for(Option::is_some).await.ok().and_then(|r| r.clone());
+                self.committed.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                match row {
+                    Some(row) => row,
+                    None => self.tasks.create(task).await?,
+                }
+            }
             None => self.tasks.create(task).await?,
         };
+        let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         if !task.state.is_terminal() {
-            self.queue
-                .publish(TaskMessage {
-                    job_id: d.job,
-                    task_id: id,
-                    worker: task.worker.clone(),
-                    epoch: self.epoch,
-                    base_attempt: 0,
-                    trace: flower_bus::trace::current_traceparent(),
-                })
-                .await?;
+            self.waiters.expect(self.journal.notifier(), id);
+            let early = match early {
+                Some(handle) => handle.await.map_err(|e| flower_bus::BusError::Unavailable(e.to_string())),
+                None => Err(flower_bus::BusError::Closed),
+            };
+            match early {
+                // Published during the commit, and taken as new.
+                Ok(Ok(true)) => {}
+                // The queue had this dispatch's id already: from a turn whose
+                // transaction did not commit, if this commit created the row —
+                // and a worker may have dropped that message (no row then).
+                Ok(Ok(false)) if created => {
+                    self.queue.publish(TaskMessage { republish: 1, ..self.first_message(&task) }).await?;
+                }
+                Ok(Ok(false)) => {}
+                _ => {
+                    self.queue.publish(self.first_message(&task)).await?;
+                }
+            }
             if created {
                 flower_agent::metrics::metrics().tasks_queued.inc();
             }
@@ -364,14 +483,28 @@ impl Dispatcher {
         Ok(task)
     }
 
-    /// Wait until the task ends; its row holds the report.
-    pub async fn wait(&self, id: TaskId, cancel: &CancellationToken) -> Result<Task, DispatchError> {
+    /// Wait until the task ends; its row holds the report. `queued` is the
+    /// row as dispatched. An end copied in the worker's notice is taken as
+    /// heard — before its commit, maybe: then it comes with the requirement
+    /// that the write storing what follows from it checks
+    /// ([`flower_store::Batch::requires`]).
+    pub async fn wait(&self, queued: &Task, cancel: &CancellationToken) -> Result<Delegated, DispatchError> {
+        let id = queued.id;
         let waiting = self.waiters.register(self.journal.notifier(), id);
+        let _forget = Forget(&self.waiters, id);
         let mut requeued: Option<tokio::time::Instant> = None;
         loop {
+            if let Some(ended) = self.waiters.heard_end(id) {
+                let requires = (!ended.committed).then_some(flower_store::TaskEnd {
+                    task: id,
+                    attempt: ended.attempt,
+                    state: ended.state,
+                });
+                return Ok(Delegated { task: ended.apply(queued.clone()), requires });
+            }
             let task = self.journal.store().get_task(id).await?;
             if task.state.is_terminal() {
-                return Ok(task);
+                return Ok(Delegated { task, requires: None });
             }
             if self.waiters.lock().closed {
                 return Err(DispatchError::Bus(flower_bus::BusError::Closed));
@@ -418,6 +551,8 @@ impl Dispatcher {
                 epoch: self.epoch,
                 base_attempt: task.attempt,
                 trace: flower_bus::trace::current_traceparent(),
+                body: None,
+                republish: 0,
             })
             .await?;
         *requeued = Some(tokio::time::Instant::now());
@@ -426,27 +561,47 @@ impl Dispatcher {
 
     /// Dispatch, wait for the end, and apply the task's workspace changes when
     /// it succeeded. `None` when cancelled while waiting.
-    pub async fn delegate(&self, d: Delegation<'_>, cancel: &CancellationToken) -> Result<Option<Task>, DispatchError> {
+    pub async fn delegate(
+        &self,
+        d: Delegation<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Delegated>, DispatchError> {
         let task = tokio::select! {
             t = self.stagger(&d) => t?,
-            _ = cancel.cancelled() => return self.cancelled(),
+            _ = cancel.cancelled() => return self.cancelled_delegation(),
         };
-        let task = match self.wait(task.id, cancel).await {
+        let ended = match self.wait(&task, cancel).await {
             Ok(t) => t,
-            Err(DispatchError::Cancelled) => return self.cancelled(),
+            Err(DispatchError::Cancelled) => return self.cancelled_delegation(),
             Err(e) => return Err(e),
         };
-        if task.state == flower_model::TaskState::Succeeded
-            && let Err(e) = self.apply_changes(&task).await
-        {
-            tracing::warn!(task = %task.id, error = %e, "workspace changes not applied");
+        if ended.task.state == flower_model::TaskState::Succeeded {
+            match self.apply_changes(&ended).await {
+                Ok(_) => {}
+                // Changes are applied only from a stored end: this one was not.
+                Err(e @ DispatchError::Store(StoreError::Backend(_))) if ended.requires.is_some() => return Err(e),
+                Err(e) => tracing::warn!(task = %ended.task.id, error = %e, "workspace changes not applied"),
+            }
         }
-        Ok(Some(task))
+        Ok(Some(ended))
     }
 
-    /// Apply the changeset a finished task left, recording conflicts.
-    pub async fn apply_changes(&self, task: &Task) -> Result<usize, DispatchError> {
+    fn cancelled_delegation(&self) -> Result<Option<Delegated>, DispatchError> {
+        self.cancelled().map(|_| None)
+    }
+
+    /// Apply the changeset a finished task left, recording conflicts. An end
+    /// heard before its commit is confirmed in the store first: the job's
+    /// workspace takes changes of stored ends only.
+    pub async fn apply_changes(&self, ended: &Delegated) -> Result<usize, DispatchError> {
+        let task = &ended.task;
         let Some(cs) = self.workspace.changeset(task.id, task.attempt).await? else { return Ok(0) };
+        if let Some(end) = &ended.requires {
+            let stored = self.journal.store().settled_task(task.id).await?;
+            if !flower_store::rules::ended_as(&stored, end) {
+                return Err(flower_store::rules::unconfirmed(end).into());
+            }
+        }
         let _one_at_a_time = self.apply_lock.lock().await;
         let mut current = self.workspace.load().await?;
         let conflicts = apply(&mut current, &cs);

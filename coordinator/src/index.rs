@@ -27,14 +27,15 @@ impl IndexNotices {
 impl TurnHook for IndexNotices {
     async fn before_turn(&self) -> Option<String> {
         let mut descriptions = self.descriptions.lock().await;
-        let index = match self.workbench.refresh_index_with(&mut descriptions).await {
+        let mut sent = self.sent.lock().await;
+        // What was sent is what INDEX.md held then (read or written here).
+        let index = match self.workbench.refresh_index_after(&mut descriptions, sent.as_deref()).await {
             Ok((index, _)) => index,
             Err(e) => {
                 tracing::warn!(error = %e, "workbench index not refreshed");
                 return None;
             }
         };
-        let mut sent = self.sent.lock().await;
         let notice = match sent.as_deref() {
             None => Some(format!(
                 "The job's workbench (.flower/) — read files with Read; workers see it as .flower/ in their directory.\n{index}"

@@ -164,6 +164,8 @@ impl EmbeddedRuntime {
                     epoch: 1,
                     base_attempt: 0,
                     trace: None,
+                    body: None,
+                    republish: 0,
                 };
                 self.bus.publish_resumed(msg, t.attempt);
             }

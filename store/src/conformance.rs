@@ -39,6 +39,8 @@ macro_rules! store_conformance_tests {
             leases_fence_writes,
             a_fan_out_is_created_in_one_write,
             a_turn_and_its_calls_tasks_commit_together,
+            a_claim_waits_for_its_rows_commit,
+            a_batch_commits_only_on_the_ends_it_requires,
             a_claim_opens_the_attempts_session,
             a_final_batch_lands_with_the_end_or_not_at_all,
             a_large_batch_is_stored_whole_or_not_at_all,
@@ -209,6 +211,8 @@ pub async fn transcripts_are_ordered_per_session(store: &dyn Store) {
             usage: Some((job, usage)),
             fence: None,
             tasks: vec![],
+            requires: vec![],
+            staged: None,
         })
         .await
         .unwrap();
@@ -588,6 +592,101 @@ pub async fn a_turn_and_its_calls_tasks_commit_together(store: &dyn Store) {
     assert!(matches!(store.get_task(late.id).await, Err(StoreError::NotFound(_))));
 }
 
+/// A signal for a batch's [`crate::Staged`] callback, and its receiver: it
+/// resolves when the backend stages the batch, or fails once the batch is
+/// gone unstaged (a backend that never stages: the caller goes on after the
+/// write).
+fn staged_signal() -> (crate::Staged, tokio::sync::oneshot::Receiver<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let tx = std::sync::Mutex::new(Some(tx));
+    let staged = crate::Staged::new(move || {
+        if let Some(tx) = tx.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = tx.send(());
+        }
+    });
+    (staged, rx)
+}
+
+/// A message may name a turn's task rows once the turn's write is staged:
+/// a claim made then waits for that write and finds the row — never a
+/// missing task. Its events follow the turn's.
+pub async fn a_claim_waits_for_its_rows_commit(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let session = coordinator_session(store, job).await;
+    let t = task(job, session, "toolu_early");
+    let turn = Entry::new(job, session, None, EntryKind::Assistant, vec![ContentBlock::text("delegating")]);
+    let events: Vec<_> = (0..20)
+        .map(|i| (job, EventKind::ToolCalled { session, tool: "Agent".into(), tool_use_id: format!("toolu_{i}") }))
+        .collect();
+    let (staged, fired) = staged_signal();
+    let batch =
+        Batch { entries: vec![turn], events, tasks: vec![t.clone()], staged: Some(staged), ..Default::default() };
+    let claim = async {
+        let _ = fired.await;
+        store.claim_task(t.id, 1, "w1").await
+    };
+    let (written, claim) = tokio::join!(store.append(batch), claim);
+    let written = written.unwrap();
+    let Ok(Claim::Claimed { events: started, .. }) = claim else { panic!("the claim found no row: {claim:?}") };
+    let queued = written.events.iter().find(|e| matches!(e.kind, EventKind::TaskQueued { .. })).unwrap();
+    assert!(started[0].seq > queued.seq, "the claim's event follows the turn's: {started:?}");
+    // A staged write that does not commit leaves no row: the claim says so.
+    let lost = task(job, session, "toolu_lost");
+    let (staged, fired) = staged_signal();
+    let stale = crate::Fence { job, epoch: 99 };
+    let refused = store.append(Batch {
+        tasks: vec![lost.clone()],
+        fence: Some(stale),
+        staged: Some(staged),
+        ..Default::default()
+    });
+    let claim = async {
+        let _ = fired.await;
+        store.claim_task(lost.id, 1, "w1").await
+    };
+    let (refused, claim) = tokio::join!(refused, claim);
+    assert!(matches!(refused, Err(StoreError::Fenced { .. })), "{refused:?}");
+    assert!(matches!(claim, Err(StoreError::NotFound(_))), "{claim:?}");
+}
+
+/// A batch built on a task's end heard before its commit commits only if
+/// the store holds that end — after the end's own write, when it is in
+/// flight — and otherwise stores nothing and fails as retryable.
+pub async fn a_batch_commits_only_on_the_ends_it_requires(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let session = coordinator_session(store, job).await;
+    let t = task(job, session, "toolu_req");
+    store.create_task(t.clone(), None).await.unwrap();
+    store.claim_task(t.id, 1, "w1").await.unwrap();
+    let end = crate::TaskEnd { task: t.id, attempt: 1, state: TaskState::Succeeded };
+    let result = |text: &str| Entry::new(job, session, None, EntryKind::ToolResult, vec![ContentBlock::text(text)]);
+    let early = store.append(Batch { entries: vec![result("too early")], requires: vec![end], ..Default::default() });
+    assert!(matches!(early.await, Err(StoreError::Backend(_))), "an end not stored is refused");
+    assert!(store.entries(session, 0, 10).await.unwrap().is_empty(), "and nothing of the batch is stored");
+    let (staged, fired) = staged_signal();
+    let report = TaskOutcome::Succeeded { report: "done".into() };
+    let finish =
+        store.finish_task_with(t.id, 1, report, Usage::default(), Batch { staged: Some(staged), ..Default::default() });
+    let after = async {
+        let _ = fired.await;
+        store.append(Batch { entries: vec![result("the report")], requires: vec![end], ..Default::default() }).await
+    };
+    let (finished, after) = tokio::join!(finish, after);
+    finished.unwrap();
+    after.unwrap();
+    assert_eq!(store.entries(session, 0, 10).await.unwrap().len(), 1);
+    // Another attempt, or another end, is not the one required.
+    for wrong in [
+        crate::TaskEnd { attempt: 2, ..end },
+        crate::TaskEnd { state: TaskState::Failed, ..end },
+        crate::TaskEnd { task: TaskId::random(), ..end },
+    ] {
+        let refused = store.append(Batch { entries: vec![result("no")], requires: vec![wrong], ..Default::default() });
+        assert!(matches!(refused.await, Err(StoreError::Backend(_))), "{wrong:?}");
+    }
+    assert_eq!(store.settled_task(t.id).await.unwrap().state, TaskState::Succeeded);
+}
+
 pub async fn a_claim_opens_the_attempts_session(store: &dyn Store) {
     let job = new_job(store, None).await;
     let t = task(job, SessionId::random(), "toolu_a");
@@ -649,6 +748,8 @@ pub async fn a_final_batch_lands_with_the_end_or_not_at_all(store: &dyn Store) {
         usage: Some((job, usage)),
         fence: None,
         tasks: vec![child.clone()],
+        requires: vec![],
+        staged: None,
     };
     let stale =
         store.finish_task_with(t.id, 1, TaskOutcome::Succeeded { report: "old".into() }, usage, batch("old")).await;
@@ -713,6 +814,8 @@ pub async fn leases_fence_writes(store: &dyn Store) {
         usage: None,
         fence,
         tasks: vec![],
+        requires: vec![],
+        staged: None,
     };
     let events_before = store.events(job, 0, 1000).await.unwrap().len();
     for err in [

@@ -146,11 +146,64 @@ pub struct Batch {
     pub tasks: Vec<Task>,
     /// When set, the whole batch is rejected unless this epoch owns the job.
     pub fence: Option<Fence>,
+    /// Task ends the batch's content was built on before they were known to
+    /// be committed (a report heard in a worker's notice): the batch commits
+    /// only if each task is stored ended so, after its writer's transaction
+    /// (docs/design.md section 3); otherwise nothing is written and the
+    /// write fails as [`StoreError::Backend`], so the run resumes from what
+    /// is stored.
+    pub requires: Vec<TaskEnd>,
+    /// Called once, inside the batch's transaction, when a message naming its
+    /// task rows (or its task's end) may go out before the commit: the
+    /// transaction holds what readers of those rows wait on (see [`Staged`]).
+    /// A backend that cannot offer that never calls it, and the caller
+    /// publishes after the commit.
+    pub staged: Option<Staged>,
 }
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty() && self.events.is_empty() && self.usage.is_none() && self.tasks.is_empty()
+        self.entries.is_empty()
+            && self.events.is_empty()
+            && self.usage.is_none()
+            && self.tasks.is_empty()
+            && self.requires.is_empty()
+    }
+}
+
+/// A task's end as a batch requires it to be stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskEnd {
+    pub task: TaskId,
+    pub attempt: u32,
+    pub state: TaskState,
+}
+
+/// A callback run when a batch's transaction is *staged*: on Postgres,
+/// after the transaction took the advisory locks of the task rows it creates
+/// (a claim takes the same lock, shared, before it reads the row, so it
+/// waits for this transaction's end and then sees the row or its absence),
+/// or, for a task's end, after the row lock and the end's rules passed (a
+/// batch that [`Batch::requires`] the end reads the row under a share lock,
+/// so it waits for this transaction too). So a message may be published while
+/// the commit is still being flushed: whoever acts on it waits for the
+/// commit in the store, not for the message. docs/design.md section 3.
+#[derive(Clone)]
+pub struct Staged(std::sync::Arc<dyn Fn() + Send + Sync>);
+
+impl Staged {
+    pub fn new(f: impl Fn() + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(f))
+    }
+
+    pub fn fire(&self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Staged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Staged")
     }
 }
 
@@ -229,6 +282,10 @@ pub trait Store: Send + Sync + 'static {
     /// was created now, and the `task_queued` events of the new ones in that order.
     async fn create_tasks(&self, tasks: Vec<Task>, fence: Option<Fence>) -> Result<(Vec<(Task, bool)>, Written)>;
     async fn get_task(&self, id: TaskId) -> Result<Task>;
+    /// The task as stored once a transaction writing it in flight has ended
+    /// (on Postgres a share lock waits for it: a task's end staged before its
+    /// commit, see [`Staged`]); where writes are serialised, [`Store::get_task`].
+    async fn settled_task(&self, id: TaskId) -> Result<Task>;
     async fn tasks(&self, job: JobId) -> Result<Vec<Task>>;
     /// Claim `attempt` of a task for `worker_id` (compare-and-set): succeeds only
     /// if the task has not ended and no later attempt holds it ([`rules::claim`]).

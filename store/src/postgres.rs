@@ -25,7 +25,7 @@ use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
 use crate::rules::{self, ClaimDecision, TaskChange};
-use crate::{Batch, Claim, Fence, Lease, NewJob, Result, Store, StoreError, Written, migrations};
+use crate::{Batch, Claim, Fence, Lease, NewJob, Result, Store, StoreError, TaskEnd, Written, migrations};
 
 /// Advisory lock key serialising migrations across replicas.
 const MIGRATION_LOCK: i64 = 0x666c_6f77_6572;
@@ -540,6 +540,65 @@ async fn lock_task(tx: &Transaction<'_>, id: TaskId) -> Result<Option<Task>> {
     row.as_ref().map(decode_task).transpose()
 }
 
+/// The advisory-lock space of task rows being created (the two-key form,
+/// which does not overlap the one-key space of [`MIGRATION_LOCK`]).
+const TASK_LOCK_CLASS: i32 = 0x666c_7774;
+
+/// A task id's advisory-lock key (a collision only makes a claim wait for
+/// another task's creator).
+fn task_lock_key(id: TaskId) -> i32 {
+    let b = id.0.as_bytes();
+    i32::from_le_bytes([b[0], b[1], b[2], b[3]]) ^ i32::from_le_bytes([b[12], b[13], b[14], b[15]])
+}
+
+/// Take the creation locks of `tasks` (exclusive, to the transaction's
+/// end): a claim of one of them waits for this transaction (see
+/// [`claim_locked`]), so its message may be published before the commit.
+async fn lock_new_tasks(tx: &Transaction<'_>, tasks: &[Task]) -> Result<()> {
+    if tasks.is_empty() {
+        return Ok(());
+    }
+    let mut keys: Vec<i32> = tasks.iter().map(|t| task_lock_key(t.id)).collect();
+    // One order for every transaction: two creators never wait on each other in a cycle.
+    keys.sort_unstable();
+    keys.dedup();
+    db_execute(tx, "SELECT pg_advisory_xact_lock($1, k) FROM UNNEST($2::int4[]) AS k", &[&TASK_LOCK_CLASS, &keys])
+        .await?;
+    Ok(())
+}
+
+/// The task row for a claim, locked: first the task's creation lock,
+/// shared (a coordinator that published the task's message before its
+/// commit still holds it exclusively, so the claim waits for that
+/// transaction's end), then the row under a fresh snapshot. Both statements
+/// go out in one round trip, in order.
+async fn claim_locked(tx: &Transaction<'_>, id: TaskId) -> Result<Option<Task>> {
+    let wait = tx.prepare_cached("SELECT pg_advisory_xact_lock_shared($1, $2)").await?;
+    let read = tx.prepare_cached(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1 FOR UPDATE")).await?;
+    let key = task_lock_key(id);
+    let (lock_params, read_params): ([&(dyn ToSql + Sync); 2], [&(dyn ToSql + Sync); 1]) =
+        ([&TASK_LOCK_CLASS, &key], [&id.0]);
+    let (_, row) = futures::try_join!(tx.execute(&wait, &lock_params), tx.query_opt(&read, &read_params))?;
+    row.as_ref().map(decode_task).transpose()
+}
+
+/// Refuse the batch unless each required end is stored. The rows are read
+/// under a share lock: a worker's end staged before its commit holds the row
+/// lock, so this waits for that transaction and reads what it left.
+async fn check_required(tx: &Transaction<'_>, required: &[TaskEnd]) -> Result<()> {
+    if required.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = required.iter().map(|r| r.task.0).collect();
+    let rows = db_query(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1) FOR SHARE"), &[&ids]).await?;
+    let stored: std::collections::HashMap<Uuid, Task> =
+        rows.iter().map(|r| decode_task(r).map(|t| (t.id.0, t))).collect::<Result<_>>()?;
+    match required.iter().find(|r| !stored.get(&r.task.0).is_some_and(|t| rules::ended_as(t, r))) {
+        Some(missing) => Err(rules::unconfirmed(missing)),
+        None => Ok(()),
+    }
+}
+
 fn decode_session(r: &Row) -> Result<Session> {
     Ok(Session {
         id: SessionId(r.get(0)),
@@ -778,7 +837,13 @@ impl Store for PostgresStore {
         }
         self.tx(move |tx| {
             Box::pin(async move {
-                check_fence(tx, batch.fence).await?;
+                futures::try_join!(check_fence(tx, batch.fence), lock_new_tasks(tx, &batch.tasks))?;
+                if !batch.tasks.is_empty()
+                    && let Some(staged) = &batch.staged
+                {
+                    staged.fire();
+                }
+                check_required(tx, &batch.requires).await?;
                 let entry_seqs = write_entries(tx, batch.entries).await?;
                 let mut events = batch.events;
                 let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
@@ -806,7 +871,7 @@ impl Store for PostgresStore {
         }
         self.tx(move |tx| {
             Box::pin(async move {
-                check_fence(tx, fence).await?;
+                futures::try_join!(check_fence(tx, fence), lock_new_tasks(tx, &tasks))?;
                 let mut events = Vec::new();
                 let out = insert_tasks(tx, &tasks, &mut events).await?;
                 Ok((out, written(write_events(tx, events, None).await?)))
@@ -817,6 +882,18 @@ impl Store for PostgresStore {
 
     async fn get_task(&self, id: TaskId) -> Result<Task> {
         load_task(&self.pool.get().await?, id).await
+    }
+
+    async fn settled_task(&self, id: TaskId) -> Result<Task> {
+        self.tx(move |tx| {
+            Box::pin(async move {
+                let row = db_query_opt(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1 FOR SHARE"), &[&id.0])
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+                decode_task(&row)
+            })
+        })
+        .await
     }
 
     async fn tasks(&self, job: JobId) -> Result<Vec<Task>> {
@@ -840,7 +917,7 @@ impl Store for PostgresStore {
         let worker_id = worker_id.to_string();
         self.tx(move |tx| {
             Box::pin(async move {
-                let task = lock_task(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+                let task = claim_locked(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
                 match rules::claim(&task, attempt, &worker_id, now_ms()) {
                     ClaimDecision::Answer(answer) => Ok(answer),
                     ClaimDecision::Take(change) => {
@@ -871,6 +948,12 @@ impl Store for PostgresStore {
                 check_fence(tx, batch.fence).await?;
                 let task = lock_task(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
                 let change = rules::finish(&task, attempt, outcome, usage, now_ms())?;
+                // The end is decided and the row is locked to the commit: a
+                // batch requiring this end waits for it (see [`check_required`]).
+                if let Some(staged) = &batch.staged {
+                    staged.fire();
+                }
+                check_required(tx, &batch.requires).await?;
                 let entry_seqs = write_entries(tx, batch.entries).await?;
                 write_tasks(tx, &[&change.task]).await?;
                 let mut events = batch.events;

@@ -11,7 +11,7 @@
 
 use flower_model::{EventKind, Job, JobId, JobState, Session, Task, TaskOutcome, TaskState, Usage};
 
-use crate::{Claim, Fence, Lease, StoreError};
+use crate::{Claim, Fence, Lease, StoreError, TaskEnd};
 
 /// A task row to store and the event reporting it, written in one transaction.
 #[derive(Clone, Debug, PartialEq)]
@@ -98,6 +98,23 @@ pub fn finish(
 /// moves on), or `None` when that attempt no longer holds a running task.
 /// A heartbeat writes no event: it is not news, only a sign of life for the
 /// sweeper.
+/// Whether `task` is stored ended as `required` says ([`crate::Batch::requires`]).
+pub fn ended_as(task: &Task, required: &TaskEnd) -> bool {
+    task.state == required.state && task.attempt == required.attempt
+}
+
+/// The refusal of a batch whose required end is not stored: a transient
+/// error, so the run that built the batch on a report not stored resumes from
+/// what is (the task's next attempt reports again).
+pub fn unconfirmed(required: &TaskEnd) -> StoreError {
+    StoreError::Backend(format!(
+        "task {} was not stored {} at attempt {}, which this write was built on",
+        required.task,
+        required.state.as_str(),
+        required.attempt
+    ))
+}
+
 pub fn heartbeat(task: &Task, attempt: u32, now: i64) -> Option<Task> {
     if task.state != TaskState::Running || task.attempt != attempt {
         return None;

@@ -311,6 +311,17 @@ fn load_task(conn: &Connection, id: &str) -> Result<Option<Task>> {
     }
 }
 
+/// Refuse the batch unless each required end is stored ([`crate::Batch::requires`]).
+fn check_required(tx: &Connection, required: &[crate::TaskEnd]) -> Result<()> {
+    for r in required {
+        let ok = load_task(tx, &r.task.to_string())?.is_some_and(|t| rules::ended_as(&t, r));
+        if !ok {
+            return Err(rules::unconfirmed(r));
+        }
+    }
+    Ok(())
+}
+
 fn decode_task(r: &Row<'_>) -> Result<Task> {
     Ok(Task {
         id: parse_id(&r.get::<_, String>(0)?)?,
@@ -561,6 +572,7 @@ impl Store for SqliteStore {
         }
         self.tx(move |tx| {
             check_fence(tx, batch.fence)?;
+            check_required(tx, &batch.requires)?;
             let mut written = Written { entry_seqs: write_entries(tx, batch.entries)?, ..Default::default() };
             if let Some((job, usage)) = batch.usage {
                 add_usage(tx, job, &usage)?;
@@ -599,6 +611,12 @@ impl Store for SqliteStore {
     async fn get_task(&self, id: TaskId) -> Result<Task> {
         self.run(move |c| load_task(c, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}"))))
             .await
+    }
+
+    /// Writes are serialised and a batch's messages go out after its commit
+    /// (this backend never fires [`crate::Staged`]): what is read has settled.
+    async fn settled_task(&self, id: TaskId) -> Result<Task> {
+        self.get_task(id).await
     }
 
     async fn tasks(&self, job: JobId) -> Result<Vec<Task>> {
@@ -655,6 +673,7 @@ impl Store for SqliteStore {
             check_fence(tx, batch.fence)?;
             let task = load_task(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
             let change = rules::finish(&task, attempt, outcome, usage, now_ms())?;
+            check_required(tx, &batch.requires)?;
             let entry_seqs = write_entries(tx, batch.entries)?;
             if let Some((job, usage)) = batch.usage {
                 add_usage(tx, job, &usage)?;

@@ -189,7 +189,21 @@ impl Workbench {
 
     /// [`Workbench::refresh_index`] with a description cache kept by the caller.
     pub async fn refresh_index_with(&self, cache: &mut DescriptionCache) -> Result<(String, bool)> {
+        self.refresh_index_after(cache, None).await
+    }
+
+    /// [`Workbench::refresh_index_with`] by a caller that knows what `INDEX.md`
+    /// held when it last read or wrote it (`stored`): an index rendered the
+    /// same is not read again (one read less per coordinator turn).
+    pub async fn refresh_index_after(
+        &self,
+        cache: &mut DescriptionCache,
+        stored: Option<&str>,
+    ) -> Result<(String, bool)> {
         let index = self.render_index_with(INDEX_ENTRIES, cache).await?;
+        if stored == Some(index.as_str()) {
+            return Ok((index, false));
+        }
         let current = match self.get(INDEX).await {
             Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
             Err(StoreError::NotFound(_)) => None,

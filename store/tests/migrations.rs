@@ -88,6 +88,8 @@ async fn check_usable(store: &dyn Store, old: &Release) {
             usage: Some((old.job, old.usage)),
             fence: Some(lease.fence()),
             tasks: vec![],
+            requires: vec![],
+            staged: None,
         })
         .await
         .unwrap();

@@ -249,42 +249,24 @@ impl Worker {
         let msg = delivery.message().clone();
         let attempt = msg.base_attempt + delivery.delivered();
         let over = delivery.delivered() > self.opts.max_attempts;
+        let delivery: Arc<dyn Delivery> = Arc::from(delivery);
+        // A first delivery that carries the task's words starts its first
+        // model request while the claim commits (docs/design.md section 3).
+        if attempt == 1
+            && !over
+            && msg.worker != flower_model::job::COMMAND_TASK
+            && let Some(queued) = msg.queued_task()
+        {
+            return self.handle_early(delivery, msg, queued).await;
+        }
         // The working directory is made ready while the claim commits: the
         // claim decides whether it is used, and the first model call waits
         // for neither one after the other.
         let open = async { if over { None } else { Some(self.open_attempt(&msg, attempt).await) } };
         let (claim, opened) = tokio::join!(self.claim(delivery.as_ref(), attempt), open);
-        let claim = match claim {
-            Ok(c) => c,
-            Err(StoreError::NotFound(_)) => {
-                tracing::warn!(task = %msg.task_id, "delivery for an unknown task, dropped");
-                self.discard(msg.job_id, opened).await;
-                let _ = delivery.term().await;
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(task = %msg.task_id, error = %e, "claim failed, redelivering later");
-                self.discard(msg.job_id, opened).await;
-                let _ = delivery.nak(Some(Duration::from_secs(1))).await;
-                return;
-            }
-        };
-        let (task, fresh) = match claim {
-            Claim::Claimed { task, events } => {
-                // The claim opened the task's session just now: it has no history to read.
-                let session = task.id.session();
-                let fresh = events
-                    .iter()
-                    .any(|e| matches!(&e.kind, EventKind::SessionStarted { session: s, .. } if *s == session));
-                self.journal.announce(&flower_store::Written { events, ..Default::default() }).await;
-                (task, fresh)
-            }
-            Claim::AlreadyFinished(_) | Claim::Superseded { .. } => {
-                // Someone else owns or finished it: this delivery is stale.
-                self.discard(msg.job_id, opened).await;
-                let _ = delivery.ack().await;
-                return;
-            }
+        let Some((task, fresh)) = self.claimed(delivery.as_ref(), claim).await else {
+            self.discard(msg.job_id, opened).await;
+            return;
         };
         let Some(opened) = opened else {
             let error = format!("gave up after {} attempts (no worker finished the task)", self.opts.max_attempts);
@@ -298,9 +280,116 @@ impl Worker {
             return;
         };
         let cancel = CancellationToken::new();
+        let running = self.started(&task, attempt, delivery.clone(), &cancel);
+        let (result, held) = self.execute(&task, attempt, opened, fresh, cancel.clone(), None).await;
+        self.settle(&task, attempt, result, held, &cancel, running, delivery).await;
+    }
+
+    /// A first delivery with the task's words: the claim, and meanwhile the
+    /// attempt's directory, session and first model request. The session
+    /// acts on nothing the model answers (no entry, no tool) before the claim
+    /// commits; a refused claim cancels it and its answer is dropped. A job
+    /// with MCP servers starts none of their programs before the claim.
+    async fn handle_early(&self, delivery: Arc<dyn Delivery>, msg: flower_bus::TaskMessage, queued: Task) {
+        let attempt = 1;
+        let cancel = CancellationToken::new();
+        let (decided, gate) = tokio::sync::watch::channel(None::<bool>);
+        // The directory is opened now and filled (workspace, workbench)
+        // while the claim commits: the first request needs neither.
+        let opened = self.open_attempt_with(&msg, attempt, false).await;
+        let filler = opened.as_ref().ok().map(|(_, dir)| dir.filler.clone());
+        let programs = matches!(&opened, Ok((cached, _)) if !cached.1.mcp_servers.is_empty());
+        let claim_side = async {
+            let fill = async {
+                match &filler {
+                    Some(f) => f.fill().await,
+                    None => Ok(()),
+                }
+            };
+            let (claim, filled) = tokio::join!(self.claim(delivery.as_ref(), attempt), fill);
+            let claimed = self.claimed(delivery.as_ref(), claim).await.map(|(task, _)| {
+                let running = self.started(&task, attempt, delivery.clone(), &cancel);
+                (task, running)
+            });
+            if claimed.is_none() {
+                cancel.cancel();
+            }
+            let _ = decided.send(Some(claimed.is_some() && filled.is_ok()));
+            (claimed, filled)
+        };
+        let run_side = async {
+            let mut wait = gate.clone();
+            if programs && !matches!(wait.wait_for(Option::is_some).await.as_deref(), Ok(Some(true))) {
+                return Err(opened);
+            }
+            // A session stopped at its gate releases its directory itself.
+            Ok(self.execute(&queued, attempt, opened, true, cancel.clone(), Some(gate.clone())).await)
+        };
+        match tokio::join!(claim_side, run_side) {
+            ((Some((task, running)), Ok(())), ran) => {
+                let (result, held) = match ran {
+                    Ok(ran) => ran,
+                    // (Not reached: an open gate lets the session start.)
+                    Err(opened) => self.execute(&task, attempt, opened, true, cancel.clone(), None).await,
+                };
+                self.settle(&task, attempt, result, held, &cancel, running, delivery).await;
+            }
+            // Claimed, but the directory could not be filled: given back.
+            ((Some((task, running)), Err(e)), ran) => {
+                if let Err(opened) = ran {
+                    self.discard(msg.job_id, Some(opened)).await;
+                }
+                let failed = Err((Failure::store("preparing the working directory", e), Usage::default()));
+                self.settle(&task, attempt, failed, Batch::default(), &cancel, running, delivery).await;
+            }
+            // Refused: a job's programs were never started.
+            ((None, _), Err(opened)) => self.discard(msg.job_id, Some(opened)).await,
+            // Refused: the session stopped at its gate, before any write or
+            // tool, and released its directory.
+            ((None, _), Ok(_)) => {}
+        }
+    }
+
+    /// What the claim means for the delivery: the task and whether the claim
+    /// opened its session just now (so there is no history to read) — or
+    /// `None`, the delivery settled (unknown task: dropped; store error:
+    /// redelivered later; ended or superseded: acked).
+    async fn claimed(&self, delivery: &dyn Delivery, claim: Result<Claim, StoreError>) -> Option<(Task, bool)> {
+        let task = delivery.message().task_id;
+        match claim {
+            Ok(Claim::Claimed { task, events }) => {
+                let session = task.id.session();
+                let fresh = events
+                    .iter()
+                    .any(|e| matches!(&e.kind, EventKind::SessionStarted { session: s, .. } if *s == session));
+                self.journal.announce(&flower_store::Written { events, ..Default::default() }).await;
+                Some((task, fresh))
+            }
+            Err(StoreError::NotFound(_)) => {
+                // No row after its creator's transaction ended: it did not
+                // commit (a coordinator that republishes uses a new id).
+                tracing::warn!(%task, "delivery for an unknown task, dropped");
+                let _ = delivery.term().await;
+                None
+            }
+            Err(e) => {
+                tracing::warn!(%task, error = %e, "claim failed, redelivering later");
+                let _ = delivery.nak(Some(Duration::from_secs(1))).await;
+                None
+            }
+            Ok(Claim::AlreadyFinished(_) | Claim::Superseded { .. }) => {
+                // Someone else owns or finished it: this delivery is stale.
+                let _ = delivery.ack().await;
+                None
+            }
+        }
+    }
+
+    /// A claimed attempt starts running: cancellable by the job's cancel
+    /// notice, heartbeats going, counted.
+    fn started(&self, task: &Task, attempt: u32, delivery: Arc<dyn Delivery>, cancel: &CancellationToken) -> Running {
         self.lock_running().entry(task.job_id).or_default().push((task.id, cancel.clone()));
-        let delivery: Arc<dyn Delivery> = Arc::from(delivery);
-        let beat = self.heartbeat(delivery.clone(), &task, attempt);
+        let beat = self.heartbeat(delivery, task, attempt);
         let metrics = flower_agent::metrics::metrics();
         metrics.task("started");
         if attempt == 1 {
@@ -308,9 +397,23 @@ impl Worker {
             metrics.dispatch.observe(waited_ms as f64 / 1000.0);
         }
         metrics.worker_slots_busy.inc();
-        let started = std::time::Instant::now();
-        let (result, held) = self.execute(&task, attempt, opened, fresh, cancel.clone()).await;
-        metrics.task_duration.observe(started.elapsed().as_secs_f64());
+        Running { beat, started: std::time::Instant::now() }
+    }
+
+    /// Record the attempt's end and settle its delivery.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle(
+        &self,
+        task: &Task,
+        attempt: u32,
+        result: Result<(String, Usage), (Failure, Usage)>,
+        held: Batch,
+        cancel: &CancellationToken,
+        running: Running,
+        delivery: Arc<dyn Delivery>,
+    ) {
+        let metrics = flower_agent::metrics::metrics();
+        metrics.task_duration.observe(running.started.elapsed().as_secs_f64());
         metrics.worker_slots_busy.dec();
         metrics.task(match &result {
             _ if cancel.is_cancelled() => "cancelled",
@@ -325,16 +428,16 @@ impl Worker {
                 self.keep(held).await;
                 Recorded::Settled
             }
-            Ok((report, usage)) => self.finish(&task, attempt, TaskOutcome::Succeeded { report }, usage, held).await,
+            Ok((report, usage)) => self.finish(task, attempt, TaskOutcome::Succeeded { report }, usage, held).await,
             Err((f, _)) if f.retryable => {
                 tracing::warn!(task = %task.id, attempt, reason = %f.reason, "attempt stopped by a transient failure; redelivering");
                 // A stored answer is taken up by the next attempt without a new model call.
                 self.keep(held).await;
                 Recorded::GaveUp
             }
-            Err((f, usage)) => self.finish(&task, attempt, TaskOutcome::Failed { error: f.reason }, usage, held).await,
+            Err((f, usage)) => self.finish(task, attempt, TaskOutcome::Failed { error: f.reason }, usage, held).await,
         };
-        beat.abort();
+        running.beat.abort();
         let _ = match recorded {
             Recorded::Settled => delivery.ack().await,
             // Not acked: the message comes back and the stored transcript resumes.
@@ -409,11 +512,38 @@ impl Worker {
         let store = self.journal.store();
         let give_up = tokio::time::Instant::now() + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
+        // The end's notice, with a copy of the end, goes out as soon as the
+        // end's transaction is staged (docs/design.md section 3): the
+        // coordinator goes on while this commits, and its next write
+        // requires the end. Else (a backend that does not stage) after it.
+        let early = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let staged_end = flower_store::rules::finish(task, attempt, outcome.clone(), usage, now_ms())
+            .ok()
+            .and_then(|change| flower_bus::TaskEnded::of(&change.task, false));
+        if let Some(ended) = staged_end {
+            let (notifier, early, job, id) = (self.journal.notifier().clone(), early.clone(), task.job_id, task.id);
+            held.staged = Some(flower_store::Staged::new(move || {
+                if early.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let (notifier, ended) = (notifier.clone(), Box::new(ended.clone()));
+                tokio::spawn(async move {
+                    let _ = notifier.notify(Notice::TaskDone { job, task: id, ended: Some(ended) }).await;
+                });
+            }));
+        }
         loop {
             match store.finish_task_with(task.id, attempt, outcome.clone(), usage, held.clone()).await {
-                Ok((_, written)) => {
+                Ok((ended, written)) => {
                     self.journal.announce(&written).await;
-                    let _ = self.journal.notifier().notify(Notice::TaskDone { job: task.job_id, task: task.id }).await;
+                    if !early.load(std::sync::atomic::Ordering::SeqCst) {
+                        let ended = flower_bus::TaskEnded::of(&ended, true).map(Box::new);
+                        let _ = self
+                            .journal
+                            .notifier()
+                            .notify(Notice::TaskDone { job: task.job_id, task: task.id, ended })
+                            .await;
+                    }
                     return Recorded::Settled;
                 }
                 Err(StoreError::Invalid(m)) if matches!(outcome, TaskOutcome::Succeeded { .. }) || !held.is_empty() => {
@@ -471,10 +601,20 @@ impl Worker {
     /// The attempt's job (cached) and its working directory, made ready
     /// before the claim is known (see [`Worker::handle`]).
     async fn open_attempt(&self, msg: &flower_bus::TaskMessage, attempt: u32) -> Opened {
+        self.open_attempt_with(msg, attempt, true).await
+    }
+
+    /// [`Worker::open_attempt`]; `filled`: with the directory filled, else
+    /// only opened (the caller fills it, [`Filler::fill`]).
+    async fn open_attempt_with(&self, msg: &flower_bus::TaskMessage, attempt: u32, filled: bool) -> Opened {
         let cached = self.job(msg.job_id).await?;
-        let dir =
-            self.open_dir(msg.job_id, &cached.1, msg.task_id, attempt).await.map_err(|f| (f, Usage::default()))?;
-        Ok((cached, dir))
+        let (job, spec) = (msg.job_id, &cached.1);
+        let dir = if filled {
+            self.open_dir(job, spec, msg.task_id, attempt).await
+        } else {
+            self.open_empty(job, spec, msg.task_id, attempt).await
+        };
+        Ok((cached, dir.map_err(|f| (f, Usage::default()))?))
     }
 
     /// A directory made ready for an attempt the claim refused: emptied for
@@ -496,8 +636,9 @@ impl Worker {
         opened: Opened,
         fresh: bool,
         cancel: CancellationToken,
+        gate: Option<flower_agent::Gate>,
     ) -> (Result<(String, Usage), (Failure, Usage)>, Batch) {
-        match self.execute_held(task, attempt, opened, fresh, cancel).await {
+        match self.execute_held(task, attempt, opened, fresh, cancel, gate).await {
             Ok((result, held)) => (result, held),
             Err(failure) => (Err(failure), Batch::default()),
         }
@@ -510,6 +651,7 @@ impl Worker {
         opened: Opened,
         fresh: bool,
         cancel: CancellationToken,
+        gate: Option<flower_agent::Gate>,
     ) -> Result<(Result<(String, Usage), (Failure, Usage)>, Batch), (Failure, Usage)> {
         let none = Usage::default();
         let (cached, dir) = opened?;
@@ -517,12 +659,24 @@ impl Worker {
         if task.worker == flower_model::job::COMMAND_TASK {
             return Ok((self.run_command(task, attempt, &dir, cancel).await, Batch::default()));
         }
-        let run = self.build_session(task, job, spec, &dir, fresh, cancel).await.map_err(|f| (f, none))?;
+        let mut run = self.build_session(task, job, spec, &dir, fresh, cancel).await.map_err(|f| (f, none))?;
+        if let Some(gate) = &gate {
+            run.agent = run.agent.with_gate(gate.clone());
+        }
         let outcome = run.agent.run(run.history, run.input).await;
         let held = run.agent.take_held().unwrap_or_default();
         run.mcp.close().await;
-        // Whatever happened, what the task wrote is kept.
-        let kept = self.close_dir(task, attempt, &dir).await;
+        // A session its claim refused acted on nothing: nothing to keep.
+        let refused = gate.is_some_and(|g| *g.borrow() != Some(true));
+        // An answer on the first turn ran no tool: the directory is as checked out.
+        let untouched = matches!(outcome, Ok(Outcome::Answered { turns: 1, .. })) && spec.mcp_servers.is_empty();
+        let kept = if refused || untouched {
+            self.release_dir(task.job_id, &dir.path).await;
+            Ok(())
+        } else {
+            // Whatever happened, what the task wrote is kept.
+            self.close_dir(task, attempt, &dir).await
+        };
         Ok((report(task, outcome, kept), held))
     }
 
@@ -536,15 +690,22 @@ impl Worker {
     /// next attempt of the same job — never another job's: a job's tasks
     /// already share its workbench and workspace, jobs share nothing.
     async fn open_dir(&self, job: JobId, spec: &JobSpec, task: TaskId, attempt: u32) -> Result<TaskDir, Failure> {
+        let dir = self.open_empty(job, spec, task, attempt).await?;
+        dir.filler.fill().await.map_err(|e| Failure::store("preparing the working directory", e))?;
+        Ok(dir)
+    }
+
+    /// [`Worker::open_dir`] before its filling: the directory exists and is
+    /// opened, its workspace and workbench not there yet ([`Filler::fill`]).
+    async fn open_empty(&self, job: JobId, spec: &JobSpec, task: TaskId, attempt: u32) -> Result<TaskDir, Failure> {
         let reused = if self.opts.keep_workdirs { None } else { self.take_spare(job) };
         let path = match &reused {
             Some(path) => path.clone(),
             None => self.opts.work_root.join(job.to_string()).join(format!("{task}-{attempt}")),
         };
-        let (workspace, base, workbench, wb_base) = self
-            .prepare(job, &path, reused.is_none())
-            .await
-            .map_err(|e| Failure::store("preparing the working directory", e))?;
+        if reused.is_none() {
+            self.make_dir(&path).await.map_err(|e| Failure::store("preparing the working directory", e))?;
+        }
         let sandbox =
             Sandbox::open(&path).map_err(|e| Failure::fatal(format!("opening the working directory: {e}")))?;
         let limits = ToolLimits {
@@ -552,12 +713,20 @@ impl Worker {
             bash_output_limit: spec.runtime.bash_output_limit.as_u64() as usize,
             isolation: crate::isolation::installed(),
         };
+        let workbench = Workbench::new(self.objects.clone(), job);
         let sync = Arc::new(WorkbenchSync {
             workbench: workbench.clone(),
             mount: path.join(MOUNT),
-            base: tokio::sync::Mutex::new(wb_base),
+            base: tokio::sync::Mutex::new(Manifest::new()),
         });
-        Ok(TaskDir { path, sandbox, limits, workspace, base, workbench, sync })
+        let filler = Filler {
+            path: path.clone(),
+            workspace: Workspace::new(self.objects.clone(), job),
+            base: Default::default(),
+            workbench,
+            sync,
+        };
+        Ok(TaskDir { path, sandbox, limits, filler })
     }
 
     /// The worker agent of this attempt: its tools (MCP servers connected),
@@ -673,26 +842,12 @@ impl Worker {
     }
 
     /// Check the workspace out into `workdir` and mount the workbench there;
-    /// `fresh`: make the directory (replacing what an earlier try left),
-    /// else it is an emptied one being reused.
-    async fn prepare(
-        &self,
-        job: JobId,
-        workdir: &Path,
-        fresh: bool,
-    ) -> Result<(Workspace, Manifest, Workbench, Manifest), StoreError> {
-        if fresh {
-            if workdir.exists() {
-                tokio::fs::remove_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
-            }
-            tokio::fs::create_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
+    /// A new directory for an attempt, replacing what an earlier try left.
+    async fn make_dir(&self, workdir: &Path) -> Result<(), StoreError> {
+        if workdir.exists() {
+            tokio::fs::remove_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
         }
-        let workspace = Workspace::new(self.objects.clone(), job);
-        let base = workspace.load().await?;
-        workspace.checkout(&base, workdir).await?;
-        let workbench = Workbench::new(self.objects.clone(), job);
-        let wb_base = workbench.materialize(&workdir.join(MOUNT)).await?;
-        Ok((workspace, base, workbench, wb_base))
+        tokio::fs::create_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))
     }
 
     /// Keep what the attempt wrote (see [`Worker::collect`]), then remove its
@@ -746,10 +901,11 @@ impl Worker {
 
     /// Final workbench sync, and the workspace changeset for the job's owner.
     async fn collect(&self, task: &Task, attempt: u32, dir: &TaskDir) -> Result<(), StoreError> {
-        dir.sync.sync().await?;
-        let cs = dir.workspace.diff(&dir.base, &dir.path).await?;
+        let f = &dir.filler;
+        f.sync.sync().await?;
+        let cs = f.workspace.diff(&f.base(), &dir.path).await?;
         if !cs.is_empty() {
-            dir.workspace.put_changeset(task.id, attempt, &cs).await?;
+            f.workspace.put_changeset(task.id, attempt, &cs).await?;
         }
         Ok(())
     }
@@ -804,15 +960,45 @@ struct TaskDir {
     path: PathBuf,
     sandbox: Sandbox,
     limits: ToolLimits,
+    /// What fills the directory (see [`Filler`]).
+    filler: Filler,
+}
+
+/// What fills an opened directory: the workspace checked out, the workbench
+/// materialised at `.flower/`, and the manifests they are later compared to.
+#[derive(Clone)]
+struct Filler {
+    path: PathBuf,
     workspace: Workspace,
     /// The workspace as checked out, to diff the attempt's changes against.
-    base: Manifest,
+    base: Arc<std::sync::Mutex<Manifest>>,
     workbench: Workbench,
     sync: Arc<WorkbenchSync>,
 }
 
+impl Filler {
+    async fn fill(&self) -> Result<(), StoreError> {
+        let base = self.workspace.load().await?;
+        self.workspace.checkout(&base, &self.path).await?;
+        *self.base.lock().unwrap_or_else(|p| p.into_inner()) = base;
+        let wb_base = self.workbench.materialize(&self.path.join(MOUNT)).await?;
+        *self.sync.base.lock().await = wb_base;
+        Ok(())
+    }
+
+    fn base(&self) -> Manifest {
+        self.base.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// An attempt's job and working directory, or why they could not be had.
 type Opened = Result<(Arc<(Job, JobSpec)>, TaskDir), (Failure, Usage)>;
+
+/// An attempt's heartbeat and start, while it runs.
+struct Running {
+    beat: tokio::task::JoinHandle<()>,
+    started: std::time::Instant,
+}
 
 /// A built worker agent, what it starts from, and the MCP servers to close after it.
 struct WorkerRun {
@@ -826,13 +1012,13 @@ struct WorkerRun {
 fn worker_hooks(task: &Task, spec: &JobSpec, wspec: &WorkerSpec, dir: &TaskDir) -> Hooks {
     let spill = Arc::new(SpillGuard {
         threshold: spec.spill_threshold(),
-        workbench: dir.workbench.clone(),
+        workbench: dir.filler.workbench.clone(),
         mirror: Some(dir.path.join(MOUNT)),
     });
     // The same guards as the coordinator's: a subagent is never denied.
     let guard = Arc::new(DelegateGuard { glance: spec.runtime.glance });
     let own = Arc::new(crate::tools::WorkerToolsGuard::new(&task.worker, &wspec.tools));
-    Hooks { pre: vec![guard, own], post: vec![spill, dir.sync.clone()], turn: vec![] }
+    Hooks { pre: vec![guard, own], post: vec![spill, dir.filler.sync.clone()], turn: vec![] }
 }
 
 /// Who the worker's session is and what bounds it.

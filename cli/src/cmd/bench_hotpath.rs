@@ -68,6 +68,8 @@ async fn run(tasks: usize, fan_out: usize) -> anyhow::Result<usize> {
                 epoch: 0,
                 base_attempt: 0,
                 trace: None,
+                body: flower_bus::TaskBody::of(task),
+                republish: 0,
             };
             bus.publish(message).await?;
         }

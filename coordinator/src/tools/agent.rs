@@ -71,10 +71,18 @@ impl Tool for AgentTool {
     }
     fn row_for_call(&self, input: &Value, ctx: &ToolContext) -> Option<Task> {
         let (worker, prompt, description) = self.checked(input).ok()?;
-        Some(Task::queued(ctx.job_id, ctx.session_id, &ctx.tool_use_id, worker, description, prompt))
+        let task = Task::queued(ctx.job_id, ctx.session_id, &ctx.tool_use_id, worker, description, prompt);
+        self.dispatcher.row_pending(&task);
+        Some(task)
     }
     fn row_committed(&self, task: Task, created: bool) {
         self.dispatcher.row_committed(task, created);
+    }
+    fn row_staged(&self, task: &Task) {
+        // A staggered sibling's message waits for its shape's first child.
+        if !self.shapes.contains_key(&task.worker) {
+            self.dispatcher.row_staged(task);
+        }
     }
     async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
         let (worker, prompt, description) = self.checked(&input)?;
@@ -88,10 +96,11 @@ impl Tool for AgentTool {
             shape: self.shapes.get(worker).cloned(),
         };
         let fatal = |e: DispatchError| ToolError::from(e);
-        let Some(task) = self.dispatcher.delegate(d, &ctx.cancel).await.map_err(fatal)? else {
+        let Some(ended) = self.dispatcher.delegate(d, &ctx.cancel).await.map_err(fatal)? else {
             return Ok(ToolOutput::error("[cancelled before the worker reported]"));
         };
-        match task.state {
+        let task = ended.task.clone();
+        let out = match task.state {
             TaskState::Succeeded => Ok(ToolOutput::text(task.report.unwrap_or_default())),
             TaskState::Cancelled => Ok(ToolOutput::error(format!(
                 "task cancelled: {}",
@@ -101,7 +110,8 @@ impl Tool for AgentTool {
                 "worker `{worker}` failed: {}",
                 task.error.unwrap_or_else(|| "no reason given".into())
             ))),
-        }
+        };
+        out.map(|out| ended.result(out))
     }
 }
 

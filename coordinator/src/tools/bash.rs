@@ -65,14 +65,15 @@ impl Tool for CommandTool {
             shape: None,
         };
         let fatal = |e: DispatchError| ToolError::from(e);
-        let Some(task) = self.dispatcher.delegate(d, &ctx.cancel).await.map_err(fatal)? else {
+        let Some(ended) = self.dispatcher.delegate(d, &ctx.cancel).await.map_err(fatal)? else {
             return Ok(ToolOutput::error("[cancelled before the command ran]"));
         };
+        let task = &ended.task;
         let mut out = match task.state {
-            TaskState::Succeeded => ToolOutput::text(task.report.unwrap_or_default()),
-            _ => ToolOutput::error(task.error.unwrap_or_else(|| "the command did not run".into())),
+            TaskState::Succeeded => ToolOutput::text(task.report.clone().unwrap_or_default()),
+            _ => ToolOutput::error(task.error.clone().unwrap_or_else(|| "the command did not run".into())),
         };
         out.markers.ephemeral = Some(is_ephemeral(command).allowed);
-        Ok(out)
+        Ok(ended.result(out))
     }
 }
