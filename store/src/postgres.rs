@@ -843,10 +843,21 @@ impl Store for PostgresStore {
                 {
                     staged.fire();
                 }
-                check_required(tx, &batch.requires).await?;
-                let entry_seqs = write_entries(tx, batch.entries).await?;
                 let mut events = batch.events;
-                let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
+                let (entry_seqs, tasks) = if batch.entries.len() > COPY_ABOVE {
+                    // A COPY holds the connection: nothing goes alongside it.
+                    check_required(tx, &batch.requires).await?;
+                    let entry_seqs = write_entries(tx, batch.entries).await?;
+                    (entry_seqs, insert_tasks(tx, &batch.tasks, &mut events).await?)
+                } else {
+                    // Independent statements, pipelined on the connection.
+                    let (_, entry_seqs, tasks) = futures::try_join!(
+                        check_required(tx, &batch.requires),
+                        write_entries(tx, batch.entries),
+                        insert_tasks(tx, &batch.tasks, &mut events)
+                    )?;
+                    (entry_seqs, tasks)
+                };
                 let events = write_events(tx, events, batch.usage).await?;
                 Ok(Written { events, entry_seqs, tasks })
             })
@@ -921,11 +932,17 @@ impl Store for PostgresStore {
                 match rules::claim(&task, attempt, &worker_id, now_ms()) {
                     ClaimDecision::Answer(answer) => Ok(answer),
                     ClaimDecision::Take(change) => {
-                        write_tasks(tx, &[&change.task]).await?;
+                        let opening = async {
+                            match &session {
+                                Some(session) => insert_session(tx, session).await,
+                                None => Ok(None),
+                            }
+                        };
+                        // Pipelined: the row's new state and the session row.
+                        let changed = [&change.task];
+                        let (_, opened) = futures::try_join!(write_tasks(tx, &changed), opening)?;
                         let mut events = vec![(change.task.job_id, change.event)];
-                        if let Some(session) = &session {
-                            events.extend(insert_session(tx, session).await?);
-                        }
+                        events.extend(opened);
                         let events = write_events(tx, events, None).await?;
                         Ok(Claim::Claimed { task: change.task, events })
                     }
@@ -953,11 +970,22 @@ impl Store for PostgresStore {
                 if let Some(staged) = &batch.staged {
                     staged.fire();
                 }
-                check_required(tx, &batch.requires).await?;
-                let entry_seqs = write_entries(tx, batch.entries).await?;
-                write_tasks(tx, &[&change.task]).await?;
                 let mut events = batch.events;
-                let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
+                let (entry_seqs, tasks) = if batch.entries.len() > COPY_ABOVE {
+                    check_required(tx, &batch.requires).await?;
+                    let entry_seqs = write_entries(tx, batch.entries).await?;
+                    write_tasks(tx, &[&change.task]).await?;
+                    (entry_seqs, insert_tasks(tx, &batch.tasks, &mut events).await?)
+                } else {
+                    let changed = [&change.task];
+                    let (_, entry_seqs, _, tasks) = futures::try_join!(
+                        check_required(tx, &batch.requires),
+                        write_entries(tx, batch.entries),
+                        write_tasks(tx, &changed),
+                        insert_tasks(tx, &batch.tasks, &mut events)
+                    )?;
+                    (entry_seqs, tasks)
+                };
                 events.push((change.task.job_id, change.event));
                 let events = write_events(tx, events, batch.usage).await?;
                 Ok((change.task, Written { events, entry_seqs, tasks }))

@@ -764,10 +764,13 @@ impl Worker {
             &spec.model,
             job.created_at,
         );
-        let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel)
+        let mut agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel)
             .with_held_answer()
-            .with_limits(limits)
-            .with_observer(self.first_stream_observer(task));
+            .with_limits(limits);
+        // Only staggered siblings wait for a first stream (one notice less per task otherwise).
+        if spec.runtime.fanout_stagger {
+            agent = agent.with_observer(self.first_stream_observer(task));
+        }
         Ok(WorkerRun { agent, history, input, mcp })
     }
 
