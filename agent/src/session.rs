@@ -138,27 +138,14 @@ pub struct AgentSession {
     gate: Option<Gate>,
 }
 
-/// A decision a run may start before (see [`AgentSession::with_gate`]).
-#[derive(Clone)]
-pub struct Gate {
-    /// `None` while pending, then whether the run may act.
-    pub decision: tokio::sync::watch::Receiver<Option<bool>>,
-    /// Told when the run first needs the decision (a permit is kept).
-    pub asked: Arc<tokio::sync::Notify>,
-}
+/// A decision a run may start before (see [`AgentSession::with_gate`]):
+/// `None` while pending, then whether the run may act.
+pub type Gate = tokio::sync::watch::Receiver<Option<bool>>;
 
-impl Gate {
-    /// Whether the gate is open (decided so), without waiting.
-    pub fn is_open(&self) -> bool {
-        *self.decision.borrow() == Some(true)
-    }
-}
-
-/// Ask for the gate's decision and wait for it; a dropped sender closes it.
+/// Wait for the gate's decision; a dropped sender closes it.
 async fn gate_opens(gate: &Gate) -> bool {
-    gate.asked.notify_one();
-    let mut decision = gate.decision.clone();
-    matches!(decision.wait_for(Option::is_some).await.as_deref(), Ok(Some(true)))
+    let mut gate = gate.clone();
+    matches!(gate.wait_for(Option::is_some).await.as_deref(), Ok(Some(true)))
 }
 
 impl AgentSession {
@@ -219,9 +206,7 @@ impl AgentSession {
     /// The run's model requests may go out before `gate` decides (a
     /// worker's first request while its claim commits), but nothing the
     /// model answers is acted on — no entry written, no tool run — until it
-    /// opens; a gate that closes ends the run as cancelled. A final answer
-    /// held for the caller ([`AgentSession::with_held_answer`]) is not acted
-    /// on here: the run returns it without asking the gate.
+    /// opens; a gate that closes ends the run as cancelled.
     pub fn with_gate(mut self, gate: Gate) -> Self {
         self.gate = Some(gate);
         self
@@ -278,17 +263,13 @@ impl AgentSession {
             (Ok(Outcome::Answered { .. }), Some(held)) => {
                 *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.w.take());
             }
-            // A session its gate refused writes nothing.
             (Ok(_), _) => {
-                if self.through_gate().await {
-                    run.w.flush().await?;
-                }
+                run.w.flush().await?;
             }
             // Best effort: what was queued before the failure (the first
             // turn's input when writes are deferred) is still worth keeping.
             (Err(_), _) => {
                 if !run.w.is_empty()
-                    && self.through_gate().await
                     && let Err(e) = run.w.flush().await
                 {
                     tracing::warn!(error = %e, "entries queued before the failure not stored");
@@ -314,11 +295,10 @@ impl AgentSession {
                 ControlFlow::Continue(sent) => sent,
                 ControlFlow::Break(outcome) => return Ok(outcome),
             };
-            let calls = self.record_response(run, &response, dropped, rewrite, timing);
-            // Recorded, not yet written: a held final answer is the caller's.
-            if (!calls.is_empty() || self.held.is_none()) && !self.through_gate().await {
+            if !self.through_gate().await {
                 return Ok(Outcome::Cancelled { turns: run.turns - 1, usage: run.usage });
             }
+            let calls = self.record_response(run, &response, dropped, rewrite, timing);
             if calls.is_empty() {
                 return Ok(Outcome::Answered {
                     text: answer_text(&response.content),

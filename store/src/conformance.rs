@@ -41,7 +41,6 @@ macro_rules! store_conformance_tests {
             a_turn_and_its_calls_tasks_commit_together,
             a_claim_waits_for_its_rows_commit,
             a_batch_commits_only_on_the_ends_it_requires,
-            an_attempt_claims_and_ends_in_one_write,
             a_claim_opens_the_attempts_session,
             a_final_batch_lands_with_the_end_or_not_at_all,
             a_large_batch_is_stored_whole_or_not_at_all,
@@ -686,62 +685,6 @@ pub async fn a_batch_commits_only_on_the_ends_it_requires(store: &dyn Store) {
         assert!(matches!(refused.await, Err(StoreError::Backend(_))), "{wrong:?}");
     }
     assert_eq!(store.settled_task(t.id).await.unwrap().state, TaskState::Succeeded);
-}
-
-/// An attempt whose work was done before it needed its claim claims and
-/// ends in one write: the claim's events, the batch's, the end's, in order;
-/// a second such write, or one for an attempt another worker holds, stores
-/// nothing.
-pub async fn an_attempt_claims_and_ends_in_one_write(store: &dyn Store) {
-    let job = new_job(store, None).await;
-    let session = coordinator_session(store, job).await;
-    let t = task(job, session, "toolu_once");
-    store.create_task(t.clone(), None).await.unwrap();
-    let worker_session = Session {
-        id: t.id.session(),
-        job_id: job,
-        role: Role::Worker,
-        label: "w".into(),
-        task_id: Some(t.id),
-        created_at: now_ms(),
-    };
-    let answer = Entry::new(job, worker_session.id, None, EntryKind::Assistant, vec![ContentBlock::text("ok")]);
-    let usage = Usage { input_tokens: 5, output_tokens: 2, ..Default::default() };
-    let spill = EventKind::Spill { session: worker_session.id, tool: "Bash".into(), path: "p".into(), chars: 1 };
-    let batch =
-        Batch { entries: vec![answer], events: vec![(job, spill)], usage: Some((job, usage)), ..Default::default() };
-    let ok = TaskOutcome::Succeeded { report: "ok".into() };
-    let (ended, written) = store
-        .claim_and_finish(t.id, 1, "w1", Some(worker_session.clone()), ok.clone(), usage, batch.clone())
-        .await
-        .unwrap()
-        .expect("claimed");
-    assert_eq!((ended.state, ended.attempt, ended.report.as_deref()), (TaskState::Succeeded, 1, Some("ok")));
-    let kinds: Vec<&str> = written
-        .events
-        .iter()
-        .map(|e| match e.kind {
-            EventKind::TaskStarted { .. } => "started",
-            EventKind::SessionStarted { .. } => "session",
-            EventKind::Spill { .. } => "spill",
-            EventKind::TaskFinished { .. } => "finished",
-            _ => "other",
-        })
-        .collect();
-    assert_eq!(kinds, ["started", "session", "spill", "finished"]);
-    assert!(written.events.windows(2).all(|w| w[1].seq == w[0].seq + 1), "gapless");
-    assert_eq!(written.entry_seqs, vec![1]);
-    assert_eq!(store.get_job(job).await.unwrap().usage.input_tokens, 5);
-    let again = store.claim_and_finish(t.id, 1, "w2", Some(worker_session), ok.clone(), usage, batch).await.unwrap();
-    assert!(matches!(again, Err(Claim::AlreadyFinished(_))), "{again:?}");
-    // Held by another worker's attempt: not this one's to end.
-    let held = task(job, session, "toolu_held");
-    store.create_task(held.clone(), None).await.unwrap();
-    store.claim_task(held.id, 2, "w1").await.unwrap();
-    let stale = store.claim_and_finish(held.id, 1, "w2", None, ok, usage, Batch::default()).await.unwrap();
-    assert!(stale.is_err(), "{stale:?}");
-    assert_eq!(store.get_task(held.id).await.unwrap().state, TaskState::Running);
-    assert!(store.entries(t.id.session(), 0, 10).await.unwrap().len() == 1, "the refused write stored nothing");
 }
 
 pub async fn a_claim_opens_the_attempts_session(store: &dyn Store) {

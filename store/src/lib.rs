@@ -331,23 +331,6 @@ pub trait Store: Send + Sync + 'static {
         usage: Usage,
         batch: Batch,
     ) -> Result<(Task, Written)>;
-    /// [`Store::claim_task_opening`] and, when the attempt is claimed,
-    /// [`Store::finish_task_with`] of it, in one transaction: an attempt that
-    /// did its work before it needed its claim (its first answer was final)
-    /// claims and ends at once. `Ok(Err(answer))`: not claimed, nothing
-    /// written; `Ok(Ok(..))`: the ended task, and the claim's events, the
-    /// batch's and the end's in that order.
-    #[allow(clippy::too_many_arguments)]
-    async fn claim_and_finish(
-        &self,
-        id: TaskId,
-        attempt: u32,
-        worker_id: &str,
-        session: Option<Session>,
-        outcome: TaskOutcome,
-        usage: Usage,
-        batch: Batch,
-    ) -> Result<std::result::Result<(Task, Written), Claim>>;
     /// Record that `attempt` is still running (a worker's heartbeat): the
     /// task's `updated_at` moves on. `false` when that attempt no longer holds
     /// a running task. The owning coordinator's sweeper requeues a running or

@@ -994,52 +994,6 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn claim_and_finish(
-        &self,
-        id: TaskId,
-        attempt: u32,
-        worker_id: &str,
-        session: Option<Session>,
-        outcome: TaskOutcome,
-        usage: Usage,
-        batch: Batch,
-    ) -> Result<std::result::Result<(Task, Written), Claim>> {
-        let worker_id = worker_id.to_string();
-        self.tx(move |tx| {
-            Box::pin(async move {
-                check_fence(tx, batch.fence).await?;
-                let task = claim_locked(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-                let claim = match rules::claim(&task, attempt, &worker_id, now_ms()) {
-                    ClaimDecision::Answer(answer) => return Ok(Err(answer)),
-                    ClaimDecision::Take(change) => change,
-                };
-                let end = rules::finish(&claim.task, attempt, outcome, usage, now_ms())?;
-                if let Some(staged) = &batch.staged {
-                    staged.fire();
-                }
-                let mut events = vec![(claim.task.job_id, claim.event)];
-                let opening = async {
-                    match &session {
-                        Some(session) => insert_session(tx, session).await,
-                        None => Ok(None),
-                    }
-                };
-                let changed = [&end.task];
-                let (opened, _, _) =
-                    futures::try_join!(opening, check_required(tx, &batch.requires), write_tasks(tx, &changed))?;
-                events.extend(opened);
-                events.extend(batch.events);
-                // Entries after their session row (the foreign key).
-                let entry_seqs = write_entries(tx, batch.entries).await?;
-                let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
-                events.push((end.task.job_id, end.event));
-                let events = write_events(tx, events, batch.usage).await?;
-                Ok(Ok((end.task, Written { events, entry_seqs, tasks })))
-            })
-        })
-        .await
-    }
-
     async fn heartbeat_task(&self, id: TaskId, attempt: u32) -> Result<bool> {
         self.tx(move |tx| {
             Box::pin(async move {

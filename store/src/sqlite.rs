@@ -690,46 +690,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn claim_and_finish(
-        &self,
-        id: TaskId,
-        attempt: u32,
-        worker_id: &str,
-        session: Option<Session>,
-        outcome: TaskOutcome,
-        usage: Usage,
-        batch: Batch,
-    ) -> Result<std::result::Result<(Task, Written), Claim>> {
-        let worker_id = worker_id.to_string();
-        self.tx(move |tx| {
-            check_fence(tx, batch.fence)?;
-            let task = load_task(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-            let claim = match rules::claim(&task, attempt, &worker_id, now_ms()) {
-                ClaimDecision::Answer(answer) => return Ok(Err(answer)),
-                ClaimDecision::Take(change) => change,
-            };
-            let end = rules::finish(&claim.task, attempt, outcome, usage, now_ms())?;
-            check_required(tx, &batch.requires)?;
-            let (_, started) = apply_task_change(tx, claim)?;
-            let mut written = Written { events: vec![started], ..Default::default() };
-            if let Some(session) = &session {
-                written.events.extend(insert_session(tx, session)?);
-            }
-            written.entry_seqs = write_entries(tx, batch.entries)?;
-            if let Some((job, usage)) = batch.usage {
-                add_usage(tx, job, &usage)?;
-            }
-            for (job, kind) in batch.events {
-                written.events.push(write_event(tx, job, kind)?);
-            }
-            written.tasks = insert_tasks(tx, batch.tasks, &mut written)?;
-            let (task, event) = apply_task_change(tx, end)?;
-            written.events.push(event);
-            Ok(Ok((task, written)))
-        })
-        .await
-    }
-
     async fn heartbeat_task(&self, id: TaskId, attempt: u32) -> Result<bool> {
         self.tx(move |tx| {
             let Some(task) = load_task(tx, &id.to_string())? else { return Ok(false) };

@@ -117,24 +117,6 @@ enum Recorded {
     GaveUp,
 }
 
-/// An agent task's transcript session, opened with the claim, in its transaction.
-fn attempt_session(msg: &flower_bus::TaskMessage) -> Option<Session> {
-    (msg.worker != flower_model::job::COMMAND_TASK).then(|| Session {
-        id: msg.task_id.session(),
-        job_id: msg.job_id,
-        role: Role::Worker,
-        label: msg.worker.clone(),
-        task_id: Some(msg.task_id),
-        created_at: now_ms(),
-    })
-}
-
-/// How long an early attempt runs before it claims when its session did not
-/// ask sooner (a tool call, a write): a slower model answer finds the attempt
-/// claimed (the task shows as started), a faster final one claims and ends
-/// in one write (see [`Worker::handle_early`]).
-const CLAIM_AFTER: Duration = Duration::from_millis(20);
-
 /// How often a worker reads the queue's lag into its gauge.
 const QUEUE_LAG_EVERY: Duration = Duration::from_secs(5);
 
@@ -303,50 +285,28 @@ impl Worker {
         self.settle(&task, attempt, result, held, &cancel, running, delivery).await;
     }
 
-    /// A first delivery with the task's words: the attempt's directory is
-    /// opened and its session's first model request goes out at once; the
-    /// directory fills meanwhile, and the claim is made when the session
-    /// first needs it (a tool call, a write) or after [`CLAIM_AFTER`]. The
-    /// session acts on nothing the model answers before its gate opens on a
-    /// committed claim and a filled directory; a refused claim cancels it and
-    /// its answer is dropped. A first answer that was final before the claim
-    /// was needed claims and ends in one write ([`Store::claim_and_finish`]).
-    /// A job with MCP servers starts none of their programs before the claim.
-    ///
-    /// [`Store::claim_and_finish`]: flower_store::Store::claim_and_finish
+    /// A first delivery with the task's words: the claim, and meanwhile the
+    /// attempt's directory, session and first model request. The session
+    /// acts on nothing the model answers (no entry, no tool) before the claim
+    /// commits; a refused claim cancels it and its answer is dropped. A job
+    /// with MCP servers starts none of their programs before the claim.
     async fn handle_early(&self, delivery: Arc<dyn Delivery>, msg: flower_bus::TaskMessage, queued: Task) {
         let attempt = 1;
         let cancel = CancellationToken::new();
-        let (decided, decision) = tokio::sync::watch::channel(None::<bool>);
-        let gate = flower_agent::Gate { decision, asked: Arc::new(tokio::sync::Notify::new()) };
-        let (filled_tx, filled) = tokio::sync::watch::channel(None::<bool>);
-        let ran = CancellationToken::new();
+        let (decided, gate) = tokio::sync::watch::channel(None::<bool>);
+        // The directory is opened now and filled (workspace, workbench)
+        // while the claim commits: the first request needs neither.
         let opened = self.open_attempt_with(&msg, attempt, false).await;
         let filler = opened.as_ref().ok().map(|(_, dir)| dir.filler.clone());
         let programs = matches!(&opened, Ok((cached, _)) if !cached.1.mcp_servers.is_empty());
         let claim_side = async {
             let fill = async {
-                let done = match &filler {
+                match &filler {
                     Some(f) => f.fill().await,
                     None => Ok(()),
-                };
-                let _ = filled_tx.send(Some(done.is_ok()));
-                done
-            };
-            let claim = async {
-                let needed = tokio::select! {
-                    _ = gate.asked.notified() => true,
-                    _ = tokio::time::sleep(CLAIM_AFTER) => true,
-                    _ = ran.cancelled() => false,
-                };
-                match needed {
-                    true => Some(self.claim(delivery.as_ref(), attempt).await),
-                    false => None,
                 }
             };
-            let (filled, claim) = tokio::join!(fill, claim);
-            // The session ended before it needed its claim.
-            let claim = claim?;
+            let (claim, filled) = tokio::join!(self.claim(delivery.as_ref(), attempt), fill);
             let claimed = self.claimed(delivery.as_ref(), claim).await.map(|(task, _)| {
                 let running = self.started(&task, attempt, delivery.clone(), &cancel);
                 (task, running)
@@ -355,38 +315,18 @@ impl Worker {
                 cancel.cancel();
             }
             let _ = decided.send(Some(claimed.is_some() && filled.is_ok()));
-            Some((claimed, filled))
+            (claimed, filled)
         };
         let run_side = async {
-            if programs {
-                gate.asked.notify_one();
-                let mut wait = gate.decision.clone();
-                if !matches!(wait.wait_for(Option::is_some).await.as_deref(), Ok(Some(true))) {
-                    return Err(opened);
-                }
+            let mut wait = gate.clone();
+            if programs && !matches!(wait.wait_for(Option::is_some).await.as_deref(), Ok(Some(true))) {
+                return Err(opened);
             }
             // A session stopped at its gate releases its directory itself.
-            let out = self.execute(&queued, attempt, opened, true, cancel.clone(), Some((gate.clone(), filled))).await;
-            ran.cancel();
-            Ok(out)
+            Ok(self.execute(&queued, attempt, opened, true, cancel.clone(), Some(gate.clone())).await)
         };
         match tokio::join!(claim_side, run_side) {
-            // Done before its claim was needed.
-            (None, Ok((Ok((report, usage)), held))) => {
-                self.finish_claiming(delivery, &queued, attempt, report, usage, held).await;
-            }
-            (None, ran) => {
-                let (result, held) = match ran {
-                    Ok(ran) => ran,
-                    Err(opened) => self.execute(&queued, attempt, opened, true, cancel.clone(), None).await,
-                };
-                let claim = self.claim(delivery.as_ref(), attempt).await;
-                if let Some((task, _)) = self.claimed(delivery.as_ref(), claim).await {
-                    let running = self.started(&task, attempt, delivery.clone(), &cancel);
-                    self.settle(&task, attempt, result, held, &cancel, running, delivery).await;
-                }
-            }
-            (Some((Some((task, running)), Ok(()))), ran) => {
+            ((Some((task, running)), Ok(())), ran) => {
                 let (result, held) = match ran {
                     Ok(ran) => ran,
                     // (Not reached: an open gate lets the session start.)
@@ -395,7 +335,7 @@ impl Worker {
                 self.settle(&task, attempt, result, held, &cancel, running, delivery).await;
             }
             // Claimed, but the directory could not be filled: given back.
-            (Some((Some((task, running)), Err(e))), ran) => {
+            ((Some((task, running)), Err(e)), ran) => {
                 if let Err(opened) = ran {
                     self.discard(msg.job_id, Some(opened)).await;
                 }
@@ -403,83 +343,10 @@ impl Worker {
                 self.settle(&task, attempt, failed, Batch::default(), &cancel, running, delivery).await;
             }
             // Refused: a job's programs were never started.
-            (Some((None, _)), Err(opened)) => self.discard(msg.job_id, Some(opened)).await,
+            ((None, _), Err(opened)) => self.discard(msg.job_id, Some(opened)).await,
             // Refused: the session stopped at its gate, before any write or
             // tool, and released its directory.
-            (Some((None, _)), Ok(_)) => {}
-        }
-    }
-
-    /// Claim and end an early attempt in one write: its first answer was
-    /// final before the claim was needed. A write the store cannot take that
-    /// way (a report it refuses, an outage that outlasts the retries) goes
-    /// the ordinary way: the claim, then the end.
-    async fn finish_claiming(
-        &self,
-        delivery: Arc<dyn Delivery>,
-        queued: &Task,
-        attempt: u32,
-        report: String,
-        usage: Usage,
-        mut held: Batch,
-    ) {
-        let store = self.journal.store();
-        let outcome = TaskOutcome::Succeeded { report };
-        let session = attempt_session(delivery.message());
-        let early = match flower_store::rules::claim(queued, attempt, &self.opts.worker_id, now_ms()) {
-            flower_store::rules::ClaimDecision::Take(change) => {
-                Some(self.end_notice(&change.task, attempt, &outcome, usage, &mut held))
-            }
-            flower_store::rules::ClaimDecision::Answer(_) => None,
-        };
-        let early = early.unwrap_or_default();
-        let give_up = tokio::time::Instant::now() + self.opts.report_retry;
-        let mut pause = RETRY_FIRST;
-        let metrics = flower_agent::metrics::metrics();
-        loop {
-            let id = queued.id;
-            let worker = &self.opts.worker_id;
-            match store
-                .claim_and_finish(id, attempt, worker, session.clone(), outcome.clone(), usage, held.clone())
-                .await
-            {
-                Ok(Ok((ended, written))) => {
-                    self.ended(&ended, &written, &early).await;
-                    metrics.task("started");
-                    metrics.dispatch.observe((now_ms() - ended.created_at).max(0) as f64 / 1000.0);
-                    metrics.task("succeeded");
-                    let _ = delivery.ack().await;
-                    return;
-                }
-                // Ended, or held by another attempt: this delivery is stale.
-                Ok(Err(_)) => {
-                    let _ = delivery.ack().await;
-                    return;
-                }
-                Err(StoreError::NotFound(_)) => {
-                    tracing::warn!(task = %id, "delivery for an unknown task, dropped");
-                    let _ = delivery.term().await;
-                    return;
-                }
-                Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
-                    tracing::warn!(task = %id, attempt, error = %e, "claim and report not recorded yet; retrying");
-                    let _ = delivery.progress().await;
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_MAX);
-                }
-                Err(e) => {
-                    tracing::warn!(task = %id, attempt, error = %e, "claim and report not recorded in one write");
-                    let claim = self.claim(delivery.as_ref(), attempt).await;
-                    if let Some((task, _)) = self.claimed(delivery.as_ref(), claim).await {
-                        let cancel = CancellationToken::new();
-                        let running = self.started(&task, attempt, delivery.clone(), &cancel);
-                        held.staged = None;
-                        let TaskOutcome::Succeeded { report } = outcome else { return };
-                        self.settle(&task, attempt, Ok((report, usage)), held, &cancel, running, delivery).await;
-                    }
-                    return;
-                }
-            }
+            ((None, _), Ok(_)) => {}
         }
     }
 
@@ -585,7 +452,15 @@ impl Worker {
         let store = self.journal.store();
         let msg = delivery.message();
         let task = msg.task_id;
-        let session = attempt_session(msg);
+        // An agent task's transcript session is opened with the claim, in its transaction.
+        let session = (msg.worker != flower_model::job::COMMAND_TASK).then(|| Session {
+            id: task.session(),
+            job_id: msg.job_id,
+            role: Role::Worker,
+            label: msg.worker.clone(),
+            task_id: Some(task),
+            created_at: now_ms(),
+        });
         let give_up = tokio::time::Instant::now() + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
         loop {
@@ -637,11 +512,38 @@ impl Worker {
         let store = self.journal.store();
         let give_up = tokio::time::Instant::now() + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
-        let early = self.end_notice(task, attempt, &outcome, usage, &mut held);
+        // The end's notice, with a copy of the end, goes out as soon as the
+        // end's transaction is staged (docs/design.md section 3): the
+        // coordinator goes on while this commits, and its next write
+        // requires the end. Else (a backend that does not stage) after it.
+        let early = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let staged_end = flower_store::rules::finish(task, attempt, outcome.clone(), usage, now_ms())
+            .ok()
+            .and_then(|change| flower_bus::TaskEnded::of(&change.task, false));
+        if let Some(ended) = staged_end {
+            let (notifier, early, job, id) = (self.journal.notifier().clone(), early.clone(), task.job_id, task.id);
+            held.staged = Some(flower_store::Staged::new(move || {
+                if early.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let (notifier, ended) = (notifier.clone(), Box::new(ended.clone()));
+                tokio::spawn(async move {
+                    let _ = notifier.notify(Notice::TaskDone { job, task: id, ended: Some(ended) }).await;
+                });
+            }));
+        }
         loop {
             match store.finish_task_with(task.id, attempt, outcome.clone(), usage, held.clone()).await {
                 Ok((ended, written)) => {
-                    self.ended(&ended, &written, &early).await;
+                    self.journal.announce(&written).await;
+                    if !early.load(std::sync::atomic::Ordering::SeqCst) {
+                        let ended = flower_bus::TaskEnded::of(&ended, true).map(Box::new);
+                        let _ = self
+                            .journal
+                            .notifier()
+                            .notify(Notice::TaskDone { job: task.job_id, task: task.id, ended })
+                            .await;
+                    }
                     return Recorded::Settled;
                 }
                 Err(StoreError::Invalid(m)) if matches!(outcome, TaskOutcome::Succeeded { .. }) || !held.is_empty() => {
@@ -668,52 +570,6 @@ impl Worker {
                     return Recorded::Settled;
                 }
             }
-        }
-    }
-
-    /// The end's notice, with a copy of the end, goes out as soon as the
-    /// end's transaction is staged (docs/design.md section 3): the
-    /// coordinator goes on while this commits, and its next write requires
-    /// the end. `task`: the claimed row. Whether it went out is returned; else
-    /// (a backend that does not stage) [`Worker::ended`] sends it after.
-    fn end_notice(
-        &self,
-        task: &Task,
-        attempt: u32,
-        outcome: &TaskOutcome,
-        usage: Usage,
-        held: &mut Batch,
-    ) -> Arc<std::sync::atomic::AtomicBool> {
-        let early = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let staged_end = flower_store::rules::finish(task, attempt, outcome.clone(), usage, now_ms())
-            .ok()
-            .and_then(|change| flower_bus::TaskEnded::of(&change.task, false));
-        if let Some(ended) = staged_end {
-            let (notifier, sent, job, id) = (self.journal.notifier().clone(), early.clone(), task.job_id, task.id);
-            held.staged = Some(flower_store::Staged::new(move || {
-                if sent.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                    return;
-                }
-                let (notifier, ended) = (notifier.clone(), Box::new(ended.clone()));
-                tokio::spawn(async move {
-                    let _ = notifier.notify(Notice::TaskDone { job, task: id, ended: Some(ended) }).await;
-                });
-            }));
-        }
-        early
-    }
-
-    /// A task's end is committed: its events announced, and its notice sent
-    /// unless it went out while the end was staged.
-    async fn ended(&self, ended: &Task, written: &flower_store::Written, early: &std::sync::atomic::AtomicBool) {
-        self.journal.announce(written).await;
-        if !early.load(std::sync::atomic::Ordering::SeqCst) {
-            let copy = flower_bus::TaskEnded::of(ended, true).map(Box::new);
-            let _ = self
-                .journal
-                .notifier()
-                .notify(Notice::TaskDone { job: ended.job_id, task: ended.id, ended: copy })
-                .await;
         }
     }
 
@@ -780,7 +636,7 @@ impl Worker {
         opened: Opened,
         fresh: bool,
         cancel: CancellationToken,
-        gate: Option<(flower_agent::Gate, tokio::sync::watch::Receiver<Option<bool>>)>,
+        gate: Option<flower_agent::Gate>,
     ) -> (Result<(String, Usage), (Failure, Usage)>, Batch) {
         match self.execute_held(task, attempt, opened, fresh, cancel, gate).await {
             Ok((result, held)) => (result, held),
@@ -795,7 +651,7 @@ impl Worker {
         opened: Opened,
         fresh: bool,
         cancel: CancellationToken,
-        gate: Option<(flower_agent::Gate, tokio::sync::watch::Receiver<Option<bool>>)>,
+        gate: Option<flower_agent::Gate>,
     ) -> Result<(Result<(String, Usage), (Failure, Usage)>, Batch), (Failure, Usage)> {
         let none = Usage::default();
         let (cached, dir) = opened?;
@@ -804,22 +660,14 @@ impl Worker {
             return Ok((self.run_command(task, attempt, &dir, cancel).await, Batch::default()));
         }
         let mut run = self.build_session(task, job, spec, &dir, fresh, cancel).await.map_err(|f| (f, none))?;
-        if let Some((gate, _)) = &gate {
+        if let Some(gate) = &gate {
             run.agent = run.agent.with_gate(gate.clone());
         }
         let outcome = run.agent.run(run.history, run.input).await;
         let held = run.agent.take_held().unwrap_or_default();
         run.mcp.close().await;
-        // A session that did not pass its gate (refused, or never asked: a
-        // final first answer) acted on nothing: nothing to keep — once the
-        // directory's filling, which runs beside it, is over.
-        let refused = match gate {
-            Some((gate, mut filled)) => {
-                let _ = filled.wait_for(Option::is_some).await;
-                !gate.is_open()
-            }
-            None => false,
-        };
+        // A session its claim refused acted on nothing: nothing to keep.
+        let refused = gate.is_some_and(|g| *g.borrow() != Some(true));
         // An answer on the first turn ran no tool: the directory is as checked out.
         let untouched = matches!(outcome, Ok(Outcome::Answered { turns: 1, .. })) && spec.mcp_servers.is_empty();
         let kept = if refused || untouched {
