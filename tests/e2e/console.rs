@@ -265,8 +265,21 @@ async fn the_console_in_a_browser_follows_answers_and_cancels_a_job() {
 
     // Cancel from the page.
     b.goto(&format!("{console}/jobs/{job}")).await;
-    let reason = b.find("form[action$=cancel] input[name=reason]").await.unwrap();
-    b.type_into(&reason, "stopped from the browser").await;
+    // A live refresh may swap the form out between finding the field and
+    // typing into it (a filled field is never swapped): type until the
+    // page's own field holds the words.
+    let field = "form[action$=cancel] input[name=reason]";
+    let mut tries = 0;
+    loop {
+        let reason = b.find(field).await.unwrap();
+        b.type_into(&reason, "stopped from the browser").await;
+        let shown = b.find(field).await.unwrap();
+        if b.property(&shown, "value").await == "stopped from the browser" {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 20, "the reason field never kept what was typed");
+    }
     b.click_on("#cancel", "Cancel job").await;
     b.wait_for("main.job .state", "cancelled").await;
     b.screenshot("4-cancelled").await;
