@@ -339,7 +339,7 @@ impl Dispatcher {
         self
     }
 
-    fn cancelled(&self) -> Result<Option<Task>, DispatchError> {
+    fn cancelled<T>(&self) -> Result<Option<T>, DispatchError> {
         if self.stop.handing_over() { Err(DispatchError::HandedOver) } else { Ok(None) }
     }
 
@@ -543,18 +543,7 @@ impl Dispatcher {
             return Ok(());
         }
         tracing::warn!(task = %task.id, attempt = task.attempt, "no heartbeat from the task's worker; requeued");
-        self.queue
-            .publish(TaskMessage {
-                job_id: task.job_id,
-                task_id: task.id,
-                worker: task.worker.clone(),
-                epoch: self.epoch,
-                base_attempt: task.attempt,
-                trace: flower_bus::trace::current_traceparent(),
-                body: None,
-                republish: 0,
-            })
-            .await?;
+        self.queue.publish(TaskMessage { base_attempt: task.attempt, body: None, ..self.first_message(task) }).await?;
         *requeued = Some(tokio::time::Instant::now());
         Ok(())
     }
@@ -568,11 +557,11 @@ impl Dispatcher {
     ) -> Result<Option<Delegated>, DispatchError> {
         let task = tokio::select! {
             t = self.stagger(&d) => t?,
-            _ = cancel.cancelled() => return self.cancelled_delegation(),
+            _ = cancel.cancelled() => return self.cancelled(),
         };
         let ended = match self.wait(&task, cancel).await {
             Ok(t) => t,
-            Err(DispatchError::Cancelled) => return self.cancelled_delegation(),
+            Err(DispatchError::Cancelled) => return self.cancelled(),
             Err(e) => return Err(e),
         };
         if ended.task.state == flower_model::TaskState::Succeeded {
@@ -584,10 +573,6 @@ impl Dispatcher {
             }
         }
         Ok(Some(ended))
-    }
-
-    fn cancelled_delegation(&self) -> Result<Option<Delegated>, DispatchError> {
-        self.cancelled().map(|_| None)
     }
 
     /// Apply the changeset a finished task left, recording conflicts. An end
