@@ -206,7 +206,11 @@ impl AgentSession {
     /// The run's model requests may go out before `gate` decides (a
     /// worker's first request while its claim commits), but nothing the
     /// model answers is acted on — no entry written, no tool run — until it
-    /// opens; a gate that closes ends the run as cancelled.
+    /// opens; a gate that closes ends the run as cancelled, having written
+    /// nothing. A final answer held for the caller
+    /// ([`AgentSession::with_held_answer`]) is not acted on here: the run
+    /// returns it without waiting for the gate (the caller may commit it
+    /// with the decision itself, see `Store::claim_task_ending`).
     pub fn with_gate(mut self, gate: Gate) -> Self {
         self.gate = Some(gate);
         self
@@ -263,13 +267,17 @@ impl AgentSession {
             (Ok(Outcome::Answered { .. }), Some(held)) => {
                 *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.w.take());
             }
+            // A session its gate refused writes nothing.
             (Ok(_), _) => {
-                run.w.flush().await?;
+                if self.through_gate().await {
+                    run.w.flush().await?;
+                }
             }
             // Best effort: what was queued before the failure (the first
             // turn's input when writes are deferred) is still worth keeping.
             (Err(_), _) => {
                 if !run.w.is_empty()
+                    && self.through_gate().await
                     && let Err(e) = run.w.flush().await
                 {
                     tracing::warn!(error = %e, "entries queued before the failure not stored");
@@ -295,10 +303,12 @@ impl AgentSession {
                 ControlFlow::Continue(sent) => sent,
                 ControlFlow::Break(outcome) => return Ok(outcome),
             };
-            if !self.through_gate().await {
+            // Recorded, not written: a held final answer is the caller's to
+            // commit, and needs no gate here.
+            let calls = self.record_response(run, &response, dropped, rewrite, timing);
+            if (!calls.is_empty() || self.held.is_none()) && !self.through_gate().await {
                 return Ok(Outcome::Cancelled { turns: run.turns - 1, usage: run.usage });
             }
-            let calls = self.record_response(run, &response, dropped, rewrite, timing);
             if calls.is_empty() {
                 return Ok(Outcome::Answered {
                     text: answer_text(&response.content),

@@ -148,11 +148,21 @@ struct WaitersInner {
     /// Tasks this run dispatched and waits for, with the copy of the end
     /// their worker's notice carried, once heard. An entry is made before the
     /// task's message goes out, so a notice that beats the waiter is kept.
-    expected: HashMap<TaskId, Option<flower_bus::TaskEnded>>,
+    expected: HashMap<TaskId, Expected>,
     /// The notice stream closed: waiters stop.
     closed: bool,
     /// Stops the listener when the dispatcher goes; set by the first waiter.
     listener: Option<tokio_util::sync::DropGuard>,
+}
+
+/// A task waited for: the copy of its end its worker's notice carried, once
+/// heard, and whether every notice about it was heard (its message went out
+/// after the listener subscribed) — else (a run re-attaching to a task) its
+/// end may have been heard by no one: see [`Dispatcher::wait`].
+#[derive(Default)]
+struct Expected {
+    end: Option<flower_bus::TaskEnded>,
+    from_start: bool,
 }
 
 /// One waiter's registration, removed when dropped.
@@ -193,10 +203,17 @@ impl TaskWaiters {
 
     /// Keep the end notice of `task`, whose message is about to go out
     /// (before anyone waits for it: a fast worker may report first).
-    fn expect(self: &Arc<Self>, notifier: &Arc<dyn flower_bus::Notifier>, task: TaskId) {
+    /// `from_start`: no notice about it can have gone out before (this run
+    /// made the task, and its message follows); once not, never again.
+    fn expect(self: &Arc<Self>, notifier: &Arc<dyn flower_bus::Notifier>, task: TaskId, from_start: bool) {
         let mut inner = self.lock();
         self.listening(&mut inner, notifier);
-        inner.expected.entry(task).or_default();
+        inner.expected.entry(task).or_insert(Expected { end: None, from_start }).from_start &= from_start;
+    }
+
+    /// Whether every notice about `task` was heard (see [`Expected`]).
+    fn heard_from_start(&self, task: TaskId) -> bool {
+        self.lock().expected.get(&task).is_some_and(|e| e.from_start)
     }
 
     fn listening(self: &Arc<Self>, inner: &mut WaitersInner, notifier: &Arc<dyn flower_bus::Notifier>) {
@@ -209,7 +226,7 @@ impl TaskWaiters {
 
     /// The end heard for `task`, taken.
     fn heard_end(&self, task: TaskId) -> Option<flower_bus::TaskEnded> {
-        self.lock().expected.get_mut(&task).and_then(Option::take)
+        self.lock().expected.get_mut(&task).and_then(|e| e.end.take())
     }
 
     /// `task` is no longer waited for.
@@ -228,7 +245,7 @@ impl TaskWaiters {
             match heard {
                 Heard::Notice(Notice::TaskDone { task, ended, .. }) => {
                     if let (Some(slot), Some(ended)) = (inner.expected.get_mut(&task), ended) {
-                        *slot = Some(*ended);
+                        slot.end = Some(*ended);
                     }
                     for signal in inner.by_task.get(&task).into_iter().flatten() {
                         signal.notify_one();
@@ -414,7 +431,7 @@ impl Dispatcher {
     /// now, during the commit. A worker's claim waits for the transaction;
     /// if it never commits, the claim finds no row and drops the message.
     pub fn row_staged(&self, task: &Task) {
-        self.waiters.expect(self.journal.notifier(), task.id);
+        self.waiters.expect(self.journal.notifier(), task.id, true);
         let msg = self.first_message(task);
         let queue = self.queue.clone();
         let publish = tokio::spawn(async move { queue.publish(msg).await });
@@ -457,7 +474,7 @@ impl Dispatcher {
         };
         let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         if !task.state.is_terminal() {
-            self.waiters.expect(self.journal.notifier(), id);
+            self.waiters.expect(self.journal.notifier(), id, created);
             let early = match early {
                 Some(handle) => handle.await.map_err(|e| flower_bus::BusError::Unavailable(e.to_string())),
                 None => Err(flower_bus::BusError::Closed),
@@ -493,6 +510,11 @@ impl Dispatcher {
         let waiting = self.waiters.register(self.journal.notifier(), id);
         let _forget = Forget(&self.waiters, id);
         let mut requeued: Option<tokio::time::Instant> = None;
+        // A task whose notices were not all heard (a run re-attaching to it)
+        // may have announced its end, staged, before this run listened: the
+        // first read waits for a write of the row in flight, so that end is
+        // read once committed instead of at the next recheck.
+        let mut settled = !self.waiters.heard_from_start(id);
         loop {
             if let Some(ended) = self.waiters.heard_end(id) {
                 let requires = (!ended.committed).then_some(flower_store::TaskEnd {
@@ -502,7 +524,10 @@ impl Dispatcher {
                 });
                 return Ok(Delegated { task: ended.apply(queued.clone()), requires });
             }
-            let task = self.journal.store().get_task(id).await?;
+            let task = match std::mem::take(&mut settled) {
+                true => self.journal.store().settled_task(id).await?,
+                false => self.journal.store().get_task(id).await?,
+            };
             if task.state.is_terminal() {
                 return Ok(Delegated { task, requires: None });
             }

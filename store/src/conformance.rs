@@ -16,7 +16,7 @@ use flower_model::{
 };
 use object_store::ObjectStore;
 
-use crate::{Batch, Claim, Lease, NewJob, Store, StoreError, Workbench};
+use crate::{Batch, Claim, EndOffer, Lease, NewJob, OfferedEnd, Store, StoreError, Workbench};
 
 /// One `#[tokio::test]` per store check, for one backend. `$make` names an
 /// async function returning `(store, guard)`: a fresh, empty store and what
@@ -42,6 +42,7 @@ macro_rules! store_conformance_tests {
             a_claim_waits_for_its_rows_commit,
             a_batch_commits_only_on_the_ends_it_requires,
             a_claim_opens_the_attempts_session,
+            an_attempt_claims_and_ends_in_one_write,
             a_final_batch_lands_with_the_end_or_not_at_all,
             a_large_batch_is_stored_whole_or_not_at_all,
         );
@@ -721,6 +722,109 @@ pub async fn a_claim_opens_the_attempts_session(store: &dyn Store) {
         Claim::Superseded { current_attempt: 2 }
     );
     assert!(matches!(store.get_session(stale.id).await, Err(StoreError::NotFound(_))), "a refused claim opens nothing");
+}
+
+fn worker_session(t: &Task) -> Session {
+    Session {
+        id: t.id.session(),
+        job_id: t.job_id,
+        role: Role::Worker,
+        label: "w".into(),
+        task_id: Some(t.id),
+        created_at: now_ms(),
+    }
+}
+
+/// An attempt whose end was offered before its claim held the row claims
+/// and ends in one write (session, batch, end; events in that order, gapless),
+/// and a batch requiring that end, heard once staged, commits after it. An
+/// offer made after the claim decided is refused; a refused claim takes no end.
+pub async fn an_attempt_claims_and_ends_in_one_write(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let coordinator = coordinator_session(store, job).await;
+    let t = task(job, coordinator, "toolu_one");
+    store.create_task(t.clone(), None).await.unwrap();
+    let session = worker_session(&t);
+    let sid = session.id;
+    let usage = Usage { output_tokens: 7, ..Default::default() };
+    let offered = |session: SessionId, staged: Option<crate::Staged>| OfferedEnd {
+        outcome: TaskOutcome::Succeeded { report: "done".into() },
+        usage,
+        batch: Batch {
+            entries: vec![Entry::new(job, session, None, EntryKind::Assistant, vec![ContentBlock::text("done")])],
+            usage: Some((job, usage)),
+            staged,
+            ..Default::default()
+        },
+    };
+    let (staged, fired) = staged_signal();
+    let offer = EndOffer::default();
+    assert!(offer.offer(offered(sid, Some(staged))));
+    let claim = async move {
+        let claimed = store.claim_task_ending(t.id, 1, "w1", Some(session), &offer).await;
+        // The staged signal goes with the offer: a backend that never stages
+        // lets the requiring batch go once the claim is over.
+        drop(offer);
+        claimed
+    };
+    let end = crate::TaskEnd { task: t.id, attempt: 1, state: TaskState::Succeeded };
+    let result = Entry::new(job, coordinator, None, EntryKind::ToolResult, vec![ContentBlock::text("done")]);
+    let requiring = async {
+        let _ = fired.await;
+        store.append(Batch { entries: vec![result], requires: vec![end], ..Default::default() }).await
+    };
+    let (claim, requiring) = tokio::join!(claim, requiring);
+    let (Claim::Claimed { events: opened, .. }, Some((ended, written))) = claim.unwrap() else {
+        panic!("the offered end was not taken")
+    };
+    requiring.expect("a batch requiring the end commits after it");
+    assert!(matches!(opened[0].kind, EventKind::TaskStarted { .. }), "{opened:?}");
+    assert!(matches!(opened[1].kind, EventKind::SessionStarted { .. }), "{opened:?}");
+    assert!(matches!(written.events.last().unwrap().kind, EventKind::TaskFinished { .. }), "{written:?}");
+    let seqs: Vec<i64> = opened.iter().chain(&written.events).map(|e| e.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "gapless, claim first: {seqs:?}");
+    assert_eq!((ended.state, ended.attempt, ended.report.as_deref()), (TaskState::Succeeded, 1, Some("done")));
+    assert_eq!(store.get_task(t.id).await.unwrap(), ended);
+    let entries = store.entries(sid, 0, 10).await.unwrap();
+    assert_eq!((entries.len(), written.entry_seqs.len()), (1, 1), "{entries:?}");
+    assert_eq!(store.get_job(job).await.unwrap().usage.output_tokens, 7);
+
+    // Decided before the offer: the claim alone; the offer is refused.
+    let u = task(job, coordinator, "toolu_two");
+    store.create_task(u.clone(), None).await.unwrap();
+    let offer = EndOffer::default();
+    let (claim, none) = store.claim_task_ending(u.id, 1, "w1", Some(worker_session(&u)), &offer).await.unwrap();
+    assert!(matches!(claim, Claim::Claimed { .. }) && none.is_none(), "{claim:?}");
+    assert!(!offer.offer(offered(u.id.session(), None)), "an offer after the decision is refused");
+    assert_eq!(store.get_task(u.id).await.unwrap().state, TaskState::Running);
+
+    // A refused claim takes no end.
+    let v = task(job, coordinator, "toolu_three");
+    store.create_task(v.clone(), None).await.unwrap();
+    store.claim_task(v.id, 2, "w2").await.unwrap();
+    let offer = EndOffer::default();
+    assert!(offer.offer(offered(v.id.session(), None)));
+    let (claim, none) = store.claim_task_ending(v.id, 1, "late", Some(worker_session(&v)), &offer).await.unwrap();
+    assert_eq!((claim, none.is_none()), (Claim::Superseded { current_attempt: 2 }, true));
+    let stored = store.get_task(v.id).await.unwrap();
+    assert_eq!((stored.state, stored.attempt), (TaskState::Running, 2));
+    assert!(matches!(store.get_session(v.id.session()).await, Err(StoreError::NotFound(_))), "nor its session");
+
+    // Many attempts of one job claim and end at once: each write opens a
+    // session (a key-share lock on the job row, through the foreign key)
+    // before it adds usage to the job; none deadlocks with another.
+    let many: Vec<Task> = (0..16).map(|i| task(job, coordinator, &format!("toolu_many_{i}"))).collect();
+    store.create_tasks(many.clone(), None).await.unwrap();
+    let ends = many.iter().map(|t| async move {
+        let offer = EndOffer::default();
+        assert!(offer.offer(offered(t.id.session(), None)));
+        store.claim_task_ending(t.id, 1, "w1", Some(worker_session(t)), &offer).await
+    });
+    for (t, end) in many.iter().zip(futures::future::join_all(ends).await) {
+        let (claim, ended) = end.unwrap_or_else(|e| panic!("task {}: {e}", t.id));
+        assert!(matches!(claim, Claim::Claimed { .. }) && ended.is_some(), "{claim:?}");
+    }
+    assert_eq!(store.get_job(job).await.unwrap().usage.output_tokens, 7 * 17);
 }
 
 pub async fn a_final_batch_lands_with_the_end_or_not_at_all(store: &dyn Store) {

@@ -217,6 +217,65 @@ pub struct Written {
     pub tasks: Vec<(Task, bool)>,
 }
 
+/// An attempt's end, with the batch committed with it (the final answer's
+/// entries, events and usage), as [`Store::finish_task_with`] takes it.
+#[derive(Clone, Debug)]
+pub struct OfferedEnd {
+    pub outcome: TaskOutcome,
+    pub usage: Usage,
+    pub batch: Batch,
+}
+
+/// An end an attempt may commit in its claim's transaction
+/// ([`Store::claim_task_ending`]): the attempt's run offers it once its work
+/// is done, while the claim is under way (a first model answer that was
+/// final before the claim committed); the claim decides once, when it holds
+/// the task's row, whether it takes it. An offer made after that decision is
+/// refused, and the end goes the ordinary way ([`Store::finish_task_with`]).
+#[derive(Clone, Debug, Default)]
+pub struct EndOffer(std::sync::Arc<std::sync::Mutex<Offer>>);
+
+#[derive(Debug, Default)]
+enum Offer {
+    #[default]
+    Open,
+    Made(Box<OfferedEnd>),
+    Decided,
+}
+
+impl EndOffer {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Offer> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Offer `end` to the claim: `false` when the claim already decided
+    /// without it (the end then goes the ordinary way).
+    pub fn offer(&self, end: OfferedEnd) -> bool {
+        let mut state = self.lock();
+        match &*state {
+            Offer::Open => {
+                *state = Offer::Made(Box::new(end));
+                true
+            }
+            Offer::Made(_) | Offer::Decided => false,
+        }
+    }
+
+    /// The claim's decision: the end offered so far (a copy: a claim whose
+    /// transaction failed decides the same way when it is made again), or
+    /// none — and no later offer is taken.
+    pub fn decide(&self) -> Option<OfferedEnd> {
+        let mut state = self.lock();
+        match &*state {
+            Offer::Made(end) => Some((**end).clone()),
+            Offer::Open | Offer::Decided => {
+                *state = Offer::Decided;
+                None
+            }
+        }
+    }
+}
+
 /// The outcome of claiming a task attempt.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Claim {
@@ -303,6 +362,23 @@ pub trait Store: Send + Sync + 'static {
         worker_id: &str,
         session: Option<Session>,
     ) -> Result<Claim>;
+    /// [`Store::claim_task_opening`], and when the attempt is claimed and an
+    /// end was offered ([`EndOffer`]) by the time the transaction holds the
+    /// task's row, that end as [`Store::finish_task_with`] makes it, in the
+    /// same transaction: the attempt claims and ends in one commit. The end's
+    /// batch is staged ([`Batch::staged`]) once its rules passed, as in
+    /// [`Store::finish_task_with`]. Returns the claim (its events: the
+    /// claim's and the session's) and, when the end was taken, the ended task
+    /// and what its batch and end wrote. A claim that is not taken takes no
+    /// end.
+    async fn claim_task_ending(
+        &self,
+        id: TaskId,
+        attempt: u32,
+        worker_id: &str,
+        session: Option<Session>,
+        end: &EndOffer,
+    ) -> Result<(Claim, Option<(Task, Written)>)>;
     /// End the task from `attempt`, recording its usage on the task (the job's
     /// total already counted it turn by turn). Rejected with
     /// [`StoreError::Superseded`] if a later attempt holds the task,

@@ -25,7 +25,7 @@ use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
 use crate::rules::{self, ClaimDecision, TaskChange};
-use crate::{Batch, Claim, Fence, Lease, NewJob, Result, Store, StoreError, TaskEnd, Written, migrations};
+use crate::{Batch, Claim, EndOffer, Fence, Lease, NewJob, Result, Store, StoreError, TaskEnd, Written, migrations};
 
 /// Advisory lock key serialising migrations across replicas.
 const MIGRATION_LOCK: i64 = 0x666c_6f77_6572;
@@ -431,8 +431,13 @@ async fn write_events(
             .await?
             .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?,
             Some((_, usage)) => {
-                // Usage is a JSON document: read under the lock, add, store with the counter.
-                let row = db_query_opt(tx, "SELECT usage FROM jobs WHERE id = $1 FOR UPDATE", &[&job.0])
+                // Usage is a JSON document: read under the lock, add, store
+                // with the counter. The lock is the UPDATE's own (no key
+                // change): it does not conflict with the key-share lock this
+                // transaction's earlier inserts took on the job row through
+                // their foreign keys (a session, a task row), so two such
+                // transactions of one job queue up instead of deadlocking.
+                let row = db_query_opt(tx, "SELECT usage FROM jobs WHERE id = $1 FOR NO KEY UPDATE", &[&job.0])
                     .await?
                     .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
                 let mut total: Usage = from_json(row.get(0))?;
@@ -767,9 +772,10 @@ impl Store for PostgresStore {
         self.tx(move |tx| {
             Box::pin(async move {
                 check_fence(tx, fence).await?;
-                let row = db_query_opt(tx, &format!("SELECT {JOB_COLS} FROM jobs WHERE id = $1 FOR UPDATE"), &[&id.0])
-                    .await?
-                    .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
+                let row =
+                    db_query_opt(tx, &format!("SELECT {JOB_COLS} FROM jobs WHERE id = $1 FOR NO KEY UPDATE"), &[&id.0])
+                        .await?
+                        .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
                 let change = rules::set_job_state(&decode_job(&row)?, state, reason, final_answer, now_ms())?;
                 let job = &change.job;
                 db_execute(
@@ -925,28 +931,71 @@ impl Store for PostgresStore {
         worker_id: &str,
         session: Option<Session>,
     ) -> Result<Claim> {
+        Ok(self.claim_task_ending(id, attempt, worker_id, session, &EndOffer::default()).await?.0)
+    }
+
+    async fn claim_task_ending(
+        &self,
+        id: TaskId,
+        attempt: u32,
+        worker_id: &str,
+        session: Option<Session>,
+        end: &EndOffer,
+    ) -> Result<(Claim, Option<(Task, Written)>)> {
         let worker_id = worker_id.to_string();
+        let end = end.clone();
         self.tx(move |tx| {
             Box::pin(async move {
                 let task = claim_locked(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-                match rules::claim(&task, attempt, &worker_id, now_ms()) {
-                    ClaimDecision::Answer(answer) => Ok(answer),
-                    ClaimDecision::Take(change) => {
-                        let opening = async {
-                            match &session {
-                                Some(session) => insert_session(tx, session).await,
-                                None => Ok(None),
-                            }
-                        };
-                        // Pipelined: the row's new state and the session row.
-                        let changed = [&change.task];
-                        let (_, opened) = futures::try_join!(write_tasks(tx, &changed), opening)?;
-                        let mut events = vec![(change.task.job_id, change.event)];
-                        events.extend(opened);
-                        let events = write_events(tx, events, None).await?;
-                        Ok(Claim::Claimed { task: change.task, events })
+                let change = match rules::claim(&task, attempt, &worker_id, now_ms()) {
+                    ClaimDecision::Answer(answer) => return Ok((answer, None)),
+                    ClaimDecision::Take(change) => change,
+                };
+                let opening = async {
+                    match &session {
+                        Some(session) => insert_session(tx, session).await,
+                        None => Ok(None),
                     }
+                };
+                let claim_event = (change.task.job_id, change.event);
+                // The row is held: the claim decides whether the attempt's
+                // end goes with it (an end its rules refuse goes the ordinary
+                // way, where the refusal is handled).
+                let ending = end.decide().and_then(|offered| {
+                    let finish = rules::finish(&change.task, attempt, offered.outcome, offered.usage, now_ms()).ok()?;
+                    Some((finish, offered.batch))
+                });
+                let Some((finish, batch)) = ending else {
+                    // Pipelined: the row's new state and the session row.
+                    let changed = [&change.task];
+                    let (_, opened) = futures::try_join!(write_tasks(tx, &changed), opening)?;
+                    let mut events = vec![claim_event];
+                    events.extend(opened);
+                    let events = write_events(tx, events, None).await?;
+                    return Ok((Claim::Claimed { task: change.task, events }, None));
+                };
+                check_fence(tx, batch.fence).await?;
+                // The end is decided and the row is locked to the commit (see
+                // [`PostgresStore::finish_task_with`]). The row is written
+                // once, as it ends (the claim's state never shows).
+                if let Some(staged) = &batch.staged {
+                    staged.fire();
                 }
+                let changed = [&finish.task];
+                let (opened, _, _) =
+                    futures::try_join!(opening, check_required(tx, &batch.requires), write_tasks(tx, &changed))?;
+                let mut events = vec![claim_event];
+                events.extend(opened);
+                let claimed = events.len();
+                events.extend(batch.events);
+                // Entries after their session row (the foreign key).
+                let entry_seqs = write_entries(tx, batch.entries).await?;
+                let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
+                events.push((finish.task.job_id, finish.event));
+                let mut events = write_events(tx, events, batch.usage).await?;
+                let ended = events.split_off(claimed.min(events.len()));
+                let claim = Claim::Claimed { task: change.task, events };
+                Ok((claim, Some((finish.task, Written { events: ended, entry_seqs, tasks }))))
             })
         })
         .await

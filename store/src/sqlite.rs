@@ -19,7 +19,7 @@ use flower_model::{
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
 use crate::rules::{self, ClaimDecision, TaskChange};
-use crate::{Batch, Claim, Fence, Lease, NewJob, Result, Store, StoreError, Written, migrations};
+use crate::{Batch, Claim, EndOffer, Fence, Lease, NewJob, Result, Store, StoreError, Written, migrations};
 
 /// Connection settings, set before the migrations run (`foreign_keys` has no
 /// effect inside a transaction, `journal_mode` cannot change inside one).
@@ -195,6 +195,33 @@ fn write_task(tx: &Transaction<'_>, task: &Task) -> Result<()> {
         task.updated_at
     ])?;
     Ok(())
+}
+
+/// End `task` (as loaded in this transaction) from `attempt`, with `batch`
+/// committed before the end: [`Store::finish_task_with`]'s writes.
+fn finish_loaded(
+    tx: &Transaction<'_>,
+    task: &Task,
+    attempt: u32,
+    outcome: TaskOutcome,
+    usage: Usage,
+    batch: Batch,
+) -> Result<(Task, Written)> {
+    check_fence(tx, batch.fence)?;
+    let change = rules::finish(task, attempt, outcome, usage, now_ms())?;
+    check_required(tx, &batch.requires)?;
+    let entry_seqs = write_entries(tx, batch.entries)?;
+    if let Some((job, usage)) = batch.usage {
+        add_usage(tx, job, &usage)?;
+    }
+    let mut written = Written { entry_seqs, ..Default::default() };
+    for (job, kind) in batch.events {
+        written.events.push(write_event(tx, job, kind)?);
+    }
+    written.tasks = insert_tasks(tx, batch.tasks, &mut written)?;
+    let (task, event) = apply_task_change(tx, change)?;
+    written.events.push(event);
+    Ok((task, written))
 }
 
 /// Store a task change and number its event.
@@ -641,22 +668,44 @@ impl Store for SqliteStore {
         worker_id: &str,
         session: Option<Session>,
     ) -> Result<Claim> {
+        Ok(self.claim_task_ending(id, attempt, worker_id, session, &EndOffer::default()).await?.0)
+    }
+
+    async fn claim_task_ending(
+        &self,
+        id: TaskId,
+        attempt: u32,
+        worker_id: &str,
+        session: Option<Session>,
+        end: &EndOffer,
+    ) -> Result<(Claim, Option<(Task, Written)>)> {
         let worker_id = worker_id.to_string();
+        let end = end.clone();
         // The immediate transaction holds the write lock from the load on, so
         // the decision stands until it is stored.
         self.tx(move |tx| {
             let task = load_task(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-            match rules::claim(&task, attempt, &worker_id, now_ms()) {
-                ClaimDecision::Answer(answer) => Ok(answer),
-                ClaimDecision::Take(change) => {
-                    let (task, event) = apply_task_change(tx, change)?;
-                    let mut events = vec![event];
-                    if let Some(session) = &session {
-                        events.extend(insert_session(tx, session)?);
-                    }
-                    Ok(Claim::Claimed { task, events })
-                }
+            let change = match rules::claim(&task, attempt, &worker_id, now_ms()) {
+                ClaimDecision::Answer(answer) => return Ok((answer, None)),
+                ClaimDecision::Take(change) => change,
+            };
+            // An end its rules refuse goes the ordinary way, where the
+            // refusal is handled. (This backend never stages.)
+            let ending = end.decide().filter(|offered| {
+                rules::finish(&change.task, attempt, offered.outcome.clone(), offered.usage, 0).is_ok()
+            });
+            let (task, event) = apply_task_change(tx, change)?;
+            let mut events = vec![event];
+            if let Some(session) = &session {
+                events.extend(insert_session(tx, session)?);
             }
+            let ended = match ending {
+                Some(offered) => {
+                    Some(finish_loaded(tx, &task, attempt, offered.outcome, offered.usage, offered.batch)?)
+                }
+                None => None,
+            };
+            Ok((Claim::Claimed { task, events }, ended))
         })
         .await
     }
@@ -670,22 +719,8 @@ impl Store for SqliteStore {
         batch: Batch,
     ) -> Result<(Task, Written)> {
         self.tx(move |tx| {
-            check_fence(tx, batch.fence)?;
             let task = load_task(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-            let change = rules::finish(&task, attempt, outcome, usage, now_ms())?;
-            check_required(tx, &batch.requires)?;
-            let entry_seqs = write_entries(tx, batch.entries)?;
-            if let Some((job, usage)) = batch.usage {
-                add_usage(tx, job, &usage)?;
-            }
-            let mut written = Written { entry_seqs, ..Default::default() };
-            for (job, kind) in batch.events {
-                written.events.push(write_event(tx, job, kind)?);
-            }
-            written.tasks = insert_tasks(tx, batch.tasks, &mut written)?;
-            let (task, event) = apply_task_change(tx, change)?;
-            written.events.push(event);
-            Ok((task, written))
+            finish_loaded(tx, &task, attempt, outcome, usage, batch)
         })
         .await
     }

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use flower_model::{
 use flower_store::localfs::Manifest;
 use flower_store::workbench::MOUNT;
 use flower_store::workspace::Workspace;
-use flower_store::{Batch, Claim, StoreError, Workbench};
+use flower_store::{Batch, Claim, EndOffer, OfferedEnd, StoreError, Workbench};
 use object_store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
@@ -107,6 +108,23 @@ impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Self {
         Self::store("", e)
     }
+}
+
+/// What a first delivery's run shares with its claim (see
+/// [`Worker::handle_early`]): the gate its session waits at, the end it may
+/// offer the claim, and whether the end's notice went out.
+struct Early {
+    gate: flower_agent::Gate,
+    offer: EndOffer,
+    notice: Arc<AtomicBool>,
+}
+
+/// A first delivery's claim: the task claimed (running), or claimed and
+/// ended in one write with the run's offered end (the claimed row, the
+/// ended row and what the write stored).
+enum Taken {
+    Claimed(Task, Running),
+    Ended(Task, Box<(Task, flower_store::Written)>),
 }
 
 /// What became of an attempt's outcome.
@@ -263,8 +281,9 @@ impl Worker {
         // claim decides whether it is used, and the first model call waits
         // for neither one after the other.
         let open = async { if over { None } else { Some(self.open_attempt(&msg, attempt).await) } };
-        let (claim, opened) = tokio::join!(self.claim(delivery.as_ref(), attempt), open);
-        let Some((task, fresh)) = self.claimed(delivery.as_ref(), claim).await else {
+        let none = EndOffer::default();
+        let (claim, opened) = tokio::join!(self.claim(delivery.as_ref(), attempt, &none), open);
+        let Some((task, fresh)) = self.claimed(delivery.as_ref(), claim.map(|(claim, _)| claim)).await else {
             self.discard(msg.job_id, opened).await;
             return;
         };
@@ -289,11 +308,18 @@ impl Worker {
     /// attempt's directory, session and first model request. The session
     /// acts on nothing the model answers (no entry, no tool) before the claim
     /// commits; a refused claim cancels it and its answer is dropped. A job
-    /// with MCP servers starts none of their programs before the claim.
+    /// with MCP servers starts none of their programs before the claim. A
+    /// first answer that was final before the claim held the task's row is
+    /// offered to the claim, which then ends the task in the same write
+    /// ([`Store::claim_task_ending`]); its end's notice goes out once that
+    /// transaction holds the row.
+    ///
+    /// [`Store::claim_task_ending`]: flower_store::Store::claim_task_ending
     async fn handle_early(&self, delivery: Arc<dyn Delivery>, msg: flower_bus::TaskMessage, queued: Task) {
         let attempt = 1;
         let cancel = CancellationToken::new();
         let (decided, gate) = tokio::sync::watch::channel(None::<bool>);
+        let early = Early { gate, offer: EndOffer::default(), notice: Default::default() };
         // The directory is opened now and filled (workspace, workbench)
         // while the claim commits: the first request needs neither.
         let opened = self.open_attempt_with(&msg, attempt, false).await;
@@ -306,36 +332,49 @@ impl Worker {
                     None => Ok(()),
                 }
             };
-            let (claim, filled) = tokio::join!(self.claim(delivery.as_ref(), attempt), fill);
-            let claimed = self.claimed(delivery.as_ref(), claim).await.map(|(task, _)| {
-                let running = self.started(&task, attempt, delivery.clone(), &cancel);
-                (task, running)
-            });
-            if claimed.is_none() {
+            let (claim, filled) = tokio::join!(self.claim(delivery.as_ref(), attempt, &early.offer), fill);
+            let taken = match claim {
+                // Claimed and ended in one write: the run's offered end.
+                Ok((Claim::Claimed { task, mut events }, Some((ended, written)))) => {
+                    events.extend(written.events);
+                    Some(Taken::Ended(task, Box::new((ended, flower_store::Written { events, ..written }))))
+                }
+                claim => self.claimed(delivery.as_ref(), claim.map(|(claim, _)| claim)).await.map(|(task, _)| {
+                    let running = self.started(&task, attempt, delivery.clone(), &cancel);
+                    Taken::Claimed(task, running)
+                }),
+            };
+            if taken.is_none() {
                 cancel.cancel();
             }
-            let _ = decided.send(Some(claimed.is_some() && filled.is_ok()));
-            (claimed, filled)
+            let open = matches!(taken, Some(Taken::Ended(..))) || (taken.is_some() && filled.is_ok());
+            let _ = decided.send(Some(open));
+            (taken, filled)
         };
         let run_side = async {
-            let mut wait = gate.clone();
+            let mut wait = early.gate.clone();
             if programs && !matches!(wait.wait_for(Option::is_some).await.as_deref(), Ok(Some(true))) {
                 return Err(opened);
             }
             // A session stopped at its gate releases its directory itself.
-            Ok(self.execute(&queued, attempt, opened, true, cancel.clone(), Some(gate.clone())).await)
+            Ok(self.execute(&queued, attempt, opened, true, cancel.clone(), Some(&early)).await)
         };
         match tokio::join!(claim_side, run_side) {
-            ((Some((task, running)), Ok(())), ran) => {
+            ((Some(Taken::Ended(claimed, end)), _), _) => {
+                let (ended, written) = *end;
+                self.claimed_and_ended(&claimed, &ended, &written, &early.notice).await;
+                let _ = delivery.ack().await;
+            }
+            ((Some(Taken::Claimed(task, running)), Ok(())), ran) => {
                 let (result, held) = match ran {
                     Ok(ran) => ran,
                     // (Not reached: an open gate lets the session start.)
                     Err(opened) => self.execute(&task, attempt, opened, true, cancel.clone(), None).await,
                 };
-                self.settle(&task, attempt, result, held, &cancel, running, delivery).await;
+                self.settle_noticed(&task, attempt, result, held, &cancel, running, delivery, &early.notice).await;
             }
             // Claimed, but the directory could not be filled: given back.
-            ((Some((task, running)), Err(e)), ran) => {
+            ((Some(Taken::Claimed(task, running)), Err(e)), ran) => {
                 if let Err(opened) = ran {
                     self.discard(msg.job_id, Some(opened)).await;
                 }
@@ -345,9 +384,26 @@ impl Worker {
             // Refused: a job's programs were never started.
             ((None, _), Err(opened)) => self.discard(msg.job_id, Some(opened)).await,
             // Refused: the session stopped at its gate, before any write or
-            // tool, and released its directory.
+            // tool (or held its final answer), and released its directory.
             ((None, _), Ok(_)) => {}
         }
+    }
+
+    /// An attempt claimed and ended in one write: its events announced, its
+    /// end's notice sent unless it went out while the write was staged.
+    async fn claimed_and_ended(
+        &self,
+        claimed: &Task,
+        ended: &Task,
+        written: &flower_store::Written,
+        notice: &AtomicBool,
+    ) {
+        let metrics = flower_agent::metrics::metrics();
+        metrics.task("started");
+        metrics.dispatch.observe((now_ms() - claimed.created_at).max(0) as f64 / 1000.0);
+        metrics.task_duration.observe((ended.updated_at - claimed.updated_at).max(0) as f64 / 1000.0);
+        metrics.task(if ended.state == flower_model::TaskState::Succeeded { "succeeded" } else { "failed" });
+        self.ended(ended, written, notice).await;
     }
 
     /// What the claim means for the delivery: the task and whether the claim
@@ -412,6 +468,23 @@ impl Worker {
         running: Running,
         delivery: Arc<dyn Delivery>,
     ) {
+        let notice = Arc::new(AtomicBool::new(false));
+        self.settle_noticed(task, attempt, result, held, cancel, running, delivery, &notice).await
+    }
+
+    /// [`Worker::settle`]; `notice`: whether the end's notice went out already.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_noticed(
+        &self,
+        task: &Task,
+        attempt: u32,
+        result: Result<(String, Usage), (Failure, Usage)>,
+        held: Batch,
+        cancel: &CancellationToken,
+        running: Running,
+        delivery: Arc<dyn Delivery>,
+        notice: &Arc<AtomicBool>,
+    ) {
         let metrics = flower_agent::metrics::metrics();
         metrics.task_duration.observe(running.started.elapsed().as_secs_f64());
         metrics.worker_slots_busy.dec();
@@ -428,14 +501,19 @@ impl Worker {
                 self.keep(held).await;
                 Recorded::Settled
             }
-            Ok((report, usage)) => self.finish(task, attempt, TaskOutcome::Succeeded { report }, usage, held).await,
+            Ok((report, usage)) => {
+                self.finish_noticed(task, attempt, TaskOutcome::Succeeded { report }, usage, held, notice).await
+            }
             Err((f, _)) if f.retryable => {
                 tracing::warn!(task = %task.id, attempt, reason = %f.reason, "attempt stopped by a transient failure; redelivering");
                 // A stored answer is taken up by the next attempt without a new model call.
                 self.keep(held).await;
                 Recorded::GaveUp
             }
-            Err((f, usage)) => self.finish(task, attempt, TaskOutcome::Failed { error: f.reason }, usage, held).await,
+            Err((f, usage)) => {
+                let outcome = TaskOutcome::Failed { error: f.reason };
+                self.finish_noticed(task, attempt, outcome, usage, held, notice).await
+            }
         };
         running.beat.abort();
         let _ = match recorded {
@@ -448,7 +526,13 @@ impl Worker {
     /// Claim the attempt. While the store is unreachable the claim is retried
     /// with backoff, holding the message (in-progress acks), so an outage does
     /// not use up the message's deliveries.
-    async fn claim(&self, delivery: &dyn Delivery, attempt: u32) -> Result<Claim, StoreError> {
+    /// `offer`: an end the claim may take ([`flower_store::Store::claim_task_ending`]).
+    async fn claim(
+        &self,
+        delivery: &dyn Delivery,
+        attempt: u32,
+        offer: &EndOffer,
+    ) -> Result<(Claim, Option<(Task, flower_store::Written)>), StoreError> {
         let store = self.journal.store();
         let msg = delivery.message();
         let task = msg.task_id;
@@ -464,7 +548,7 @@ impl Worker {
         let give_up = tokio::time::Instant::now() + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
         loop {
-            match store.claim_task_opening(task, attempt, &self.opts.worker_id, session.clone()).await {
+            match store.claim_task_ending(task, attempt, &self.opts.worker_id, session.clone(), offer).await {
                 Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(%task, attempt, error = %e, "claim not recorded yet; retrying");
                     let _ = delivery.progress().await;
@@ -501,49 +585,28 @@ impl Worker {
     /// a write; a report that can never be stored fails the task instead.
     /// The held final batch (`held`: the answer's entries, events, usage) is
     /// committed with the end, in one transaction.
-    async fn finish(
+    async fn finish(&self, task: &Task, attempt: u32, outcome: TaskOutcome, usage: Usage, held: Batch) -> Recorded {
+        self.finish_noticed(task, attempt, outcome, usage, held, &Default::default()).await
+    }
+
+    /// [`Worker::finish`]; `notice`: whether the end's notice went out already.
+    async fn finish_noticed(
         &self,
         task: &Task,
         attempt: u32,
         mut outcome: TaskOutcome,
         usage: Usage,
         mut held: Batch,
+        notice: &Arc<AtomicBool>,
     ) -> Recorded {
         let store = self.journal.store();
         let give_up = tokio::time::Instant::now() + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
-        // The end's notice, with a copy of the end, goes out as soon as the
-        // end's transaction is staged (docs/design.md section 3): the
-        // coordinator goes on while this commits, and its next write
-        // requires the end. Else (a backend that does not stage) after it.
-        let early = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let staged_end = flower_store::rules::finish(task, attempt, outcome.clone(), usage, now_ms())
-            .ok()
-            .and_then(|change| flower_bus::TaskEnded::of(&change.task, false));
-        if let Some(ended) = staged_end {
-            let (notifier, early, job, id) = (self.journal.notifier().clone(), early.clone(), task.job_id, task.id);
-            held.staged = Some(flower_store::Staged::new(move || {
-                if early.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                    return;
-                }
-                let (notifier, ended) = (notifier.clone(), Box::new(ended.clone()));
-                tokio::spawn(async move {
-                    let _ = notifier.notify(Notice::TaskDone { job, task: id, ended: Some(ended) }).await;
-                });
-            }));
-        }
+        self.stage_notice(task, attempt, &outcome, usage, &mut held, notice);
         loop {
             match store.finish_task_with(task.id, attempt, outcome.clone(), usage, held.clone()).await {
                 Ok((ended, written)) => {
-                    self.journal.announce(&written).await;
-                    if !early.load(std::sync::atomic::Ordering::SeqCst) {
-                        let ended = flower_bus::TaskEnded::of(&ended, true).map(Box::new);
-                        let _ = self
-                            .journal
-                            .notifier()
-                            .notify(Notice::TaskDone { job: task.job_id, task: task.id, ended })
-                            .await;
-                    }
+                    self.ended(&ended, &written, notice).await;
                     return Recorded::Settled;
                 }
                 Err(StoreError::Invalid(m)) if matches!(outcome, TaskOutcome::Succeeded { .. }) || !held.is_empty() => {
@@ -554,6 +617,7 @@ impl Worker {
                         outcome = TaskOutcome::Failed { error: format!("the report could not be stored: {m}") };
                     }
                     held = Batch::default();
+                    self.stage_notice(task, attempt, &outcome, usage, &mut held, notice);
                 }
                 Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(task = %task.id, attempt, error = %e, "report not recorded yet; retrying");
@@ -570,6 +634,53 @@ impl Worker {
                     return Recorded::Settled;
                 }
             }
+        }
+    }
+
+    /// The end's notice, with a copy of the end, goes out as soon as the
+    /// end's transaction is staged (docs/design.md section 3): the
+    /// coordinator goes on while this commits, and its next write requires
+    /// the end. Else (a backend that does not stage) [`Worker::ended`] sends
+    /// it after the commit. `claimed`: the task as its attempt holds it;
+    /// `notice`: set once the notice went out, so it goes out once.
+    fn stage_notice(
+        &self,
+        claimed: &Task,
+        attempt: u32,
+        outcome: &TaskOutcome,
+        usage: Usage,
+        held: &mut Batch,
+        notice: &Arc<AtomicBool>,
+    ) {
+        let copy = flower_store::rules::finish(claimed, attempt, outcome.clone(), usage, now_ms())
+            .ok()
+            .and_then(|change| flower_bus::TaskEnded::of(&change.task, false));
+        held.staged = copy.map(|ended| {
+            let (notifier, sent, job, id) =
+                (self.journal.notifier().clone(), notice.clone(), claimed.job_id, claimed.id);
+            flower_store::Staged::new(move || {
+                if sent.swap(true, Ordering::SeqCst) {
+                    return;
+                }
+                let (notifier, ended) = (notifier.clone(), Box::new(ended.clone()));
+                tokio::spawn(async move {
+                    let _ = notifier.notify(Notice::TaskDone { job, task: id, ended: Some(ended) }).await;
+                });
+            })
+        });
+    }
+
+    /// A task's end is committed: its events announced, and its notice sent
+    /// unless it went out while the end was staged.
+    async fn ended(&self, ended: &Task, written: &flower_store::Written, notice: &AtomicBool) {
+        self.journal.announce(written).await;
+        if !notice.swap(true, Ordering::SeqCst) {
+            let copy = flower_bus::TaskEnded::of(ended, true).map(Box::new);
+            let _ = self
+                .journal
+                .notifier()
+                .notify(Notice::TaskDone { job: ended.job_id, task: ended.id, ended: copy })
+                .await;
         }
     }
 
@@ -636,9 +747,9 @@ impl Worker {
         opened: Opened,
         fresh: bool,
         cancel: CancellationToken,
-        gate: Option<flower_agent::Gate>,
+        early: Option<&Early>,
     ) -> (Result<(String, Usage), (Failure, Usage)>, Batch) {
-        match self.execute_held(task, attempt, opened, fresh, cancel, gate).await {
+        match self.execute_held(task, attempt, opened, fresh, cancel, early).await {
             Ok((result, held)) => (result, held),
             Err(failure) => (Err(failure), Batch::default()),
         }
@@ -651,7 +762,7 @@ impl Worker {
         opened: Opened,
         fresh: bool,
         cancel: CancellationToken,
-        gate: Option<flower_agent::Gate>,
+        early: Option<&Early>,
     ) -> Result<(Result<(String, Usage), (Failure, Usage)>, Batch), (Failure, Usage)> {
         let none = Usage::default();
         let (cached, dir) = opened?;
@@ -660,16 +771,39 @@ impl Worker {
             return Ok((self.run_command(task, attempt, &dir, cancel).await, Batch::default()));
         }
         let mut run = self.build_session(task, job, spec, &dir, fresh, cancel).await.map_err(|f| (f, none))?;
-        if let Some(gate) = &gate {
-            run.agent = run.agent.with_gate(gate.clone());
+        if let Some(early) = early {
+            run.agent = run.agent.with_gate(early.gate.clone());
         }
         let outcome = run.agent.run(run.history, run.input).await;
         let held = run.agent.take_held().unwrap_or_default();
         run.mcp.close().await;
-        // A session its claim refused acted on nothing: nothing to keep.
-        let refused = gate.is_some_and(|g| *g.borrow() != Some(true));
         // An answer on the first turn ran no tool: the directory is as checked out.
         let untouched = matches!(outcome, Ok(Outcome::Answered { turns: 1, .. })) && spec.mcp_servers.is_empty();
+        let refused = match early {
+            Some(early) => {
+                // Final before the claim decided: offered to the claim, to
+                // end the task in its write.
+                if untouched
+                    && early.gate.borrow().is_none()
+                    && let Ok(Outcome::Answered { text, usage, .. }) = &outcome
+                {
+                    let outcome = TaskOutcome::Succeeded { report: text.clone() };
+                    let mut batch = held.clone();
+                    if let flower_store::rules::ClaimDecision::Take(claim) =
+                        flower_store::rules::claim(task, attempt, &self.opts.worker_id, now_ms())
+                    {
+                        self.stage_notice(&claim.task, attempt, &outcome, *usage, &mut batch, &early.notice);
+                    }
+                    let _ = early.offer.offer(OfferedEnd { outcome, usage: *usage, batch });
+                }
+                // The directory fills beside the claim; the decision comes
+                // after both. A session its claim refused acted on nothing:
+                // nothing to keep.
+                let mut gate = early.gate.clone();
+                !matches!(gate.wait_for(Option::is_some).await.as_deref(), Ok(Some(true)))
+            }
+            None => false,
+        };
         let kept = if refused || untouched {
             self.release_dir(task.job_id, &dir.path).await;
             Ok(())
