@@ -181,6 +181,49 @@ pub enum Notice {
     TaskStreaming { job: JobId, task: TaskId },
 }
 
+/// The kinds of [`Notice`]: a process may hear only some (a worker needs
+/// only cancels), and a bus that can route by kind delivers it no other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NoticeKind {
+    Events,
+    TaskDone,
+    Cancel,
+    Interrupt,
+    TaskStreaming,
+}
+
+impl NoticeKind {
+    pub const ALL: [NoticeKind; 5] = [
+        NoticeKind::Events,
+        NoticeKind::TaskDone,
+        NoticeKind::Cancel,
+        NoticeKind::Interrupt,
+        NoticeKind::TaskStreaming,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoticeKind::Events => "events",
+            NoticeKind::TaskDone => "task_done",
+            NoticeKind::Cancel => "cancel",
+            NoticeKind::Interrupt => "interrupt",
+            NoticeKind::TaskStreaming => "task_streaming",
+        }
+    }
+}
+
+impl Notice {
+    pub fn kind(&self) -> NoticeKind {
+        match self {
+            Notice::Events { .. } => NoticeKind::Events,
+            Notice::TaskDone { .. } => NoticeKind::TaskDone,
+            Notice::Cancel { .. } => NoticeKind::Cancel,
+            Notice::Interrupt { .. } => NoticeKind::Interrupt,
+            Notice::TaskStreaming { .. } => NoticeKind::TaskStreaming,
+        }
+    }
+}
+
 /// One delivery of a task message.
 #[async_trait]
 pub trait Delivery: Send + Sync {

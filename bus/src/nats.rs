@@ -8,8 +8,10 @@
 //! the worker that receives `delivered > max_attempts` terminates it and
 //! records the failure). Payloads are the protobuf messages of `flower.v1`.
 //!
-//! Notices: core NATS publish/subscribe on `<prefix>.notices`, fanned out to
-//! local subscribers; they are hints, so at-most-once delivery is enough.
+//! Notices: core NATS publish/subscribe on `<prefix>.notices.<kind>`, fanned
+//! out to local subscribers; they are hints, so at-most-once delivery is
+//! enough. A process subscribes to the kinds it needs only
+//! ([`NatsConfig::hears`]): a worker hears cancels, not every task's events.
 
 use std::time::Duration;
 
@@ -24,7 +26,9 @@ use futures::StreamExt;
 use prost::Message as _;
 use tokio::sync::broadcast;
 
-use crate::{BusError, Delivery, Notice, NoticeStream, Notifier, Result, TaskBody, TaskEnded, TaskMessage, TaskQueue};
+use crate::{
+    BusError, Delivery, Notice, NoticeKind, NoticeStream, Notifier, Result, TaskBody, TaskEnded, TaskMessage, TaskQueue,
+};
 
 /// Where and how the bus lives on the server.
 #[derive(Clone, Debug)]
@@ -41,6 +45,9 @@ pub struct NatsConfig {
     pub max_attempts: u32,
     /// Publish dedupe window (default 2 min).
     pub duplicate_window: Duration,
+    /// The notice kinds this process hears (default: all). Every kind can
+    /// be sent whatever this says.
+    pub hears: Vec<NoticeKind>,
 }
 
 impl NatsConfig {
@@ -51,6 +58,7 @@ impl NatsConfig {
             ack_wait: Duration::from_secs(30),
             max_attempts: 3,
             duplicate_window: Duration::from_secs(120),
+            hears: NoticeKind::ALL.to_vec(),
         }
     }
 
@@ -60,8 +68,8 @@ impl NatsConfig {
     fn tasks_subject(&self) -> String {
         format!("{}.tasks", self.prefix)
     }
-    fn notices_subject(&self) -> String {
-        format!("{}.notices", self.prefix)
+    fn notices_subject(&self, kind: NoticeKind) -> String {
+        format!("{}.notices.{}", self.prefix, kind.as_str())
     }
 }
 
@@ -127,9 +135,25 @@ impl NatsBus {
         &self.config
     }
 
-    /// Relay the notices subject into the local broadcast channel.
+    /// Relay the notices subjects this process hears into the local broadcast channel.
     async fn forward_notices(&self) -> Result<()> {
-        let mut sub = self.client.subscribe(self.config.notices_subject()).await.map_err(unavailable)?;
+        let mut hears = self.config.hears.clone();
+        hears.sort_by_key(|k| k.as_str());
+        hears.dedup();
+        let subject = match hears.len() {
+            // Every kind: one wildcard subscription.
+            n if n == NoticeKind::ALL.len() => format!("{}.notices.*", self.config.prefix),
+            _ => String::new(),
+        };
+        let mut subs = Vec::new();
+        if subject.is_empty() {
+            for kind in hears {
+                subs.push(self.client.subscribe(self.config.notices_subject(kind)).await.map_err(unavailable)?);
+            }
+        } else {
+            subs.push(self.client.subscribe(subject).await.map_err(unavailable)?);
+        }
+        let mut sub = futures::stream::select_all(subs);
         let tx = self.notices.clone();
         tokio::spawn(async move {
             while let Some(msg) = sub.next().await {
@@ -323,7 +347,7 @@ impl TaskQueue for NatsBus {
 impl Notifier for NatsBus {
     async fn notify(&self, notice: Notice) -> Result<()> {
         let payload = notice_to_pb(&notice).encode_to_vec();
-        self.client.publish(self.config.notices_subject(), payload.into()).await.map_err(unavailable)
+        self.client.publish(self.config.notices_subject(notice.kind()), payload.into()).await.map_err(unavailable)
     }
 
     fn subscribe(&self) -> NoticeStream {

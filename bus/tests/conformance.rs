@@ -101,3 +101,37 @@ async fn raw_round_trip_is_measured() {
     assert!(rtt > Duration::ZERO && rtt < Duration::from_secs(5), "{rtt:?}");
     bus.destroy().await;
 }
+
+/// A bus hearing only some notice kinds (a worker: cancels) is delivered no
+/// other, while a bus hearing all gets every kind, in the order sent.
+#[tokio::test]
+async fn a_bus_hears_only_the_notice_kinds_it_asked_for() {
+    use flower_bus::{Heard, Notice, NoticeKind, Notifier};
+    let everything = ScratchBus::new(Duration::from_secs(1), 3).await;
+    let mut config = everything.0.config().clone();
+    config.hears = vec![NoticeKind::Cancel];
+    let cancels_only = NatsBus::connect(config).await.unwrap();
+    let (mut all, mut cancels) = (everything.0.subscribe(), cancels_only.subscribe());
+    let job = flower_model::JobId::random();
+    let task = flower_model::TaskId::random();
+    let sent = [
+        Notice::Events { job, seq: 3 },
+        Notice::TaskDone { job, task, ended: None },
+        Notice::TaskStreaming { job, task },
+        Notice::Interrupt { job },
+        Notice::Cancel { job },
+    ];
+    for n in &sent {
+        cancels_only.notify(n.clone()).await.unwrap();
+    }
+    let within = Duration::from_secs(10);
+    for n in &sent {
+        let heard = tokio::time::timeout(within, all.recv()).await.expect("every kind is heard");
+        assert_eq!(heard, Heard::Notice(n.clone()));
+    }
+    // The cancel was sent last: anything else would have come first.
+    let first = tokio::time::timeout(within, cancels.recv()).await.expect("the cancel is heard");
+    assert_eq!(first, Heard::Notice(Notice::Cancel { job }));
+    drop(cancels_only);
+    everything.destroy().await;
+}

@@ -73,7 +73,14 @@ pub struct Connected {
 }
 
 impl DistributedConfig {
+    /// Connect every backend; the bus hears every notice kind.
     pub async fn connect(&self) -> Result<Connected, ConnectError> {
+        self.connect_hearing(&flower_bus::NoticeKind::ALL).await
+    }
+
+    /// [`DistributedConfig::connect`], the bus hearing only the notice kinds
+    /// `hears` (a worker process: cancels).
+    pub async fn connect_hearing(&self, hears: &[flower_bus::NoticeKind]) -> Result<Connected, ConnectError> {
         if self.max_attempts < 1 {
             return Err(ConnectError::MaxAttempts);
         }
@@ -87,6 +94,7 @@ impl DistributedConfig {
         let mut nats = NatsConfig::new(self.nats_url.clone(), self.nats_prefix.clone());
         nats.ack_wait = self.ack_wait;
         nats.max_attempts = self.max_attempts;
+        nats.hears = hears.to_vec();
         let bus = NatsBus::connect(nats).await.map_err(ConnectError::Nats)?;
         let objects = objects::open(&self.object_store, &self.s3).map_err(ConnectError::Objects)?;
         Ok(Connected {

@@ -52,6 +52,11 @@ impl BackendArgs {
     /// Connect every backend (`flower_runtime::distributed`), naming the
     /// flag of whichever fails.
     pub async fn connect(&self) -> anyhow::Result<Connected> {
+        self.connect_hearing(&flower_bus::NoticeKind::ALL).await
+    }
+
+    /// [`BackendArgs::connect`], the bus hearing only the notice kinds `hears`.
+    pub async fn connect_hearing(&self, hears: &[flower_bus::NoticeKind]) -> anyhow::Result<Connected> {
         let config = DistributedConfig {
             database_url: self.database_url.clone(),
             database_pool: self.database_pool,
@@ -66,7 +71,7 @@ impl BackendArgs {
             ack_wait: self.ack_wait,
             tool_policy: self.tool_policy()?,
         };
-        config.connect().await.map_err(|e| {
+        config.connect_hearing(hears).await.map_err(|e| {
             let flag = match &e {
                 ConnectError::MaxAttempts => "--max-attempts",
                 ConnectError::AckWait => "--ack-wait",

@@ -154,7 +154,8 @@ pub struct WorkerArgs {
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.concurrency >= 1, "--concurrency: must be at least 1");
     let metrics = bind_metrics(args.metrics_listen).await?;
-    let connected = args.backends.connect().await?;
+    // A worker acts on cancels only: it hears no other notice kind.
+    let connected = args.backends.connect_hearing(&[flower_bus::NoticeKind::Cancel]).await?;
     let id = args.worker_id.unwrap_or_else(|| {
         format!("worker-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
     });
