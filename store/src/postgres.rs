@@ -404,9 +404,10 @@ impl CopyRows {
 }
 
 /// Append events, numbering them from the job's counter, and add `usage` to
-/// its job's total. The job row is locked last in every writing transaction
-/// (by the first statement here), so it is held for as short a time as the
-/// commit allows: one round trip for the numbers (and the usage), one for the rows.
+/// its job's total. The job row is locked last in every writing transaction,
+/// and in one statement per job: the counter, the usage and the event rows
+/// together, so the row — which every write of the job waits for — is held
+/// for that one round trip and the commit, no longer.
 async fn write_events(
     tx: &Transaction<'_>,
     events: Vec<(JobId, EventKind)>,
@@ -422,57 +423,64 @@ async fn write_events(
     let mut out = Vec::new();
     for (job, kinds) in by_job {
         let n = kinds.len() as i64;
-        let row = match usage.filter(|(j, _)| *j == job) {
-            None => db_query_opt(
-                tx,
-                "UPDATE jobs SET next_event_seq = next_event_seq + $2 WHERE id = $1 RETURNING next_event_seq",
-                &[&job.0, &n],
-            )
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?,
-            Some((_, usage)) => {
-                // Usage is a JSON document: read under the lock, add, store
-                // with the counter. The lock is the UPDATE's own (no key
-                // change): it does not conflict with the key-share lock this
-                // transaction's earlier inserts took on the job row through
-                // their foreign keys (a session, a task row), so two such
-                // transactions of one job queue up instead of deadlocking.
-                let row = db_query_opt(tx, "SELECT usage FROM jobs WHERE id = $1 FOR NO KEY UPDATE", &[&job.0])
-                    .await?
-                    .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
-                let mut total: Usage = from_json(row.get(0))?;
-                total.add(&usage);
-                db_query_one(
-                    tx,
-                    "UPDATE jobs SET next_event_seq = next_event_seq + $2, usage = $3, updated_at = $4 WHERE id = $1
-                     RETURNING next_event_seq",
-                    &[&job.0, &n, &json(&total)?, &now_ms()],
-                )
-                .await?
-            }
-        };
-        if n == 0 {
-            continue;
-        }
-        let last: i64 = row.get(0);
         let at = now_ms();
-        let (mut jobs, mut seqs, mut ats, mut names, mut payloads) = (vec![], vec![], vec![], vec![], vec![]);
-        for (i, kind) in kinds.into_iter().enumerate() {
-            let seq = last - n + 1 + i as i64;
-            jobs.push(job.0);
-            seqs.push(seq);
-            ats.push(at);
+        let (mut names, mut payloads) = (Vec::with_capacity(kinds.len()), Vec::with_capacity(kinds.len()));
+        for kind in &kinds {
             names.push(kind.name().to_string());
-            payloads.push(json(&kind)?);
-            out.push(Event { job_id: job, seq, at, kind });
+            payloads.push(json(kind)?);
         }
-        db_execute(
+        let add = usage.filter(|(j, _)| *j == job).map(|(_, u)| u);
+        let u = add.unwrap_or_default();
+        let tokens = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+        let row = db_query_opt(
             tx,
-            "INSERT INTO events (job_id, seq, at, kind, payload)
-             SELECT * FROM UNNEST($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::jsonb[])",
-            &[&jobs, &seqs, &ats, &names, &payloads],
+            "WITH counter AS (
+                UPDATE jobs SET next_event_seq = next_event_seq + $2,
+                    usage = CASE WHEN $4 THEN jsonb_build_object(
+                        'input_tokens', COALESCE((usage->>'input_tokens')::bigint, 0) + $5,
+                        'output_tokens', COALESCE((usage->>'output_tokens')::bigint, 0) + $6,
+                        'cache_creation_input_tokens',
+                            COALESCE((usage->>'cache_creation_input_tokens')::bigint, 0) + $7,
+                        'cache_read_input_tokens', COALESCE((usage->>'cache_read_input_tokens')::bigint, 0) + $8,
+                        'cache_creation', jsonb_build_object(
+                            'ephemeral_5m_input_tokens',
+                                COALESCE((usage->'cache_creation'->>'ephemeral_5m_input_tokens')::bigint, 0) + $9,
+                            'ephemeral_1h_input_tokens',
+                                COALESCE((usage->'cache_creation'->>'ephemeral_1h_input_tokens')::bigint, 0) + $10))
+                        ELSE usage END,
+                    updated_at = CASE WHEN $4 THEN $3 ELSE updated_at END
+                WHERE id = $1
+                RETURNING next_event_seq),
+             inserted AS (
+                INSERT INTO events (job_id, seq, at, kind, payload)
+                SELECT $1, counter.next_event_seq - $2 + e.ord, $3, e.kind, e.payload
+                FROM counter, UNNEST($11::text[], $12::jsonb[]) WITH ORDINALITY AS e(kind, payload, ord)
+                RETURNING 1)
+             SELECT next_event_seq, (SELECT count(*) FROM inserted) FROM counter",
+            &[
+                &job.0,
+                &n,
+                &at,
+                &add.is_some(),
+                &tokens(u.input_tokens),
+                &tokens(u.output_tokens),
+                &tokens(u.cache_creation_input_tokens),
+                &tokens(u.cache_read_input_tokens),
+                &tokens(u.cache_creation.ephemeral_5m_input_tokens),
+                &tokens(u.cache_creation.ephemeral_1h_input_tokens),
+                &names,
+                &payloads,
+            ],
         )
-        .await?;
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
+        let (last, inserted): (i64, i64) = (row.get(0), row.get(1));
+        if inserted != n {
+            return Err(StoreError::Backend(format!("job {job}: {inserted} of {n} events stored")));
+        }
+        for (i, kind) in kinds.into_iter().enumerate() {
+            out.push(Event { job_id: job, seq: last - n + 1 + i as i64, at, kind });
+        }
     }
     out.sort_by_key(|e| (e.job_id, e.seq));
     Ok(out)
