@@ -39,5 +39,5 @@ pub mod surface;
 pub mod tool;
 
 pub use journal::{Journal, TranscriptWriter};
-pub use session::{AgentError, AgentSession, Gate, Inbox, Outcome, SessionConfig};
+pub use session::{AgentError, AgentSession, Gate, Inbox, Outcome, SessionConfig, gate_opens};
 pub use tool::{FatalCause, Tool, ToolContext, ToolError, ToolOutput, ToolSet};

@@ -138,14 +138,21 @@ pub struct AgentSession {
     gate: Option<Gate>,
 }
 
-/// A decision a run may start before (see [`AgentSession::with_gate`]):
-/// `None` while pending, then whether the run may act.
-pub type Gate = tokio::sync::watch::Receiver<Option<bool>>;
+/// A decision a run may start before (see [`AgentSession::with_gate`]).
+#[derive(Clone, Debug)]
+pub struct Gate {
+    /// `None` while pending, then whether the run may act.
+    pub decision: tokio::sync::watch::Receiver<Option<bool>>,
+    /// Told when the run first needs the decision (a permit is kept), so
+    /// whoever decides need not wait any longer for a reason to.
+    pub asked: Arc<tokio::sync::Notify>,
+}
 
-/// Wait for the gate's decision; a dropped sender closes it.
-async fn gate_opens(gate: &Gate) -> bool {
-    let mut gate = gate.clone();
-    matches!(gate.wait_for(Option::is_some).await.as_deref(), Ok(Some(true)))
+/// Ask for the gate's decision and wait for it; a dropped sender closes it.
+pub async fn gate_opens(gate: &Gate) -> bool {
+    gate.asked.notify_one();
+    let mut decision = gate.decision.clone();
+    matches!(decision.wait_for(Option::is_some).await.as_deref(), Ok(Some(true)))
 }
 
 impl AgentSession {

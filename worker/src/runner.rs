@@ -135,6 +135,12 @@ enum Recorded {
     GaveUp,
 }
 
+/// How long a first delivery's claim waits for its run to need it (see
+/// [`Worker::handle_early`]): a model that answers sooner, finally, has its
+/// attempt claimed and ended in one write; a slower one finds it claimed
+/// (the task shows as started) long before its answer.
+const CLAIM_AFTER: Duration = Duration::from_millis(20);
+
 /// How often a worker reads the queue's lag into its gauge.
 const QUEUE_LAG_EVERY: Duration = Duration::from_secs(5);
 
@@ -318,7 +324,9 @@ impl Worker {
     async fn handle_early(&self, delivery: Arc<dyn Delivery>, msg: flower_bus::TaskMessage, queued: Task) {
         let attempt = 1;
         let cancel = CancellationToken::new();
-        let (decided, gate) = tokio::sync::watch::channel(None::<bool>);
+        let (decided, decision) = tokio::sync::watch::channel(None::<bool>);
+        let asked = Arc::new(tokio::sync::Notify::new());
+        let gate = flower_agent::Gate { decision, asked: asked.clone() };
         let early = Early { gate, offer: EndOffer::default(), notice: Default::default() };
         // The directory is opened now and filled (workspace, workbench)
         // while the claim commits: the first request needs neither.
@@ -332,7 +340,18 @@ impl Worker {
                     None => Ok(()),
                 }
             };
-            let (claim, filled) = tokio::join!(self.claim(delivery.as_ref(), attempt, &early.offer), fill);
+            // The claim is made once the run needs it (its session asks the
+            // gate: a tool call, a write), once it offers its end, once it
+            // is over — or after CLAIM_AFTER: a fast final answer is then
+            // claimed and ended in one write.
+            let claim = async {
+                tokio::select! {
+                    _ = asked.notified() => {}
+                    _ = tokio::time::sleep(CLAIM_AFTER) => {}
+                }
+                self.claim(delivery.as_ref(), attempt, &early.offer).await
+            };
+            let (claim, filled) = tokio::join!(claim, fill);
             let taken = match claim {
                 // Claimed and ended in one write: the run's offered end.
                 Ok((Claim::Claimed { task, mut events }, Some((ended, written)))) => {
@@ -352,12 +371,14 @@ impl Worker {
             (taken, filled)
         };
         let run_side = async {
-            let mut wait = early.gate.clone();
-            if programs && !matches!(wait.wait_for(Option::is_some).await.as_deref(), Ok(Some(true))) {
+            if programs && !flower_agent::gate_opens(&early.gate).await {
                 return Err(opened);
             }
             // A session stopped at its gate releases its directory itself.
-            Ok(self.execute(&queued, attempt, opened, true, cancel.clone(), Some(&early)).await)
+            let ran = self.execute(&queued, attempt, opened, true, cancel.clone(), Some(&early)).await;
+            // Over without asking (a failure before any write): claim now.
+            early.gate.asked.notify_one();
+            Ok(ran)
         };
         match tokio::join!(claim_side, run_side) {
             ((Some(Taken::Ended(claimed, end)), _), _) => {
@@ -784,7 +805,7 @@ impl Worker {
                 // Final before the claim decided: offered to the claim, to
                 // end the task in its write.
                 if untouched
-                    && early.gate.borrow().is_none()
+                    && early.gate.decision.borrow().is_none()
                     && let Ok(Outcome::Answered { text, usage, .. }) = &outcome
                 {
                     let outcome = TaskOutcome::Succeeded { report: text.clone() };
@@ -795,12 +816,12 @@ impl Worker {
                         self.stage_notice(&claim.task, attempt, &outcome, *usage, &mut batch, &early.notice);
                     }
                     let _ = early.offer.offer(OfferedEnd { outcome, usage: *usage, batch });
+                    early.gate.asked.notify_one();
                 }
                 // The directory fills beside the claim; the decision comes
                 // after both. A session its claim refused acted on nothing:
                 // nothing to keep.
-                let mut gate = early.gate.clone();
-                !matches!(gate.wait_for(Option::is_some).await.as_deref(), Ok(Some(true)))
+                !flower_agent::gate_opens(&early.gate).await
             }
             None => false,
         };
