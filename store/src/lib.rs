@@ -361,7 +361,9 @@ pub trait Store: Send + Sync + 'static {
         attempt: u32,
         worker_id: &str,
         session: Option<Session>,
-    ) -> Result<Claim>;
+    ) -> Result<Claim> {
+        Ok(self.claim_task_ending(id, attempt, worker_id, session, &EndOffer::default()).await?.0)
+    }
     /// [`Store::claim_task_opening`], and when the attempt is claimed and an
     /// end was offered ([`EndOffer`]) by the time the transaction holds the
     /// task's row, that end as [`Store::finish_task_with`] makes it, in the

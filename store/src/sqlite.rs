@@ -661,16 +661,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn claim_task_opening(
-        &self,
-        id: TaskId,
-        attempt: u32,
-        worker_id: &str,
-        session: Option<Session>,
-    ) -> Result<Claim> {
-        Ok(self.claim_task_ending(id, attempt, worker_id, session, &EndOffer::default()).await?.0)
-    }
-
     async fn claim_task_ending(
         &self,
         id: TaskId,

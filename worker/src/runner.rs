@@ -307,7 +307,7 @@ impl Worker {
         let cancel = CancellationToken::new();
         let running = self.started(&task, attempt, delivery.clone(), &cancel);
         let (result, held) = self.execute(&task, attempt, opened, fresh, cancel.clone(), None).await;
-        self.settle(&task, attempt, result, held, &cancel, running, delivery).await;
+        self.settle(&task, attempt, result, held, &cancel, running, delivery, &Default::default()).await;
     }
 
     /// A first delivery with the task's words: the claim, and meanwhile the
@@ -392,7 +392,7 @@ impl Worker {
                     // (Not reached: an open gate lets the session start.)
                     Err(opened) => self.execute(&task, attempt, opened, true, cancel.clone(), None).await,
                 };
-                self.settle_noticed(&task, attempt, result, held, &cancel, running, delivery, &early.notice).await;
+                self.settle(&task, attempt, result, held, &cancel, running, delivery, &early.notice).await;
             }
             // Claimed, but the directory could not be filled: given back.
             ((Some(Taken::Claimed(task, running)), Err(e)), ran) => {
@@ -400,7 +400,8 @@ impl Worker {
                     self.discard(msg.job_id, Some(opened)).await;
                 }
                 let failed = Err((Failure::store("preparing the working directory", e), Usage::default()));
-                self.settle(&task, attempt, failed, Batch::default(), &cancel, running, delivery).await;
+                self.settle(&task, attempt, failed, Batch::default(), &cancel, running, delivery, &Default::default())
+                    .await;
             }
             // Refused: a job's programs were never started.
             ((None, _), Err(opened)) => self.discard(msg.job_id, Some(opened)).await,
@@ -477,25 +478,10 @@ impl Worker {
         Running { beat, started: std::time::Instant::now() }
     }
 
-    /// Record the attempt's end and settle its delivery.
+    /// Record the attempt's end and settle its delivery; `notice`: whether
+    /// the end's notice went out already.
     #[allow(clippy::too_many_arguments)]
     async fn settle(
-        &self,
-        task: &Task,
-        attempt: u32,
-        result: Result<(String, Usage), (Failure, Usage)>,
-        held: Batch,
-        cancel: &CancellationToken,
-        running: Running,
-        delivery: Arc<dyn Delivery>,
-    ) {
-        let notice = Arc::new(AtomicBool::new(false));
-        self.settle_noticed(task, attempt, result, held, cancel, running, delivery, &notice).await
-    }
-
-    /// [`Worker::settle`]; `notice`: whether the end's notice went out already.
-    #[allow(clippy::too_many_arguments)]
-    async fn settle_noticed(
         &self,
         task: &Task,
         attempt: u32,
