@@ -296,7 +296,14 @@ impl Worker {
         let Some(opened) = opened else {
             let error = format!("gave up after {} attempts (no worker finished the task)", self.opts.max_attempts);
             let _ = match self
-                .finish(&task, attempt, TaskOutcome::Failed { error }, Usage::default(), Batch::default())
+                .finish(
+                    &task,
+                    attempt,
+                    TaskOutcome::Failed { error },
+                    Usage::default(),
+                    Batch::default(),
+                    &Default::default(),
+                )
                 .await
             {
                 Recorded::Settled => delivery.term().await,
@@ -323,6 +330,7 @@ impl Worker {
     /// [`Store::claim_task_ending`]: flower_store::Store::claim_task_ending
     async fn handle_early(&self, delivery: Arc<dyn Delivery>, msg: flower_bus::TaskMessage, queued: Task) {
         let attempt = 1;
+        let began = std::time::Instant::now();
         let cancel = CancellationToken::new();
         let (decided, decision) = tokio::sync::watch::channel(None::<bool>);
         let asked = Arc::new(tokio::sync::Notify::new());
@@ -383,7 +391,7 @@ impl Worker {
         match tokio::join!(claim_side, run_side) {
             ((Some(Taken::Ended(claimed, end)), _), _) => {
                 let (ended, written) = *end;
-                self.claimed_and_ended(&claimed, &ended, &written, &early.notice).await;
+                self.claimed_and_ended(&claimed, &ended, &written, &early.notice, began).await;
                 let _ = delivery.ack().await;
             }
             ((Some(Taken::Claimed(task, running)), Ok(())), ran) => {
@@ -419,11 +427,13 @@ impl Worker {
         ended: &Task,
         written: &flower_store::Written,
         notice: &AtomicBool,
+        began: std::time::Instant,
     ) {
         let metrics = flower_agent::metrics::metrics();
         metrics.task("started");
         metrics.dispatch.observe((now_ms() - claimed.created_at).max(0) as f64 / 1000.0);
-        metrics.task_duration.observe((ended.updated_at - claimed.updated_at).max(0) as f64 / 1000.0);
+        // From the delivery: the claim and the end are one write.
+        metrics.task_duration.observe(began.elapsed().as_secs_f64());
         metrics.task(if ended.state == flower_model::TaskState::Succeeded { "succeeded" } else { "failed" });
         self.ended(ended, written, notice).await;
     }
@@ -509,7 +519,7 @@ impl Worker {
                 Recorded::Settled
             }
             Ok((report, usage)) => {
-                self.finish_noticed(task, attempt, TaskOutcome::Succeeded { report }, usage, held, notice).await
+                self.finish(task, attempt, TaskOutcome::Succeeded { report }, usage, held, notice).await
             }
             Err((f, _)) if f.retryable => {
                 tracing::warn!(task = %task.id, attempt, reason = %f.reason, "attempt stopped by a transient failure; redelivering");
@@ -519,7 +529,7 @@ impl Worker {
             }
             Err((f, usage)) => {
                 let outcome = TaskOutcome::Failed { error: f.reason };
-                self.finish_noticed(task, attempt, outcome, usage, held, notice).await
+                self.finish(task, attempt, outcome, usage, held, notice).await
             }
         };
         running.beat.abort();
@@ -592,12 +602,8 @@ impl Worker {
     /// a write; a report that can never be stored fails the task instead.
     /// The held final batch (`held`: the answer's entries, events, usage) is
     /// committed with the end, in one transaction.
-    async fn finish(&self, task: &Task, attempt: u32, outcome: TaskOutcome, usage: Usage, held: Batch) -> Recorded {
-        self.finish_noticed(task, attempt, outcome, usage, held, &Default::default()).await
-    }
-
-    /// [`Worker::finish`]; `notice`: whether the end's notice went out already.
-    async fn finish_noticed(
+    /// `notice`: whether the end's notice went out already.
+    async fn finish(
         &self,
         task: &Task,
         attempt: u32,
@@ -802,10 +808,10 @@ impl Worker {
                         self.stage_notice(&claim.task, attempt, &outcome, *usage, &mut batch, &early.notice);
                     }
                     let _ = early.offer.offer(OfferedEnd { outcome, usage: *usage, batch });
-                    early.gate.asked.notify_one();
                 }
-                // The directory fills beside the claim; the decision comes
-                // after both. A session its claim refused acted on nothing:
+                // Asking the gate starts the claim (it takes the offer). The
+                // directory fills beside the claim; the decision comes after
+                // both. A session its claim refused acted on nothing:
                 // nothing to keep.
                 !flower_agent::gate_opens(&early.gate).await
             }
