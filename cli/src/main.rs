@@ -18,6 +18,12 @@ use clap::{Parser, Subcommand};
 mod cmd;
 mod telemetry;
 
+/// mimalloc instead of the C library's allocator: a task's path allocates
+/// many small, short-lived buffers from several threads (docs/benchmarks.md,
+/// "Where the time goes").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// flower: a runtime for long-horizon LLM agent jobs. A coordinator agent
 /// delegates to worker agents; their long outputs go to a workbench, not into
 /// the coordinator's context.

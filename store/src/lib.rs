@@ -261,6 +261,11 @@ impl EndOffer {
         }
     }
 
+    /// Whether an end is offered and the claim has not decided yet.
+    pub fn is_made(&self) -> bool {
+        matches!(*self.lock(), Offer::Made(_))
+    }
+
     /// The claim's decision: the end offered so far (a copy: a claim whose
     /// transaction failed decides the same way when it is made again), or
     /// none — and no later offer is taken.

@@ -342,24 +342,24 @@ impl Worker {
         let filler = opened.as_ref().ok().map(|(_, dir)| dir.filler.clone());
         let programs = matches!(&opened, Ok((cached, _)) if !cached.1.mcp_servers.is_empty());
         let claim_side = async {
-            let fill = async {
-                match &filler {
-                    Some(f) => f.fill().await,
-                    None => Ok(()),
-                }
-            };
             // The claim is made once the run needs it (its session asks the
             // gate: a tool call, a write), once it offers its end, once it
             // is over — or after CLAIM_AFTER: a fast final answer is then
             // claimed and ended in one write.
-            let claim = async {
-                tokio::select! {
-                    _ = asked.notified() => {}
-                    _ = tokio::time::sleep(CLAIM_AFTER) => {}
+            tokio::select! {
+                _ = asked.notified() => {}
+                _ = tokio::time::sleep(CLAIM_AFTER) => {}
+            }
+            // The directory fills while the claim commits — unless the run
+            // already offered its end: a first-turn final answer ran no
+            // tool, and nothing reads the directory after it.
+            let fill = async {
+                match &filler {
+                    Some(f) if !early.offer.is_made() => f.fill().await,
+                    _ => Ok(()),
                 }
-                self.claim(delivery.as_ref(), attempt, &early.offer).await
             };
-            let (claim, filled) = tokio::join!(claim, fill);
+            let (claim, filled) = tokio::join!(self.claim(delivery.as_ref(), attempt, &early.offer), fill);
             let taken = match claim {
                 // Claimed and ended in one write: the run's offered end.
                 Ok((Claim::Claimed { task, mut events }, Some((ended, written)))) => {
@@ -745,7 +745,7 @@ impl Worker {
     /// the job's next attempt, as after a run.
     async fn discard(&self, job: JobId, opened: Option<Opened>) {
         if let Some(Ok((_, dir))) = opened {
-            self.release_dir(job, &dir.path).await;
+            self.release_dir(job, &dir).await;
         }
     }
 
@@ -818,7 +818,7 @@ impl Worker {
             None => false,
         };
         let kept = if refused || untouched {
-            self.release_dir(task.job_id, &dir.path).await;
+            self.release_dir(task.job_id, &dir).await;
             Ok(())
         } else {
             // Whatever happened, what the task wrote is kept.
@@ -872,6 +872,7 @@ impl Worker {
             base: Default::default(),
             workbench,
             sync,
+            filled: Default::default(),
         };
         Ok(TaskDir { path, sandbox, limits, filler })
     }
@@ -1004,22 +1005,26 @@ impl Worker {
     /// directory unless directories are kept for debugging.
     async fn close_dir(&self, task: &Task, attempt: u32, dir: &TaskDir) -> Result<(), StoreError> {
         let kept = self.collect(task, attempt, dir).await;
-        self.release_dir(task.job_id, &dir.path).await;
+        self.release_dir(task.job_id, dir).await;
         kept
     }
 
     /// Empty a finished attempt's directory for the job's next attempt, or
-    /// remove it when it cannot be reused (unless directories are kept).
-    async fn release_dir(&self, job: JobId, dir: &Path) {
+    /// remove it when it cannot be reused (unless directories are kept). A
+    /// directory never filled is as it was taken: reused as it is.
+    async fn release_dir(&self, job: JobId, dir: &TaskDir) {
         if self.opts.keep_workdirs {
             return;
         }
-        let path = dir.to_path_buf();
+        if !dir.filler.filled.load(Ordering::Acquire) {
+            return self.put_spare(job, dir.path.clone()).await;
+        }
+        let path = dir.path.clone();
         let emptied = tokio::task::spawn_blocking(move || empty_for_reuse(&path).map(|()| path)).await;
         match emptied {
             Ok(Ok(path)) => self.put_spare(job, path).await,
             _ => {
-                let _ = tokio::fs::remove_dir_all(dir).await;
+                let _ = tokio::fs::remove_dir_all(&dir.path).await;
             }
         }
     }
@@ -1124,10 +1129,13 @@ struct Filler {
     base: Arc<std::sync::Mutex<Manifest>>,
     workbench: Workbench,
     sync: Arc<WorkbenchSync>,
+    /// Whether filling began: a directory never filled was not written.
+    filled: Arc<AtomicBool>,
 }
 
 impl Filler {
     async fn fill(&self) -> Result<(), StoreError> {
+        self.filled.store(true, Ordering::Release);
         let base = self.workspace.load().await?;
         self.workspace.checkout(&base, &self.path).await?;
         *self.base.lock().unwrap_or_else(|p| p.into_inner()) = base;
