@@ -45,6 +45,7 @@ macro_rules! store_conformance_tests {
             an_attempt_claims_and_ends_in_one_write,
             a_final_batch_lands_with_the_end_or_not_at_all,
             a_large_batch_is_stored_whole_or_not_at_all,
+            a_write_failing_at_its_last_statement_stores_nothing,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -522,6 +523,42 @@ pub async fn events_are_a_gapless_sequence(store: &dyn Store) {
     assert!(matches!(events[0].kind, EventKind::JobState { state: JobState::Queued, .. }));
     assert_eq!(store.events(job, 2, 100).await.unwrap().len(), 1, "reading from a cursor");
     assert_eq!(store.events(job, 0, 2).await.unwrap().len(), 2, "limit is honoured");
+}
+
+/// A write whose last statement fails (events of a job that does not
+/// exist, numbered last) stores none of its rows and takes no event
+/// numbers; the store's next write goes through (a backend that sends its
+/// `COMMIT` with the last statement must roll back then).
+pub async fn a_write_failing_at_its_last_statement_stores_nothing(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let session = coordinator_session(store, job).await;
+    let before = store.events(job, 0, 100).await.unwrap().len();
+    let entry = |text: &str| Entry::new(job, session, None, EntryKind::User, vec![ContentBlock::text(text)]);
+    // Events are written per job in id order: the missing job's are last.
+    let missing = JobId(uuid::Uuid::max());
+    let note = |n: u64| EventKind::HandoffWarning { session, context_tokens: n, at: 1 };
+    let usage = Usage { input_tokens: 7, ..Default::default() };
+    let failing = Batch {
+        entries: vec![entry("lost")],
+        events: vec![(job, note(1)), (missing, note(2))],
+        usage: Some((job, usage)),
+        tasks: vec![task(job, session, "never")],
+        ..Default::default()
+    };
+    store.append(failing).await.unwrap_err();
+    assert!(store.entries(session, 0, 100).await.unwrap().is_empty(), "no entry of the failed write");
+    assert_eq!(store.events(job, 0, 100).await.unwrap().len(), before, "no event of the failed write");
+    assert!(store.tasks(job).await.unwrap().is_empty(), "no task row of the failed write");
+    assert_eq!(store.get_job(job).await.unwrap().usage, Usage::default(), "no usage of the failed write");
+    // The next writes (as many as a pool has connections) go through, numbered on.
+    for n in 0..20 {
+        let written = store
+            .append(Batch { entries: vec![entry("kept")], events: vec![(job, note(n))], ..Default::default() })
+            .await
+            .unwrap();
+        assert_eq!(written.events[0].seq, (before + 1 + n as usize) as i64, "numbered without a gap");
+    }
+    assert_eq!(store.entries(session, 0, 100).await.unwrap().len(), 20);
 }
 
 pub async fn a_fan_out_is_created_in_one_write(store: &dyn Store) {

@@ -144,14 +144,32 @@ impl PostgresStore {
     }
 
     /// Run `f` in one transaction.
-    async fn tx<T>(
+    async fn tx<T: Send + 'static>(
         &self,
         f: impl for<'a> FnOnce(&'a Transaction<'a>) -> futures::future::BoxFuture<'a, Result<T>>,
     ) -> Result<T> {
+        self.tx_ending(move |tx| {
+            let work = f(tx);
+            Box::pin(async move { Ok((work.await?, Ending::Open)) })
+        })
+        .await
+    }
+
+    /// Run `f` in one transaction, which `f` may end itself: its last
+    /// statement carrying the `COMMIT` ([`write_events_ending`]).
+    async fn tx_ending<T>(
+        &self,
+        f: impl for<'a> FnOnce(&'a Transaction<'a>) -> futures::future::BoxFuture<'a, Result<(T, Ending)>>,
+    ) -> Result<T> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let out = f(&tx).await?;
-        tx.commit().await?;
+        let (out, ending) = f(&tx).await?;
+        match ending {
+            Ending::Open => tx.commit().await?,
+            // Committed; dropped, `tx` rolls back the empty transaction
+            // begun after the commit (see [`COMMIT_SENT`]).
+            Ending::Sent => drop(tx),
+        }
         Ok(out)
     }
 }
@@ -413,6 +431,40 @@ async fn write_events(
     events: Vec<(JobId, EventKind)>,
     usage: Option<(JobId, Usage)>,
 ) -> Result<Vec<Event>> {
+    Ok(write_events_then(tx, events, usage, false).await?.0)
+}
+
+/// [`write_events`] as a transaction's last statements, its `COMMIT` sent
+/// with the last one, in the same round trip: the job row is then held for
+/// one round trip and the WAL flush, not a second round trip from the
+/// client. Used through [`PostgresStore::tx_ending`].
+async fn write_events_ending(
+    tx: &Transaction<'_>,
+    events: Vec<(JobId, EventKind)>,
+    usage: Option<(JobId, Usage)>,
+) -> Result<(Vec<Event>, Ending)> {
+    write_events_then(tx, events, usage, true).await
+}
+
+/// How a transaction's work left it: its `COMMIT` already sent (with its
+/// last statement), or still to be sent.
+enum Ending {
+    Sent,
+    Open,
+}
+
+/// The `COMMIT` sent with a transaction's last statement, and a `BEGIN`
+/// after it: the client's transaction object, dropped after, rolls back
+/// that empty transaction instead of finding none. After an error in the
+/// transaction the `COMMIT` rolls it back, as a `ROLLBACK` would.
+const COMMIT_SENT: &str = "COMMIT; BEGIN";
+
+async fn write_events_then(
+    tx: &Transaction<'_>,
+    events: Vec<(JobId, EventKind)>,
+    usage: Option<(JobId, Usage)>,
+    commit: bool,
+) -> Result<(Vec<Event>, Ending)> {
     let mut by_job: BTreeMap<JobId, Vec<EventKind>> = BTreeMap::new();
     if let Some((job, _)) = usage {
         by_job.entry(job).or_default();
@@ -420,20 +472,15 @@ async fn write_events(
     for (job, kind) in events {
         by_job.entry(job).or_default().push(kind);
     }
-    let mut out = Vec::new();
-    for (job, kinds) in by_job {
-        let n = kinds.len() as i64;
-        let at = now_ms();
-        let (mut names, mut payloads) = (Vec::with_capacity(kinds.len()), Vec::with_capacity(kinds.len()));
-        for kind in &kinds {
-            names.push(kind.name().to_string());
-            payloads.push(json(kind)?);
-        }
-        let add = usage.filter(|(j, _)| *j == job).map(|(_, u)| u);
-        let u = add.unwrap_or_default();
-        let tokens = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
-        let row = db_query_opt(
-            tx,
+    // The COMMIT rides with the last statement only when that statement
+    // fails by itself whenever the write is wrong: with events, a missing
+    // job row leaves their `seq` null, which the table refuses.
+    let pipelined = commit && by_job.values().next_back().is_some_and(|kinds| !kinds.is_empty());
+    if by_job.is_empty() {
+        return Ok((Vec::new(), Ending::Open));
+    }
+    let statement = tx
+        .prepare_cached(
             "WITH counter AS (
                 UPDATE jobs SET next_event_seq = next_event_seq + $2,
                     usage = CASE WHEN $4 THEN jsonb_build_object(
@@ -453,27 +500,49 @@ async fn write_events(
                 RETURNING next_event_seq),
              inserted AS (
                 INSERT INTO events (job_id, seq, at, kind, payload)
-                SELECT $1, counter.next_event_seq - $2 + e.ord, $3, e.kind, e.payload
-                FROM counter, UNNEST($11::text[], $12::jsonb[]) WITH ORDINALITY AS e(kind, payload, ord)
+                SELECT $1, (SELECT next_event_seq FROM counter) - $2 + e.ord, $3, e.kind, e.payload
+                FROM UNNEST($11::text[], $12::jsonb[]) WITH ORDINALITY AS e(kind, payload, ord)
                 RETURNING 1)
              SELECT next_event_seq, (SELECT count(*) FROM inserted) FROM counter",
-            &[
-                &job.0,
-                &n,
-                &at,
-                &add.is_some(),
-                &tokens(u.input_tokens),
-                &tokens(u.output_tokens),
-                &tokens(u.cache_creation_input_tokens),
-                &tokens(u.cache_read_input_tokens),
-                &tokens(u.cache_creation.ephemeral_5m_input_tokens),
-                &tokens(u.cache_creation.ephemeral_1h_input_tokens),
-                &names,
-                &payloads,
-            ],
         )
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
+        .await?;
+    let jobs = by_job.len();
+    let mut out = Vec::new();
+    for (i, (job, kinds)) in by_job.into_iter().enumerate() {
+        let n = kinds.len() as i64;
+        let at = now_ms();
+        let (mut names, mut payloads) = (Vec::with_capacity(kinds.len()), Vec::with_capacity(kinds.len()));
+        for kind in &kinds {
+            names.push(kind.name().to_string());
+            payloads.push(json(kind)?);
+        }
+        let add = usage.filter(|(j, _)| *j == job).map(|(_, u)| u);
+        let u = add.unwrap_or_default();
+        let tokens = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+        let params: [&(dyn ToSql + Sync); 12] = [
+            &job.0,
+            &n,
+            &at,
+            &add.is_some(),
+            &tokens(u.input_tokens),
+            &tokens(u.output_tokens),
+            &tokens(u.cache_creation_input_tokens),
+            &tokens(u.cache_read_input_tokens),
+            &tokens(u.cache_creation.ephemeral_5m_input_tokens),
+            &tokens(u.cache_creation.ephemeral_1h_input_tokens),
+            &names,
+            &payloads,
+        ];
+        // Both go out in one round trip, in this order (the statement is
+        // prepared already: its first poll sends it).
+        let row = if pipelined && i + 1 == jobs {
+            let (row, ()) =
+                futures::try_join!(tx.query_opt(&statement, &params), tx.client().batch_execute(COMMIT_SENT))?;
+            row
+        } else {
+            tx.query_opt(&statement, &params).await?
+        };
+        let row = row.ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
         let (last, inserted): (i64, i64) = (row.get(0), row.get(1));
         if inserted != n {
             return Err(StoreError::Backend(format!("job {job}: {inserted} of {n} events stored")));
@@ -483,7 +552,7 @@ async fn write_events(
         }
     }
     out.sort_by_key(|e| (e.job_id, e.seq));
-    Ok(out)
+    Ok((out, if pipelined { Ending::Sent } else { Ending::Open }))
 }
 
 const JOB_COLS: &str =
@@ -849,7 +918,7 @@ impl Store for PostgresStore {
         if batch.is_empty() {
             return Ok(Written::default());
         }
-        self.tx(move |tx| {
+        self.tx_ending(move |tx| {
             Box::pin(async move {
                 futures::try_join!(check_fence(tx, batch.fence), lock_new_tasks(tx, &batch.tasks))?;
                 if !batch.tasks.is_empty()
@@ -872,8 +941,8 @@ impl Store for PostgresStore {
                     )?;
                     (entry_seqs, tasks)
                 };
-                let events = write_events(tx, events, batch.usage).await?;
-                Ok(Written { events, entry_seqs, tasks })
+                let (events, ending) = write_events_ending(tx, events, batch.usage).await?;
+                Ok((Written { events, entry_seqs, tasks }, ending))
             })
         })
         .await
@@ -894,12 +963,13 @@ impl Store for PostgresStore {
         if tasks.is_empty() {
             return Ok((Vec::new(), Written::default()));
         }
-        self.tx(move |tx| {
+        self.tx_ending(move |tx| {
             Box::pin(async move {
                 futures::try_join!(check_fence(tx, fence), lock_new_tasks(tx, &tasks))?;
                 let mut events = Vec::new();
                 let out = insert_tasks(tx, &tasks, &mut events).await?;
-                Ok((out, written(write_events(tx, events, None).await?)))
+                let (events, ending) = write_events_ending(tx, events, None).await?;
+                Ok(((out, written(events)), ending))
             })
         })
         .await
@@ -942,11 +1012,11 @@ impl Store for PostgresStore {
     ) -> Result<(Claim, Option<(Task, Written)>)> {
         let worker_id = worker_id.to_string();
         let end = end.clone();
-        self.tx(move |tx| {
+        self.tx_ending(move |tx| {
             Box::pin(async move {
                 let task = claim_locked(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
                 let change = match rules::claim(&task, attempt, &worker_id, now_ms()) {
-                    ClaimDecision::Answer(answer) => return Ok((answer, None)),
+                    ClaimDecision::Answer(answer) => return Ok(((answer, None), Ending::Open)),
                     ClaimDecision::Take(change) => change,
                 };
                 let opening = async {
@@ -969,8 +1039,8 @@ impl Store for PostgresStore {
                     let (_, opened) = futures::try_join!(write_tasks(tx, &changed), opening)?;
                     let mut events = vec![claim_event];
                     events.extend(opened);
-                    let events = write_events(tx, events, None).await?;
-                    return Ok((Claim::Claimed { task: change.task, events }, None));
+                    let (events, ending) = write_events_ending(tx, events, None).await?;
+                    return Ok(((Claim::Claimed { task: change.task, events }, None), ending));
                 };
                 check_fence(tx, batch.fence).await?;
                 // The end is decided and the row is locked to the commit (see
@@ -990,10 +1060,10 @@ impl Store for PostgresStore {
                 let entry_seqs = write_entries(tx, batch.entries).await?;
                 let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
                 events.push((finish.task.job_id, finish.event));
-                let mut events = write_events(tx, events, batch.usage).await?;
+                let (mut events, ending) = write_events_ending(tx, events, batch.usage).await?;
                 let ended = events.split_off(claimed.min(events.len()));
                 let claim = Claim::Claimed { task: change.task, events };
-                Ok((claim, Some((finish.task, Written { events: ended, entry_seqs, tasks }))))
+                Ok(((claim, Some((finish.task, Written { events: ended, entry_seqs, tasks }))), ending))
             })
         })
         .await
@@ -1007,7 +1077,7 @@ impl Store for PostgresStore {
         usage: Usage,
         batch: Batch,
     ) -> Result<(Task, Written)> {
-        self.tx(move |tx| {
+        self.tx_ending(move |tx| {
             Box::pin(async move {
                 check_fence(tx, batch.fence).await?;
                 let task = lock_task(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
@@ -1034,8 +1104,8 @@ impl Store for PostgresStore {
                     (entry_seqs, tasks)
                 };
                 events.push((change.task.job_id, change.event));
-                let events = write_events(tx, events, batch.usage).await?;
-                Ok((change.task, Written { events, entry_seqs, tasks }))
+                let (events, ending) = write_events_ending(tx, events, batch.usage).await?;
+                Ok(((change.task, Written { events, entry_seqs, tasks }), ending))
             })
         })
         .await
