@@ -69,8 +69,10 @@ pub struct Entry {
     pub parent_uuid: Option<Uuid>,
     pub job_id: JobId,
     pub session_id: SessionId,
-    /// Position in the session, from 1; assigned by the store on append.
-    #[serde(default)]
+    /// Position in the session, from 1; assigned by the store on append
+    /// (0 until then, and then not serialized: a stored body is written
+    /// before its number is known).
+    #[serde(default, skip_serializing_if = "unnumbered")]
     pub seq: i64,
     pub kind: EntryKind,
     pub content: Vec<ContentBlock>,
@@ -87,6 +89,10 @@ pub struct Entry {
     pub markers: Markers,
     /// Milliseconds since the epoch.
     pub created_at: i64,
+}
+
+fn unnumbered(seq: &i64) -> bool {
+    *seq == 0
 }
 
 impl Entry {

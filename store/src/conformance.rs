@@ -45,6 +45,7 @@ macro_rules! store_conformance_tests {
             an_attempt_claims_and_ends_in_one_write,
             a_final_batch_lands_with_the_end_or_not_at_all,
             a_large_batch_is_stored_whole_or_not_at_all,
+            pages_of_a_transcript_cross_batches_whole,
             a_write_failing_at_its_last_statement_stores_nothing,
         );
     };
@@ -318,6 +319,43 @@ pub async fn a_large_batch_is_stored_whole_or_not_at_all(store: &dyn Store) {
     assert_eq!(store.entries(a, 0, 1000).await.unwrap().len(), 200, "a refused batch stores none of its rows");
     let seqs = store.append(Batch { entries: fresh(100), ..Default::default() }).await.unwrap().entry_seqs;
     assert_eq!(seqs.first(), Some(&201), "a refused batch takes no numbers");
+}
+
+/// A transcript written in batches of very different sizes (one above any
+/// backend's per-row limit for a stored chunk) reads back page by page from
+/// any starting number and page size as one gapless sequence, each entry
+/// with its number and its uuid.
+pub async fn pages_of_a_transcript_cross_batches_whole(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let s = SessionId::random();
+    let session =
+        Session { id: s, job_id: job, role: Role::Coordinator, label: "x".into(), task_id: None, created_at: 1 };
+    store.create_session(session).await.unwrap();
+    let mut written: Vec<Entry> = Vec::new();
+    for size in [1usize, 2_500, 3, 700, 1] {
+        let batch: Vec<Entry> = (0..size)
+            .map(|i| {
+                Entry::new(job, s, None, EntryKind::User, vec![ContentBlock::text(format!("{} {i}", written.len()))])
+            })
+            .collect();
+        let seqs = store.append(Batch { entries: batch.clone(), ..Default::default() }).await.unwrap().entry_seqs;
+        let from = written.len() as i64 + 1;
+        assert_eq!(seqs, (from..from + size as i64).collect::<Vec<_>>(), "numbered on from the last batch");
+        written.extend(batch);
+    }
+    let total = written.len() as i64;
+    for (after, limit) in
+        [(0, u32::MAX), (0, 1), (1, 1), (2, 1024), (1000, 3000), (1025, 7), (2503, 2), (3204, 10), (3205, 5), (9999, 5)]
+    {
+        let got = store.entries(s, after, limit).await.unwrap();
+        let want =
+            &written[(after.min(total) as usize)..((after.saturating_add(i64::from(limit))).min(total) as usize)];
+        assert_eq!(got.len(), want.len(), "entries after {after}, at most {limit}");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!((g.seq, g.uuid, g.text()), (after + 1 + i as i64, w.uuid, w.text()), "after {after}, #{i}");
+        }
+    }
+    assert!(store.entries(s, 5, 0).await.unwrap().is_empty(), "a page of none is empty");
 }
 
 pub async fn task_attempts_are_fenced(store: &dyn Store) {

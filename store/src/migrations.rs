@@ -14,6 +14,7 @@ pub const POSTGRES: &[Migration] = &[
     (1, include_str!("../migrations/postgres/0001_initial.sql")),
     (2, include_str!("../migrations/postgres/0002_waiting_for_user.sql")),
     (3, include_str!("../migrations/postgres/0003_continuations.sql")),
+    (4, include_str!("../migrations/postgres/0004_entry_chunks.sql")),
 ];
 
 /// The SQLite schema, in order. Version 1 is the schema shipped before

@@ -4,9 +4,10 @@
 //! replicas starting together apply them once). Per-job event numbers and
 //! per-session entry numbers come from counters on the job and session rows,
 //! bumped with `UPDATE … RETURNING` inside the writing transaction: the row
-//! lock serialises writers of one job without a table lock. A batch of entries
-//! is one multi-row insert (`UNNEST`), or binary `COPY` when large, never one
-//! round trip per entry.
+//! lock serialises writers of one job without a table lock. A batch's entries
+//! are stored as one chunk row per session (their bodies one JSON array, see
+//! the design document's "Transcript chunks"), in one statement with their
+//! uuids, never one round trip or one row per entry.
 //! A fenced write takes the lease row `FOR SHARE`, so a takeover cannot commit
 //! in the middle of it. Every decision about tasks, jobs and leases is
 //! [`rules`]'s, made on rows loaded `FOR UPDATE` in the writing transaction, so
@@ -290,134 +291,120 @@ async fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Optio
     Ok((n == 1).then(|| (session.job_id, rules::session_started(session))))
 }
 
-/// Number entries from their session rows' counters and insert them in one
-/// statement; their numbers, in order.
+/// Store entries as chunks (one row per session per batch, split at
+/// [`CHUNK_ENTRIES`]) with their uuids, numbered from their session rows'
+/// counters, all in one statement; their numbers, in order. The bodies are
+/// serialized before the numbers are known, so they carry none: a chunk's
+/// entries are numbered by their position from its `first_seq`.
 async fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<i64>> {
     if entries.is_empty() {
         return Ok(Vec::new());
     }
-    let mut per_session: BTreeMap<SessionId, i64> = BTreeMap::new();
-    for e in &entries {
-        *per_session.entry(e.session_id).or_default() += 1;
-    }
-    let mut next: BTreeMap<SessionId, i64> = BTreeMap::new();
-    for (session, n) in per_session {
-        let row = db_query_opt(
-            tx,
-            "UPDATE sessions SET next_entry_seq = next_entry_seq + $2 WHERE id = $1 RETURNING next_entry_seq",
-            &[&session.0, &n],
-        )
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("session {session}")))?;
-        next.insert(session, row.get::<_, i64>(0) - n + 1);
-    }
-    if entries.len() > COPY_ABOVE {
-        return copy_entries(tx, entries, &mut next).await;
-    }
-    let (mut sessions, mut seqs, mut uuids, mut jobs, mut kinds, mut bodies, mut ats) =
-        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    // Per session: entries so far in this batch; per entry, its session's index.
+    let mut sessions: Vec<(SessionId, i64)> = Vec::new();
+    let mut index: BTreeMap<SessionId, usize> = BTreeMap::new();
+    let mut placed = Vec::with_capacity(entries.len());
+    let mut uuids = Vec::with_capacity(entries.len());
+    let mut chunks: Vec<Chunk> = Vec::new();
+    // Each session's chunk still taking entries, as an index into `chunks`.
+    let mut open: BTreeMap<SessionId, usize> = BTreeMap::new();
     for mut entry in entries {
-        entry.seq = take_seq(&mut next, entry.session_id)?;
-        sessions.push(entry.session_id.0);
-        seqs.push(entry.seq);
+        let s = *index.entry(entry.session_id).or_insert_with(|| {
+            sessions.push((entry.session_id, 0));
+            sessions.len() - 1
+        });
+        sessions[s].1 += 1;
+        // Numbered relative to the batch until the counter answers; not serialized.
+        let offset = sessions[s].1;
+        placed.push((s, offset));
         uuids.push(entry.uuid);
-        jobs.push(entry.job_id.0);
-        kinds.push(entry.kind.as_str());
-        bodies.push(serde_json::to_string(&entry).map_err(corrupt)?);
-        ats.push(entry.created_at);
+        entry.seq = 0;
+        let at = match open.get(&entry.session_id) {
+            Some(&at) if chunks[at].takes(&entry, offset) => at,
+            _ => {
+                chunks.push(Chunk::starting(&entry, offset));
+                open.insert(entry.session_id, chunks.len() - 1);
+                chunks.len() - 1
+            }
+        };
+        chunks[at].push(&entry, offset)?;
     }
-    db_execute(
+    let (ids, counts): (Vec<Uuid>, Vec<i64>) = sessions.iter().map(|(s, n)| (s.0, *n)).unzip();
+    let (mut of, mut firsts, mut lasts, mut jobs, mut bodies) = (vec![], vec![], vec![], vec![], vec![]);
+    let written = chunks.len() as i64;
+    for chunk in chunks {
+        of.push(chunk.session.0);
+        firsts.push(chunk.first);
+        lasts.push(chunk.last);
+        jobs.push(chunk.job.0);
+        bodies.push(chunk.finish()?);
+    }
+    let rows = db_query(
         tx,
-        "INSERT INTO entries (session_id, seq, uuid, job_id, kind, body, created_at)
-         SELECT * FROM UNNEST($1::uuid[], $2::bigint[], $3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::bigint[])",
-        &[&sessions, &seqs, &uuids, &jobs, &kinds, &bodies, &ats],
+        "WITH counter AS (
+            UPDATE sessions s SET next_entry_seq = s.next_entry_seq + b.n
+            FROM UNNEST($1::uuid[], $2::bigint[]) AS b(id, n)
+            WHERE s.id = b.id
+            RETURNING s.id, s.next_entry_seq - b.n AS base),
+         unique_uuids AS (INSERT INTO entry_uuids (uuid) SELECT * FROM UNNEST($3::uuid[])),
+         chunks AS (
+            INSERT INTO entry_chunks (session_id, first_seq, last_seq, job_id, bodies)
+            SELECT c.session, counter.base + c.first, counter.base + c.last, c.job, c.bodies
+            FROM UNNEST($4::uuid[], $5::bigint[], $6::bigint[], $7::uuid[], $8::text[])
+                AS c(session, first, last, job, bodies)
+            JOIN counter ON counter.id = c.session
+            RETURNING 1)
+         SELECT id, base, (SELECT count(*) FROM chunks) FROM counter",
+        &[&ids, &counts, &uuids, &of, &firsts, &lasts, &jobs, &bodies],
     )
     .await?;
-    Ok(seqs)
-}
-
-/// Above this many entries a batch is sent as binary `COPY` rather than one
-/// `UNNEST` insert: no text-array parsing on the server, no parameter copies
-/// on the client. Below it, the cached `INSERT` is as fast and simpler.
-pub const COPY_ABOVE: usize = 64;
-
-/// The next number of `session`'s entries in this batch.
-fn take_seq(next: &mut BTreeMap<SessionId, i64>, session: SessionId) -> Result<i64> {
-    let seq = next.get_mut(&session).ok_or_else(|| StoreError::NotFound(format!("session {session}")))?;
-    *seq += 1;
-    Ok(*seq - 1)
-}
-
-/// `write_entries` for a large batch: the rows in `COPY … (FORMAT binary)`,
-/// encoded here, inside the batch's transaction (so the batch still commits
-/// or fails as one).
-async fn copy_entries(
-    tx: &Transaction<'_>,
-    entries: Vec<Entry>,
-    next: &mut BTreeMap<SessionId, i64>,
-) -> Result<Vec<i64>> {
-    use futures::SinkExt;
-    let mut seqs = Vec::with_capacity(entries.len());
-    let mut rows = CopyRows::new(entries.len());
-    for mut entry in entries {
-        entry.seq = take_seq(next, entry.session_id)?;
-        seqs.push(entry.seq);
-        rows.push(&entry)?;
+    let base: BTreeMap<Uuid, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    if let Some((missing, _)) = sessions.iter().find(|(s, _)| !base.contains_key(&s.0)) {
+        return Err(StoreError::NotFound(format!("session {missing}")));
     }
-    let sink = tx
-        .copy_in::<_, bytes::Bytes>(
-            "COPY entries (session_id, seq, uuid, job_id, kind, body, created_at) FROM STDIN (FORMAT binary)",
-        )
-        .await?;
-    futures::pin_mut!(sink);
-    sink.send(rows.finish()).await?;
-    sink.as_mut().finish().await?;
-    Ok(seqs)
+    if rows.first().map(|r| r.get::<_, i64>(2)) != Some(written) {
+        return Err(StoreError::Backend(format!("{written} transcript chunks written, fewer stored")));
+    }
+    Ok(placed.into_iter().map(|(s, offset)| base[&sessions[s].0.0] + offset).collect())
 }
 
-/// Rows of `entries` in Postgres's binary `COPY` format: a header, per row a
-/// field count and length-prefixed fields (uuid: 16 bytes, bigint: 8 bytes
-/// big-endian, text: its UTF-8 bytes), and a trailer.
-struct CopyRows(bytes::BytesMut);
+/// At most this many entries in one stored chunk (the table's `CHECK` says
+/// the same): the chunk holding a number starts at most this far before it.
+pub const CHUNK_ENTRIES: i64 = 1024;
 
-impl CopyRows {
-    const FIELDS: i16 = 7;
+/// One `entry_chunks` row being built: consecutive entries of one session
+/// (and job), their bodies as one JSON array; `first` and `last` relative
+/// to the batch until the session's counter answers.
+struct Chunk {
+    session: SessionId,
+    job: JobId,
+    first: i64,
+    last: i64,
+    body: Vec<u8>,
+}
 
-    fn new(rows: usize) -> Self {
-        let mut buf = bytes::BytesMut::with_capacity(19 + rows * 512 + 2);
-        buf.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
-        buf.extend_from_slice(&0i32.to_be_bytes()); // flags
-        buf.extend_from_slice(&0i32.to_be_bytes()); // header extension length
-        Self(buf)
+impl Chunk {
+    fn starting(entry: &Entry, offset: i64) -> Self {
+        Self { session: entry.session_id, job: entry.job_id, first: offset, last: offset - 1, body: vec![b'['] }
     }
 
-    fn push(&mut self, entry: &Entry) -> Result<()> {
-        let buf = &mut self.0;
-        buf.extend_from_slice(&Self::FIELDS.to_be_bytes());
-        // The column list's order: session_id, seq, uuid, job_id, kind, body, created_at.
-        Self::field(buf, entry.session_id.0.as_bytes());
-        Self::field(buf, &entry.seq.to_be_bytes());
-        Self::field(buf, entry.uuid.as_bytes());
-        Self::field(buf, entry.job_id.0.as_bytes());
-        Self::field(buf, entry.kind.as_str().as_bytes());
-        // The body's length is known once it is written: reserve, write, patch.
-        let at = buf.len();
-        buf.extend_from_slice(&[0; 4]);
-        serde_json::to_writer(bytes::BufMut::writer(&mut *buf), entry).map_err(corrupt)?;
-        let body = i32::try_from(buf.len() - at - 4).map_err(|_| StoreError::Invalid("an entry over 2 GiB".into()))?;
-        buf[at..at + 4].copy_from_slice(&body.to_be_bytes());
-        Self::field(buf, &entry.created_at.to_be_bytes());
+    /// Whether `entry`, at `offset` in its session's batch, continues this chunk.
+    fn takes(&self, entry: &Entry, offset: i64) -> bool {
+        entry.job_id == self.job && offset == self.last + 1 && offset - self.first < CHUNK_ENTRIES
+    }
+
+    fn push(&mut self, entry: &Entry, offset: i64) -> Result<()> {
+        if self.last >= self.first {
+            self.body.push(b',');
+        }
+        serde_json::to_writer(&mut self.body, entry).map_err(corrupt)?;
+        self.last = offset;
         Ok(())
     }
 
-    fn field(buf: &mut bytes::BytesMut, value: &[u8]) {
-        buf.extend_from_slice(&(value.len() as i32).to_be_bytes());
-        buf.extend_from_slice(value);
-    }
-
-    fn finish(mut self) -> bytes::Bytes {
-        self.0.extend_from_slice(&(-1i16).to_be_bytes());
-        self.0.freeze()
+    fn finish(mut self) -> Result<String> {
+        self.body.push(b']');
+        String::from_utf8(self.body).map_err(corrupt)
     }
 }
 
@@ -927,20 +914,12 @@ impl Store for PostgresStore {
                     staged.fire();
                 }
                 let mut events = batch.events;
-                let (entry_seqs, tasks) = if batch.entries.len() > COPY_ABOVE {
-                    // A COPY holds the connection: nothing goes alongside it.
-                    check_required(tx, &batch.requires).await?;
-                    let entry_seqs = write_entries(tx, batch.entries).await?;
-                    (entry_seqs, insert_tasks(tx, &batch.tasks, &mut events).await?)
-                } else {
-                    // Independent statements, pipelined on the connection.
-                    let (_, entry_seqs, tasks) = futures::try_join!(
-                        check_required(tx, &batch.requires),
-                        write_entries(tx, batch.entries),
-                        insert_tasks(tx, &batch.tasks, &mut events)
-                    )?;
-                    (entry_seqs, tasks)
-                };
+                // Independent statements, pipelined on the connection.
+                let (_, entry_seqs, tasks) = futures::try_join!(
+                    check_required(tx, &batch.requires),
+                    write_entries(tx, batch.entries),
+                    insert_tasks(tx, &batch.tasks, &mut events)
+                )?;
                 let (events, ending) = write_events_ending(tx, events, batch.usage).await?;
                 Ok((Written { events, entry_seqs, tasks }, ending))
             })
@@ -949,14 +928,32 @@ impl Store for PostgresStore {
     }
 
     async fn entries(&self, session: SessionId, after_seq: i64, limit: u32) -> Result<Vec<Entry>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let upto = after_seq.saturating_add(i64::from(limit));
         let client = self.pool.get().await?;
+        // Both bounds on the key: the chunks holding (after_seq, upto].
         let rows = db_query(
             &client,
-            "SELECT body FROM entries WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-            &[&session.0, &after_seq, &(limit as i64)],
+            "SELECT first_seq, bodies FROM entry_chunks
+             WHERE session_id = $1 AND first_seq > $2 AND first_seq <= $3 AND last_seq > $4
+             ORDER BY first_seq",
+            &[&session.0, &after_seq.saturating_sub(CHUNK_ENTRIES), &upto, &after_seq],
         )
         .await?;
-        rows.iter().map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt)).collect()
+        let mut out = Vec::new();
+        for row in &rows {
+            let first: i64 = row.get(0);
+            let chunk: Vec<Entry> = serde_json::from_str(row.get::<_, &str>(1)).map_err(corrupt)?;
+            for (i, mut entry) in chunk.into_iter().enumerate() {
+                entry.seq = first + i as i64;
+                if entry.seq > after_seq && entry.seq <= upto {
+                    out.push(entry);
+                }
+            }
+        }
+        Ok(out)
     }
 
     async fn create_tasks(&self, tasks: Vec<Task>, fence: Option<Fence>) -> Result<(Vec<(Task, bool)>, Written)> {
@@ -1088,21 +1085,13 @@ impl Store for PostgresStore {
                     staged.fire();
                 }
                 let mut events = batch.events;
-                let (entry_seqs, tasks) = if batch.entries.len() > COPY_ABOVE {
-                    check_required(tx, &batch.requires).await?;
-                    let entry_seqs = write_entries(tx, batch.entries).await?;
-                    write_tasks(tx, &[&change.task]).await?;
-                    (entry_seqs, insert_tasks(tx, &batch.tasks, &mut events).await?)
-                } else {
-                    let changed = [&change.task];
-                    let (_, entry_seqs, _, tasks) = futures::try_join!(
-                        check_required(tx, &batch.requires),
-                        write_entries(tx, batch.entries),
-                        write_tasks(tx, &changed),
-                        insert_tasks(tx, &batch.tasks, &mut events)
-                    )?;
-                    (entry_seqs, tasks)
-                };
+                let changed = [&change.task];
+                let (_, entry_seqs, _, tasks) = futures::try_join!(
+                    check_required(tx, &batch.requires),
+                    write_entries(tx, batch.entries),
+                    write_tasks(tx, &changed),
+                    insert_tasks(tx, &batch.tasks, &mut events)
+                )?;
                 events.push((change.task.job_id, change.event));
                 let (events, ending) = write_events_ending(tx, events, batch.usage).await?;
                 Ok(((change.task, Written { events, entry_seqs, tasks }), ending))

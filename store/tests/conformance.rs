@@ -100,11 +100,16 @@ async fn postgres_entries_cannot_be_rewritten() {
                VALUES ('00000000-0000-0000-0000-000000000001', 'n', 'queued', '{}', '{}', 0, 0);
              INSERT INTO sessions (id, job_id, role, label, created_at)
                VALUES ('00000000-0000-0000-0000-000000000002', '00000000-0000-0000-0000-000000000001', 'worker', 'w', 0);
-             INSERT INTO entries VALUES ('00000000-0000-0000-0000-000000000002', 1, '00000000-0000-0000-0000-000000000003',
-               '00000000-0000-0000-0000-000000000001', 'user', '{}', 0);",
+             INSERT INTO entry_chunks VALUES ('00000000-0000-0000-0000-000000000002', 1, 1,
+               '00000000-0000-0000-0000-000000000001', '[{\"kind\":\"user\"}]');",
         )
         .await
         .unwrap();
+    let err = client.batch_execute("UPDATE entry_chunks SET bodies = '[]'").await.unwrap_err();
+    assert!(format!("{err:?}").contains("append-only"), "{err:?}");
+    // The old table's name is a view over the chunks, append-only too.
+    let kind: String = client.query_one("SELECT kind FROM entries", &[]).await.unwrap().get(0);
+    assert_eq!(kind, "user");
     let err = client.batch_execute("UPDATE entries SET body = 'x'").await.unwrap_err();
     assert!(format!("{err:?}").contains("append-only"), "{err:?}");
 }

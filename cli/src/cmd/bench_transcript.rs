@@ -1,8 +1,10 @@
 //! `flower bench transcript`: entries per second into Postgres through the
-//! store's batch path, beside two floors measured in the same run on the same
-//! rows — one `INSERT` per entry, and a raw binary `COPY` of bodies serialized
-//! before the clock starts. Each batch is one committed transaction in all
-//! three, so the figures differ only in how the rows reach the server.
+//! store's batch path (chunk rows), beside two floors of the layout it
+//! replaced — a row per entry, with that table's keys and foreign key —
+//! measured in the same run on the same entries: one `INSERT` per entry,
+//! and a raw binary `COPY` of bodies serialized before the clock starts.
+//! Each batch is one committed transaction in all three. Tool output is
+//! word text (it compresses like prose, not like a repeated byte).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -57,7 +59,9 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
         .await?
         .0
         .id;
-    let rows = synthetic_transcript(a.entries);
+    client.batch_execute(ROW_PER_ENTRY).await?;
+    let mut rows = synthetic_transcript(a.entries);
+    wordy(&mut rows);
     let bytes: usize = rows.iter().map(|e| serde_json::to_string(e).map(|s| s.len()).unwrap_or(0)).sum();
     let (mut store_rates, mut copy_rates, mut single_rates) = (vec![], vec![], vec![]);
     let progress = indicatif::ProgressBar::new(a.runs as u64 * 3);
@@ -95,9 +99,25 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
         progress.inc(1);
     }
     progress.finish_and_clear();
-    let stored: i64 = client.query_one("SELECT count(*) FROM entries", &[]).await?.get(0);
-    let expected = a.runs.max(1) * (2 * a.entries + a.single_row_entries.min(a.entries));
-    anyhow::ensure!(stored as usize == expected, "{stored} entries stored, {expected} written");
+    let sizes = client
+        .query_one(
+            "SELECT (SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM entry_chunks)::bigint,
+                    (SELECT count(*) FROM entry_rows),
+                    pg_total_relation_size('entry_chunks') + pg_total_relation_size('entry_uuids'),
+                    pg_total_relation_size('entry_rows')",
+            &[],
+        )
+        .await?;
+    let (chunked, row_per_entry, chunk_bytes, row_bytes): (i64, i64, i64, i64) =
+        (sizes.get(0), sizes.get(1), sizes.get(2), sizes.get(3));
+    let runs = a.runs.max(1);
+    let expected = (runs * a.entries, runs * (a.entries + a.single_row_entries.min(a.entries)));
+    anyhow::ensure!(
+        (chunked as usize, row_per_entry as usize) == expected,
+        "{chunked} + {row_per_entry} entries stored, {expected:?} written"
+    );
+    let (stored_per_entry, row_stored_per_entry) =
+        (chunk_bytes as f64 / chunked as f64, row_bytes as f64 / row_per_entry as f64);
     drop(client);
     let _ = driver.await;
     drop(store);
@@ -115,6 +135,8 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
         "single_row_floor_entries_per_s": one,
         "store_vs_copy_floor": s / c,
         "store_vs_single_row": s / one,
+        "stored_bytes_per_entry": stored_per_entry,
+        "row_per_entry_stored_bytes_per_entry": row_stored_per_entry,
         "per_run": {"store": store_rates, "copy_floor": copy_rates, "single_row_floor": single_rates},
     });
     if a.json {
@@ -127,10 +149,88 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
         a.batch,
         a.runs.max(1)
     );
-    println!("  store batch path   {s:>9.0} entries/s  ({:.1} MB/s)", s * per_entry / 1e6);
-    println!("  COPY floor         {c:>9.0} entries/s  (store path = {:.2}× of it)", s / c);
-    println!("  single-row floor   {one:>9.0} entries/s  (store path = {:.1}× of it)", s / one);
+    println!(
+        "  store batch path (chunks)       {s:>9.0} entries/s  ({:.1} MB/s; {stored_per_entry:.0} B stored per entry)",
+        s * per_entry / 1e6
+    );
+    println!(
+        "  row per entry: COPY floor       {c:>9.0} entries/s  (store path = {:.2}× of it; {row_stored_per_entry:.0} B stored per entry)",
+        s / c
+    );
+    println!("  row per entry: single-row floor {one:>9.0} entries/s  (store path = {:.1}× of it)", s / one);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The layout the floors write: a row per entry, keyed by session and
+/// number, its uuid unique, its session a foreign key (as transcripts were
+/// stored before chunks).
+const ROW_PER_ENTRY: &str = "CREATE TABLE entry_rows (
+    session_id uuid NOT NULL REFERENCES sessions (id),
+    seq bigint NOT NULL,
+    uuid uuid NOT NULL UNIQUE,
+    job_id uuid NOT NULL,
+    kind text NOT NULL,
+    body text NOT NULL,
+    created_at bigint NOT NULL,
+    PRIMARY KEY (session_id, seq))";
+
+/// Tool output as word text of the same lengths, in place of the synthetic
+/// transcript's repeated byte (which any compression would erase).
+fn wordy(rows: &mut [Entry]) {
+    const WORDS: [&str; 32] = [
+        "the",
+        "build",
+        "failed",
+        "at",
+        "line",
+        "src/main.rs",
+        "warning:",
+        "unused",
+        "variable",
+        "error[E0308]:",
+        "mismatched",
+        "types",
+        "expected",
+        "found",
+        "struct",
+        "drwxr-xr-x",
+        "root",
+        "4096",
+        "Dec",
+        "README.md",
+        "test",
+        "passed",
+        "ok",
+        "running",
+        "12",
+        "tests",
+        "in",
+        "0.42s",
+        "cargo",
+        "fn",
+        "let",
+        "=",
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for entry in rows {
+        for block in &mut entry.content {
+            if let flower_model::ContentBlock::ToolResult { content, .. } = block {
+                for part in content.iter_mut() {
+                    if let flower_model::ResultBlock::Text { text } = part {
+                        let mut out = String::with_capacity(text.len() + 16);
+                        while out.len() < text.len() {
+                            state ^= state << 13;
+                            state ^= state >> 7;
+                            state ^= state << 17;
+                            out.push_str(WORDS[(state % WORDS.len() as u64) as usize]);
+                            out.push(if state.is_multiple_of(11) { '\n' } else { ' ' });
+                        }
+                        *text = out;
+                    }
+                }
+            }
+        }
+    }
 }
 
 async fn new_session(store: &PostgresStore, job: JobId) -> anyhow::Result<SessionId> {
@@ -201,7 +301,7 @@ fn encoded(rows: &[Entry], job: JobId, session: SessionId, n: usize) -> anyhow::
 async fn copy_floor(client: &tokio_postgres::Client, rows: &[Encoded]) -> anyhow::Result<()> {
     client.batch_execute("BEGIN").await?;
     let sink = client
-        .copy_in("COPY entries (session_id, seq, uuid, job_id, kind, body, created_at) FROM STDIN (FORMAT binary)")
+        .copy_in("COPY entry_rows (session_id, seq, uuid, job_id, kind, body, created_at) FROM STDIN (FORMAT binary)")
         .await?;
     let types = [Type::UUID, Type::INT8, Type::UUID, Type::UUID, Type::TEXT, Type::TEXT, Type::INT8];
     let writer = BinaryCopyInWriter::new(sink, &types);
@@ -218,7 +318,7 @@ async fn copy_floor(client: &tokio_postgres::Client, rows: &[Encoded]) -> anyhow
 async fn single_row_floor(client: &tokio_postgres::Client, rows: &[Encoded]) -> anyhow::Result<()> {
     let insert = client
         .prepare(
-            "INSERT INTO entries (session_id, seq, uuid, job_id, kind, body, created_at)
+            "INSERT INTO entry_rows (session_id, seq, uuid, job_id, kind, body, created_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .await?;
