@@ -104,7 +104,9 @@ impl Entry {
         content: Vec<ContentBlock>,
     ) -> Self {
         Self {
-            uuid: Uuid::new_v4(),
+            // Time-ordered: the store's unique index on entry uuids takes
+            // new ones at its right edge instead of on random pages.
+            uuid: Uuid::now_v7(),
             parent_uuid,
             job_id,
             session_id,

@@ -309,12 +309,13 @@ pub async fn a_large_batch_is_stored_whole_or_not_at_all(store: &dyn Store) {
             .map(|i| Entry::new(job, a, None, EntryKind::User, vec![ContentBlock::text(format!("more {i}"))]))
             .collect()
     };
-    let mut unknown = fresh(200);
-    unknown[150].session_id = SessionId::random();
+    // Both far enough into a batch to be past any backend's first statement of it.
+    let mut unknown = fresh(400);
+    unknown[350].session_id = SessionId::random();
     let err = store.append(Batch { entries: unknown, ..Default::default() }).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
-    let mut repeated = fresh(200);
-    repeated[199].uuid = repeated[3].uuid;
+    let mut repeated = fresh(400);
+    repeated[399].uuid = repeated[3].uuid;
     store.append(Batch { entries: repeated, ..Default::default() }).await.unwrap_err();
     assert_eq!(store.entries(a, 0, 1000).await.unwrap().len(), 200, "a refused batch stores none of its rows");
     let seqs = store.append(Batch { entries: fresh(100), ..Default::default() }).await.unwrap().entry_seqs;

@@ -293,71 +293,67 @@ async fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Optio
 
 /// Store entries as chunks (one row per session per batch, split at
 /// [`CHUNK_ENTRIES`]) with their uuids, numbered from their session rows'
-/// counters, all in one statement; their numbers, in order. The bodies are
-/// serialized before the numbers are known, so they carry none: a chunk's
-/// entries are numbered by their position from its `first_seq`.
+/// counters; their numbers, in order. The bodies are serialized before the
+/// numbers are known, so they carry none: a chunk's entries are numbered by
+/// their position from its `first_seq`. A batch of up to [`PART_ENTRIES`]
+/// is one statement; a larger one goes out in parts of that size,
+/// pipelined in one round trip, so that no statement (and none of the
+/// server's memory for it) grows with the batch.
 async fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<i64>> {
     if entries.is_empty() {
         return Ok(Vec::new());
     }
-    // Per session: entries so far in this batch; per entry, its session's index.
+    // Per session: its entries in this batch; per entry, its session's
+    // index and its number relative to the batch.
     let mut sessions: Vec<(SessionId, i64)> = Vec::new();
     let mut index: BTreeMap<SessionId, usize> = BTreeMap::new();
     let mut placed = Vec::with_capacity(entries.len());
-    let mut uuids = Vec::with_capacity(entries.len());
-    let mut chunks: Vec<Chunk> = Vec::new();
-    // Each session's chunk still taking entries, as an index into `chunks`.
-    let mut open: BTreeMap<SessionId, usize> = BTreeMap::new();
-    for mut entry in entries {
+    for entry in &entries {
         let s = *index.entry(entry.session_id).or_insert_with(|| {
             sessions.push((entry.session_id, 0));
             sessions.len() - 1
         });
         sessions[s].1 += 1;
-        // Numbered relative to the batch until the counter answers; not serialized.
-        let offset = sessions[s].1;
-        placed.push((s, offset));
-        uuids.push(entry.uuid);
-        entry.seq = 0;
-        let at = match open.get(&entry.session_id) {
-            Some(&at) if chunks[at].takes(&entry, offset) => at,
-            _ => {
-                chunks.push(Chunk::starting(&entry, offset));
-                open.insert(entry.session_id, chunks.len() - 1);
-                chunks.len() - 1
-            }
-        };
-        chunks[at].push(&entry, offset)?;
+        placed.push((s, sessions[s].1));
     }
     let (ids, counts): (Vec<Uuid>, Vec<i64>) = sessions.iter().map(|(s, n)| (s.0, *n)).unzip();
-    let (mut of, mut firsts, mut lasts, mut jobs, mut bodies) = (vec![], vec![], vec![], vec![], vec![]);
-    let written = chunks.len() as i64;
-    for chunk in chunks {
-        of.push(chunk.session.0);
-        firsts.push(chunk.first);
-        lasts.push(chunk.last);
-        jobs.push(chunk.job.0);
-        bodies.push(chunk.finish()?);
+    let mut rest = entries.into_iter().zip(placed.iter().copied());
+    let first = Part::of(rest.by_ref().take(PART_ENTRIES), &sessions)?;
+    let first_statement = tx.prepare_cached(FIRST_PART).await?;
+    let mut pending: futures::stream::FuturesOrdered<PartWrite<'_>> = futures::stream::FuturesOrdered::new();
+    let (written, mut done) = (first.chunks, Vec::new());
+    pending.push_back(Box::pin(async move {
+        let params: [&(dyn ToSql + Sync); 8] =
+            [&ids, &counts, &first.uuids, &first.sessions, &first.firsts, &first.lasts, &first.jobs, &first.bodies];
+        Ok(tx.query(&first_statement, &params).await?)
+    }));
+    let mut later = None;
+    loop {
+        send_now(&mut pending, &mut done).await;
+        let part = Part::of(rest.by_ref().take(PART_ENTRIES), &sessions)?;
+        if part.chunks == 0 {
+            break;
+        }
+        let statement = match &later {
+            Some(statement) => statement,
+            None => later.insert(tx.prepare_cached(LATER_PART).await?),
+        }
+        .clone();
+        pending.push_back(Box::pin(async move {
+            let params: [&(dyn ToSql + Sync); 7] =
+                [&part.uuids, &part.sessions, &part.totals, &part.firsts, &part.lasts, &part.jobs, &part.bodies];
+            let rows = tx.query(&statement, &params).await?;
+            match rows.first().map(|r| r.get::<_, i64>(0)) {
+                Some(n) if n == part.chunks => Ok(rows),
+                _ => Err(StoreError::Backend(format!("{} transcript chunks written, fewer stored", part.chunks))),
+            }
+        }));
     }
-    let rows = db_query(
-        tx,
-        "WITH counter AS (
-            UPDATE sessions s SET next_entry_seq = s.next_entry_seq + b.n
-            FROM UNNEST($1::uuid[], $2::bigint[]) AS b(id, n)
-            WHERE s.id = b.id
-            RETURNING s.id, s.next_entry_seq - b.n AS base),
-         unique_uuids AS (INSERT INTO entry_uuids (uuid) SELECT * FROM UNNEST($3::uuid[])),
-         chunks AS (
-            INSERT INTO entry_chunks (session_id, first_seq, last_seq, job_id, bodies)
-            SELECT c.session, counter.base + c.first, counter.base + c.last, c.job, c.bodies
-            FROM UNNEST($4::uuid[], $5::bigint[], $6::bigint[], $7::uuid[], $8::text[])
-                AS c(session, first, last, job, bodies)
-            JOIN counter ON counter.id = c.session
-            RETURNING 1)
-         SELECT id, base, (SELECT count(*) FROM chunks) FROM counter",
-        &[&ids, &counts, &uuids, &of, &firsts, &lasts, &jobs, &bodies],
-    )
-    .await?;
+    while let Some(result) = futures::StreamExt::next(&mut pending).await {
+        done.push(result);
+    }
+    let mut results = done.into_iter();
+    let rows = results.next().ok_or_else(|| StoreError::Backend("no answer to a transcript write".into()))??;
     let base: BTreeMap<Uuid, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     if let Some((missing, _)) = sessions.iter().find(|(s, _)| !base.contains_key(&s.0)) {
         return Err(StoreError::NotFound(format!("session {missing}")));
@@ -365,7 +361,107 @@ async fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<
     if rows.first().map(|r| r.get::<_, i64>(2)) != Some(written) {
         return Err(StoreError::Backend(format!("{written} transcript chunks written, fewer stored")));
     }
+    for later in results {
+        later?;
+    }
     Ok(placed.into_iter().map(|(s, offset)| base[&sessions[s].0.0] + offset).collect())
+}
+
+/// Entries per statement of a large batch (measured: one statement for a
+/// 1,000-entry batch is no faster than four).
+const PART_ENTRIES: usize = 256;
+
+/// A batch's first part: the session counters bumped for the whole batch,
+/// the part's uuids and chunks (numbered from the counters); the counters'
+/// bases and the chunks stored.
+const FIRST_PART: &str = "WITH counter AS (
+        UPDATE sessions s SET next_entry_seq = s.next_entry_seq + b.n
+        FROM UNNEST($1::uuid[], $2::bigint[]) AS b(id, n)
+        WHERE s.id = b.id
+        RETURNING s.id, s.next_entry_seq - b.n AS base),
+     unique_uuids AS (INSERT INTO entry_uuids (uuid) SELECT * FROM UNNEST($3::uuid[])),
+     chunks AS (
+        INSERT INTO entry_chunks (session_id, first_seq, last_seq, job_id, bodies)
+        SELECT c.session, counter.base + c.first, counter.base + c.last, c.job, c.bodies
+        FROM UNNEST($4::uuid[], $5::bigint[], $6::bigint[], $7::uuid[], $8::text[])
+            AS c(session, first, last, job, bodies)
+        JOIN counter ON counter.id = c.session
+        RETURNING 1)
+     SELECT id, base, (SELECT count(*) FROM chunks) FROM counter";
+
+/// A later part: numbered from the counters the first part bumped (their
+/// rows locked by this transaction since), less the batch's total.
+const LATER_PART: &str = "WITH unique_uuids AS (INSERT INTO entry_uuids (uuid) SELECT * FROM UNNEST($1::uuid[])),
+     chunks AS (
+        INSERT INTO entry_chunks (session_id, first_seq, last_seq, job_id, bodies)
+        SELECT c.session, s.next_entry_seq - c.total + c.first, s.next_entry_seq - c.total + c.last, c.job, c.bodies
+        FROM UNNEST($2::uuid[], $3::bigint[], $4::bigint[], $5::bigint[], $6::uuid[], $7::text[])
+            AS c(session, total, first, last, job, bodies)
+        JOIN sessions s ON s.id = c.session
+        RETURNING 1)
+     SELECT count(*) FROM chunks";
+
+/// One part's statement, in flight.
+type PartWrite<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<Row>>> + Send + 'a>>;
+
+/// Poll every part in flight once: a part not yet sent is queued on the
+/// connection now (its first poll does it); answers already in are kept.
+async fn send_now(pending: &mut futures::stream::FuturesOrdered<PartWrite<'_>>, done: &mut Vec<Result<Vec<Row>>>) {
+    futures::future::poll_fn(|cx| {
+        while let std::task::Poll::Ready(Some(result)) = futures::StreamExt::poll_next_unpin(pending, cx) {
+            done.push(result);
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// One statement's worth of a batch: its uuids and its chunks as columns.
+#[derive(Default)]
+struct Part {
+    uuids: Vec<Uuid>,
+    sessions: Vec<Uuid>,
+    /// Each chunk's session's entries in the whole batch.
+    totals: Vec<i64>,
+    firsts: Vec<i64>,
+    lasts: Vec<i64>,
+    jobs: Vec<Uuid>,
+    bodies: Vec<String>,
+    chunks: i64,
+}
+
+impl Part {
+    /// The part of `entries` (with their session index and relative
+    /// number), serialized.
+    fn of(entries: impl Iterator<Item = (Entry, (usize, i64))>, sessions: &[(SessionId, i64)]) -> Result<Self> {
+        let mut chunks: Vec<(usize, Chunk)> = Vec::new();
+        // Each session's chunk still taking entries, as an index into `chunks`.
+        let mut open: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut part = Part::default();
+        for (mut entry, (s, offset)) in entries {
+            part.uuids.push(entry.uuid);
+            entry.seq = 0;
+            let at = match open.get(&s) {
+                Some(&at) if chunks[at].1.takes(&entry, offset) => at,
+                _ => {
+                    chunks.push((s, Chunk::starting(&entry, offset)));
+                    open.insert(s, chunks.len() - 1);
+                    chunks.len() - 1
+                }
+            };
+            chunks[at].1.push(&entry, offset)?;
+        }
+        for (s, chunk) in chunks {
+            part.sessions.push(chunk.session.0);
+            part.totals.push(sessions[s].1);
+            part.firsts.push(chunk.first);
+            part.lasts.push(chunk.last);
+            part.jobs.push(chunk.job.0);
+            part.bodies.push(chunk.finish()?);
+            part.chunks += 1;
+        }
+        Ok(part)
+    }
 }
 
 /// At most this many entries in one stored chunk (the table's `CHECK` says

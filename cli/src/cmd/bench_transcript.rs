@@ -255,7 +255,7 @@ fn for_session(rows: &[Entry], job: JobId, session: SessionId, n: usize) -> Vec<
         .enumerate()
         .map(|(i, e)| {
             let mut e = e.clone();
-            (e.job_id, e.session_id, e.uuid, e.seq) = (job, session, uuid::Uuid::new_v4(), i as i64 + 1);
+            (e.job_id, e.session_id, e.uuid, e.seq) = (job, session, uuid::Uuid::now_v7(), i as i64 + 1);
             e
         })
         .collect()
