@@ -39,7 +39,7 @@ pub enum BenchCommand {
     /// The pruning loader on a large synthetic transcript: time and peak memory
     Pruning(PruningArgs),
     /// Transcript entries/s into Postgres through the store's batch path, beside
-    /// a single-row INSERT floor and a binary COPY floor measured in the same run
+    /// the single-row INSERT and binary COPY floors of a row per entry, measured in the same run
     Transcript(super::bench_transcript::TranscriptArgs),
     /// The dispatch and claim path on one thread over in-memory stores, for an
     /// instruction count that does not move with machine load (bench/callgrind)

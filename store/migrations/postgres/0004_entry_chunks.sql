@@ -4,7 +4,8 @@
 -- beside it. A row per entry cost the server a heap tuple, three index
 -- insertions and a foreign-key check per entry; a chunk costs them once.
 -- Entry uuids stay unique through their own narrow table. `entries`, the
--- old table's name, is now a view with the old table's columns.
+-- old table's name, is now a view with the old table's columns (and its
+-- rows' xmin: the writing transaction).
 CREATE TABLE entry_chunks (
     session_id uuid NOT NULL REFERENCES sessions (id),
     first_seq bigint NOT NULL,
@@ -40,7 +41,9 @@ CREATE VIEW entries AS
            c.job_id,
            e.body->>'kind' AS kind,
            e.body::text AS body,
-           (e.body->>'created_at')::bigint AS created_at
+           (e.body->>'created_at')::bigint AS created_at,
+           -- The transaction that wrote the entry, as the table's own xmin said.
+           c.xmin
     FROM entry_chunks c,
          LATERAL json_array_elements(c.bodies::json) WITH ORDINALITY AS e(body, ord);
 -- Rewriting through the view is refused as rewriting the table was.
