@@ -295,86 +295,32 @@ async fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Optio
 /// [`CHUNK_ENTRIES`]) with their uuids, numbered from their session rows'
 /// counters; their numbers, in order. The bodies are serialized before the
 /// numbers are known, so they carry none: a chunk's entries are numbered by
-/// their position from its `first_seq`. A batch of up to [`PART_ENTRIES`]
-/// is one statement; a larger one goes out in parts of that size,
-/// pipelined in one round trip, so that no statement (and none of the
-/// server's memory for it) grows with the batch.
+/// their position from its `first_seq`. A batch goes out in parts of at
+/// most [`PART_ENTRIES`], one statement each, pipelined: each part bumps the
+/// counters by its own entries, and the statements run in order in this
+/// transaction, so the numbers stay gapless across parts.
 async fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<i64>> {
-    if entries.is_empty() {
+    let mut parts = Vec::new();
+    let mut rest = entries.into_iter().peekable();
+    while rest.peek().is_some() {
+        parts.push(Part::of(rest.by_ref().take(PART_ENTRIES))?);
+    }
+    if parts.is_empty() {
         return Ok(Vec::new());
     }
-    // Per session: its entries in this batch; per entry, its session's
-    // index and its number relative to the batch.
-    let mut sessions: Vec<(SessionId, i64)> = Vec::new();
-    let mut index: BTreeMap<SessionId, usize> = BTreeMap::new();
-    let mut placed = Vec::with_capacity(entries.len());
-    for entry in &entries {
-        let s = *index.entry(entry.session_id).or_insert_with(|| {
-            sessions.push((entry.session_id, 0));
-            sessions.len() - 1
-        });
-        sessions[s].1 += 1;
-        placed.push((s, sessions[s].1));
-    }
-    let (ids, counts): (Vec<Uuid>, Vec<i64>) = sessions.iter().map(|(s, n)| (s.0, *n)).unzip();
-    let mut rest = entries.into_iter().zip(placed.iter().copied());
-    let first = Part::of(rest.by_ref().take(PART_ENTRIES), &sessions)?;
-    let first_statement = tx.prepare_cached(FIRST_PART).await?;
-    let mut pending: futures::stream::FuturesOrdered<PartWrite<'_>> = futures::stream::FuturesOrdered::new();
-    let (written, mut done) = (first.chunks, Vec::new());
-    pending.push_back(Box::pin(async move {
-        let params: [&(dyn ToSql + Sync); 8] =
-            [&ids, &counts, &first.uuids, &first.sessions, &first.firsts, &first.lasts, &first.jobs, &first.bodies];
-        Ok(tx.query(&first_statement, &params).await?)
-    }));
-    let mut later = None;
-    loop {
-        send_now(&mut pending, &mut done).await;
-        let part = Part::of(rest.by_ref().take(PART_ENTRIES), &sessions)?;
-        if part.chunks == 0 {
-            break;
-        }
-        let statement = match &later {
-            Some(statement) => statement,
-            None => later.insert(tx.prepare_cached(LATER_PART).await?),
-        }
-        .clone();
-        pending.push_back(Box::pin(async move {
-            let params: [&(dyn ToSql + Sync); 7] =
-                [&part.uuids, &part.sessions, &part.totals, &part.firsts, &part.lasts, &part.jobs, &part.bodies];
-            let rows = tx.query(&statement, &params).await?;
-            match rows.first().map(|r| r.get::<_, i64>(0)) {
-                Some(n) if n == part.chunks => Ok(rows),
-                _ => Err(StoreError::Backend(format!("{} transcript chunks written, fewer stored", part.chunks))),
-            }
-        }));
-    }
-    while let Some(result) = futures::StreamExt::next(&mut pending).await {
-        done.push(result);
-    }
-    let mut results = done.into_iter();
-    let rows = results.next().ok_or_else(|| StoreError::Backend("no answer to a transcript write".into()))??;
-    let base: BTreeMap<Uuid, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    if let Some((missing, _)) = sessions.iter().find(|(s, _)| !base.contains_key(&s.0)) {
-        return Err(StoreError::NotFound(format!("session {missing}")));
-    }
-    if rows.first().map(|r| r.get::<_, i64>(2)) != Some(written) {
-        return Err(StoreError::Backend(format!("{written} transcript chunks written, fewer stored")));
-    }
-    for later in results {
-        later?;
-    }
-    Ok(placed.into_iter().map(|(s, offset)| base[&sessions[s].0.0] + offset).collect())
+    let statement = tx.prepare_cached(WRITE_PART).await?;
+    let seqs = futures::future::try_join_all(parts.iter().map(|part| part.write(tx, &statement))).await?;
+    Ok(seqs.concat())
 }
 
-/// Entries per statement of a large batch (measured: one statement for a
-/// 1,000-entry batch is no faster than four).
+/// Entries per statement (measured: one statement for a 1,000-entry batch
+/// is no faster than four), so that no statement grows with a batch.
 const PART_ENTRIES: usize = 256;
 
-/// A batch's first part: the session counters bumped for the whole batch,
-/// the part's uuids and chunks (numbered from the counters); the counters'
+/// One part of a batch: the session counters bumped by the part's entries,
+/// its uuids and its chunks (numbered from the counters); the counters'
 /// bases and the chunks stored.
-const FIRST_PART: &str = "WITH counter AS (
+const WRITE_PART: &str = "WITH counter AS (
         UPDATE sessions s SET next_entry_seq = s.next_entry_seq + b.n
         FROM UNNEST($1::uuid[], $2::bigint[]) AS b(id, n)
         WHERE s.id = b.id
@@ -389,78 +335,82 @@ const FIRST_PART: &str = "WITH counter AS (
         RETURNING 1)
      SELECT id, base, (SELECT count(*) FROM chunks) FROM counter";
 
-/// A later part: numbered from the counters the first part bumped (their
-/// rows locked by this transaction since), less the batch's total.
-const LATER_PART: &str = "WITH unique_uuids AS (INSERT INTO entry_uuids (uuid) SELECT * FROM UNNEST($1::uuid[])),
-     chunks AS (
-        INSERT INTO entry_chunks (session_id, first_seq, last_seq, job_id, bodies)
-        SELECT c.session, s.next_entry_seq - c.total + c.first, s.next_entry_seq - c.total + c.last, c.job, c.bodies
-        FROM UNNEST($2::uuid[], $3::bigint[], $4::bigint[], $5::bigint[], $6::uuid[], $7::text[])
-            AS c(session, total, first, last, job, bodies)
-        JOIN sessions s ON s.id = c.session
-        RETURNING 1)
-     SELECT count(*) FROM chunks";
-
-/// One part's statement, in flight.
-type PartWrite<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<Row>>> + Send + 'a>>;
-
-/// Poll every part in flight once: a part not yet sent is queued on the
-/// connection now (its first poll does it); answers already in are kept.
-async fn send_now(pending: &mut futures::stream::FuturesOrdered<PartWrite<'_>>, done: &mut Vec<Result<Vec<Row>>>) {
-    futures::future::poll_fn(|cx| {
-        while let std::task::Poll::Ready(Some(result)) = futures::StreamExt::poll_next_unpin(pending, cx) {
-            done.push(result);
-        }
-        std::task::Poll::Ready(())
-    })
-    .await;
-}
-
-/// One statement's worth of a batch: its uuids and its chunks as columns.
+/// One statement's worth of a batch, serialized: its sessions with their
+/// entry counts, per entry its session and number relative to the part,
+/// its uuids, and its chunks as columns.
 #[derive(Default)]
 struct Part {
-    uuids: Vec<Uuid>,
     sessions: Vec<Uuid>,
-    /// Each chunk's session's entries in the whole batch.
-    totals: Vec<i64>,
+    counts: Vec<i64>,
+    placed: Vec<(usize, i64)>,
+    uuids: Vec<Uuid>,
+    chunk_sessions: Vec<Uuid>,
     firsts: Vec<i64>,
     lasts: Vec<i64>,
     jobs: Vec<Uuid>,
     bodies: Vec<String>,
-    chunks: i64,
 }
 
 impl Part {
-    /// The part of `entries` (with their session index and relative
-    /// number), serialized.
-    fn of(entries: impl Iterator<Item = (Entry, (usize, i64))>, sessions: &[(SessionId, i64)]) -> Result<Self> {
-        let mut chunks: Vec<(usize, Chunk)> = Vec::new();
+    fn of(entries: impl Iterator<Item = Entry>) -> Result<Self> {
+        let mut part = Part::default();
+        let mut index: BTreeMap<SessionId, usize> = BTreeMap::new();
+        let mut chunks: Vec<Chunk> = Vec::new();
         // Each session's chunk still taking entries, as an index into `chunks`.
         let mut open: BTreeMap<usize, usize> = BTreeMap::new();
-        let mut part = Part::default();
-        for (mut entry, (s, offset)) in entries {
+        for mut entry in entries {
+            let s = *index.entry(entry.session_id).or_insert_with(|| {
+                part.sessions.push(entry.session_id.0);
+                part.counts.push(0);
+                part.sessions.len() - 1
+            });
+            part.counts[s] += 1;
+            let offset = part.counts[s];
+            part.placed.push((s, offset));
             part.uuids.push(entry.uuid);
             entry.seq = 0;
             let at = match open.get(&s) {
-                Some(&at) if chunks[at].1.takes(&entry, offset) => at,
+                Some(&at) if chunks[at].takes(&entry, offset) => at,
                 _ => {
-                    chunks.push((s, Chunk::starting(&entry, offset)));
+                    chunks.push(Chunk::starting(&entry, offset));
                     open.insert(s, chunks.len() - 1);
                     chunks.len() - 1
                 }
             };
-            chunks[at].1.push(&entry, offset)?;
+            chunks[at].push(&entry, offset)?;
         }
-        for (s, chunk) in chunks {
-            part.sessions.push(chunk.session.0);
-            part.totals.push(sessions[s].1);
+        for chunk in chunks {
+            part.chunk_sessions.push(chunk.session.0);
             part.firsts.push(chunk.first);
             part.lasts.push(chunk.last);
             part.jobs.push(chunk.job.0);
             part.bodies.push(chunk.finish()?);
-            part.chunks += 1;
         }
         Ok(part)
+    }
+
+    /// Store the part; its entries' numbers, in order.
+    async fn write(&self, tx: &Transaction<'_>, statement: &tokio_postgres::Statement) -> Result<Vec<i64>> {
+        let params: [&(dyn ToSql + Sync); 8] = [
+            &self.sessions,
+            &self.counts,
+            &self.uuids,
+            &self.chunk_sessions,
+            &self.firsts,
+            &self.lasts,
+            &self.jobs,
+            &self.bodies,
+        ];
+        let rows = tx.query(statement, &params).await?;
+        let base: BTreeMap<Uuid, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        if let Some(missing) = self.sessions.iter().find(|s| !base.contains_key(s)) {
+            return Err(StoreError::NotFound(format!("session {missing}")));
+        }
+        let chunks = self.bodies.len() as i64;
+        if rows.first().map(|r| r.get::<_, i64>(2)) != Some(chunks) {
+            return Err(StoreError::Backend(format!("{chunks} transcript chunks written, fewer stored")));
+        }
+        Ok(self.placed.iter().map(|&(s, offset)| base[&self.sessions[s]] + offset).collect())
     }
 }
 
@@ -470,7 +420,7 @@ pub const CHUNK_ENTRIES: i64 = 1024;
 
 /// One `entry_chunks` row being built: consecutive entries of one session
 /// (and job), their bodies as one JSON array; `first` and `last` relative
-/// to the batch until the session's counter answers.
+/// to the part until the session's counter answers.
 struct Chunk {
     session: SessionId,
     job: JobId,
@@ -484,7 +434,7 @@ impl Chunk {
         Self { session: entry.session_id, job: entry.job_id, first: offset, last: offset - 1, body: vec![b'['] }
     }
 
-    /// Whether `entry`, at `offset` in its session's batch, continues this chunk.
+    /// Whether `entry`, at `offset` in its session's part, continues this chunk.
     fn takes(&self, entry: &Entry, offset: i64) -> bool {
         entry.job_id == self.job && offset == self.last + 1 && offset - self.first < CHUNK_ENTRIES
     }

@@ -59,7 +59,7 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
         .await?
         .0
         .id;
-    client.batch_execute(ROW_PER_ENTRY).await?;
+    client.batch_execute(&row_per_entry_table()?).await?;
     let mut rows = synthetic_transcript(a.entries);
     wordy(&mut rows);
     let bytes: usize = rows.iter().map(|e| serde_json::to_string(e).map(|s| s.len()).unwrap_or(0)).sum();
@@ -161,56 +161,27 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The layout the floors write: a row per entry, keyed by session and
-/// number, its uuid unique, its session a foreign key (as transcripts were
-/// stored before chunks).
-const ROW_PER_ENTRY: &str = "CREATE TABLE entry_rows (
-    session_id uuid NOT NULL REFERENCES sessions (id),
-    seq bigint NOT NULL,
-    uuid uuid NOT NULL UNIQUE,
-    job_id uuid NOT NULL,
-    kind text NOT NULL,
-    body text NOT NULL,
-    created_at bigint NOT NULL,
-    PRIMARY KEY (session_id, seq))";
+/// The layout the floors write: the row-per-entry table exactly as the
+/// first migration created it (keyed by session and number, its uuid
+/// unique, its session a foreign key), named `entry_rows`.
+fn row_per_entry_table() -> anyhow::Result<String> {
+    let initial = flower_store::migrations::POSTGRES
+        .iter()
+        .find(|(version, _)| *version == 1)
+        .map(|(_, sql)| *sql)
+        .context("the first Postgres migration")?;
+    let start = initial.find("CREATE TABLE entries (").context("migration 1 creates `entries`")?;
+    let end = start + initial[start..].find(");").context("the end of `entries`' definition")? + 2;
+    Ok(initial[start..end].replacen("CREATE TABLE entries", "CREATE TABLE entry_rows", 1))
+}
 
 /// Tool output as word text of the same lengths, in place of the synthetic
 /// transcript's repeated byte (which any compression would erase).
 fn wordy(rows: &mut [Entry]) {
-    const WORDS: [&str; 32] = [
-        "the",
-        "build",
-        "failed",
-        "at",
-        "line",
-        "src/main.rs",
-        "warning:",
-        "unused",
-        "variable",
-        "error[E0308]:",
-        "mismatched",
-        "types",
-        "expected",
-        "found",
-        "struct",
-        "drwxr-xr-x",
-        "root",
-        "4096",
-        "Dec",
-        "README.md",
-        "test",
-        "passed",
-        "ok",
-        "running",
-        "12",
-        "tests",
-        "in",
-        "0.42s",
-        "cargo",
-        "fn",
-        "let",
-        "=",
-    ];
+    const WORDS: &str = "the build failed at line src/main.rs warning: unused variable error[E0308]: mismatched \
+        types expected found struct drwxr-xr-x root 4096 Dec README.md test passed ok running 12 tests in 0.42s \
+        cargo fn let =";
+    let words: Vec<&str> = WORDS.split_whitespace().collect();
     let mut state = 0x2545_f491_4f6c_dd1du64;
     for entry in rows {
         for block in &mut entry.content {
@@ -222,7 +193,7 @@ fn wordy(rows: &mut [Entry]) {
                             state ^= state << 13;
                             state ^= state >> 7;
                             state ^= state << 17;
-                            out.push_str(WORDS[(state % WORDS.len() as u64) as usize]);
+                            out.push_str(words[(state % words.len() as u64) as usize]);
                             out.push(if state.is_multiple_of(11) { '\n' } else { ' ' });
                         }
                         *text = out;
