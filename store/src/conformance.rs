@@ -47,6 +47,7 @@ macro_rules! store_conformance_tests {
             a_large_batch_is_stored_whole_or_not_at_all,
             pages_of_a_transcript_cross_batches_whole,
             a_write_failing_at_its_last_statement_stores_nothing,
+            rows_of_an_unknown_job_are_refused,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -598,6 +599,35 @@ pub async fn a_write_failing_at_its_last_statement_stores_nothing(store: &dyn St
         assert_eq!(written.events[0].seq, (before + 1 + n as usize) as i64, "numbered without a gap");
     }
     assert_eq!(store.entries(session, 0, 100).await.unwrap().len(), 20);
+}
+
+/// A session, a task row or a claim's session naming a job that does not
+/// exist is refused and leaves nothing behind (whatever a backend checks it
+/// with: a foreign key, or the job's event counter written in the same
+/// transaction).
+pub async fn rows_of_an_unknown_job_are_refused(store: &dyn Store) {
+    let missing = JobId::random();
+    let session = SessionId::random();
+    let orphan = Session {
+        id: session,
+        job_id: missing,
+        role: Role::Coordinator,
+        label: "c".into(),
+        task_id: None,
+        created_at: 1,
+    };
+    store.create_session(orphan).await.unwrap_err();
+    assert!(matches!(store.get_session(session).await, Err(StoreError::NotFound(_))), "no session row");
+    let t = task(missing, session, "toolu_orphan");
+    store.create_tasks(vec![t.clone()], None).await.unwrap_err();
+    assert!(matches!(store.get_task(t.id).await, Err(StoreError::NotFound(_))), "no task row");
+    assert!(store.tasks(missing).await.unwrap().is_empty());
+    assert!(store.events(missing, 0, 100).await.unwrap().is_empty(), "no event");
+    // The store goes on: the same rows under a job that exists are taken.
+    let job = new_job(store, None).await;
+    let t = task(job, session, "toolu_orphan");
+    let (created, _) = store.create_tasks(vec![t.clone()], None).await.unwrap();
+    assert!(created[0].1);
 }
 
 pub async fn a_fan_out_is_created_in_one_write(store: &dyn Store) {

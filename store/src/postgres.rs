@@ -259,7 +259,7 @@ async fn write_tasks(tx: &Transaction<'_>, tasks: &[&Task]) -> Result<()> {
            error = u.error, usage = u.usage, updated_at = u.updated_at
          FROM UNNEST($1::uuid[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bigint[])
            AS u (id, state, attempt, claimed_by, report, error, usage, updated_at)
-         WHERE t.id = u.id",
+         WHERE t.id = u.id AND t.id = ANY($1)",
         &[&ids, &states, &attempts, &claimed, &reports, &errors, &usages, &ats],
     )
     .await?;
@@ -323,7 +323,7 @@ const PART_ENTRIES: usize = 256;
 const WRITE_PART: &str = "WITH counter AS (
         UPDATE sessions s SET next_entry_seq = s.next_entry_seq + b.n
         FROM UNNEST($1::uuid[], $2::bigint[]) AS b(id, n)
-        WHERE s.id = b.id
+        WHERE s.id = b.id AND s.id = ANY($1)
         RETURNING s.id, s.next_entry_seq - b.n AS base),
      unique_uuids AS (INSERT INTO entry_uuids (uuid) SELECT * FROM UNNEST($3::uuid[])),
      chunks AS (
@@ -1248,7 +1248,8 @@ impl Store for PostgresStore {
                     db_execute(
                         tx,
                         "UPDATE leases SET expires_at = u.expires_at
-                         FROM UNNEST($1::uuid[], $2::bigint[]) AS u(job_id, expires_at) WHERE leases.job_id = u.job_id",
+                         FROM UNNEST($1::uuid[], $2::bigint[]) AS u(job_id, expires_at)
+                         WHERE leases.job_id = u.job_id AND leases.job_id = ANY($1)",
                         &[&ids, &expiries],
                     )
                     .await?;
