@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use deadpool_postgres::{GenericClient, Transaction};
+use deadpool_postgres::ClientWrapper;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use flower_model::{
     Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, Usage, now_ms,
@@ -124,30 +124,35 @@ impl PostgresStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        db_execute(&tx, "SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
-        tx.batch_execute(migrations::VERSION_TABLE).await?;
-        let applied: Vec<i32> =
-            db_query(&tx, "SELECT version FROM flower_migrations", &[]).await?.iter().map(|r| r.get(0)).collect();
-        for (version, sql) in migrations::pending(migrations::POSTGRES, &applied)? {
-            tx.batch_execute(sql).await?;
-            db_execute(
-                &tx,
-                "INSERT INTO flower_migrations (version, applied_at) VALUES ($1, $2)",
-                &[&version, &now_ms()],
-            )
-            .await?;
-            tracing::info!(version, "migration applied");
-        }
-        tx.commit().await?;
-        Ok(())
+        self.tx(|tx| {
+            Box::pin(async move {
+                db_execute(tx, "SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+                tx.batch_execute(migrations::VERSION_TABLE).await?;
+                let applied: Vec<i32> = db_query(tx, "SELECT version FROM flower_migrations", &[])
+                    .await?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                for (version, sql) in migrations::pending(migrations::POSTGRES, &applied)? {
+                    tx.batch_execute(sql).await?;
+                    db_execute(
+                        tx,
+                        "INSERT INTO flower_migrations (version, applied_at) VALUES ($1, $2)",
+                        &[&version, &now_ms()],
+                    )
+                    .await?;
+                    tracing::info!(version, "migration applied");
+                }
+                Ok(())
+            })
+        })
+        .await
     }
 
     /// Run `f` in one transaction.
     async fn tx<T: Send + 'static>(
         &self,
-        f: impl for<'a> FnOnce(&'a Transaction<'a>) -> futures::future::BoxFuture<'a, Result<T>>,
+        f: impl for<'a> FnOnce(&'a Tx<'a>) -> futures::future::BoxFuture<'a, Result<T>>,
     ) -> Result<T> {
         self.tx_ending(move |tx| {
             let work = f(tx);
@@ -158,41 +163,102 @@ impl PostgresStore {
 
     /// Run `f` in one transaction, which `f` may end itself: its last
     /// statement carrying the `COMMIT` ([`write_events_ending`]).
+    ///
+    /// The `BEGIN` costs no round trip of its own: it is sent, and the
+    /// statements of `f` queue behind it on the connection; its answer is
+    /// read at the end. On an error the transaction is rolled back before
+    /// the connection goes back to the pool; a connection whose state is
+    /// unknown (the work dropped midway, a failed `BEGIN` or `ROLLBACK`)
+    /// is closed instead, which ends its transaction on the server.
     async fn tx_ending<T>(
         &self,
-        f: impl for<'a> FnOnce(&'a Transaction<'a>) -> futures::future::BoxFuture<'a, Result<(T, Ending)>>,
+        f: impl for<'a> FnOnce(&'a Tx<'a>) -> futures::future::BoxFuture<'a, Result<(T, Ending)>>,
     ) -> Result<T> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let (out, ending) = f(&tx).await?;
-        match ending {
-            Ending::Open => tx.commit().await?,
-            // Committed; dropped, `tx` rolls back the empty transaction
-            // begun after the commit (see [`COMMIT_SENT`]).
-            Ending::Sent => drop(tx),
+        let mut held = Held(Some(self.pool.get().await?));
+        let out = {
+            let client = held.client();
+            let mut begin = std::pin::pin!(client.batch_execute("BEGIN"));
+            // The first poll sends it (the answer is read below).
+            let sent = futures::poll!(begin.as_mut());
+            let worked = f(&Tx(client)).await;
+            let begun = match sent {
+                std::task::Poll::Ready(begun) => begun,
+                std::task::Poll::Pending => begin.await,
+            };
+            begun?;
+            match worked {
+                Ok((out, Ending::Sent)) => Ok(out),
+                Ok((out, Ending::Open)) => {
+                    client.batch_execute("COMMIT").await?;
+                    Ok(out)
+                }
+                Err(e) => {
+                    // After a `COMMIT` sent with a failed statement (which
+                    // rolled back), this `ROLLBACK` finds no transaction: a
+                    // warning, not an error.
+                    client.batch_execute("ROLLBACK").await?;
+                    Err(e)
+                }
+            }
+        };
+        held.release();
+        out
+    }
+}
+
+/// A pooled connection inside one transaction of [`PostgresStore::tx_ending`]:
+/// statements go through its statement cache like any other.
+struct Tx<'a>(&'a ClientWrapper);
+
+impl std::ops::Deref for Tx<'_> {
+    type Target = ClientWrapper;
+
+    fn deref(&self) -> &ClientWrapper {
+        self.0
+    }
+}
+
+/// A pooled connection that goes back to the pool only when released;
+/// dropped otherwise, it is taken out of the pool and closed.
+struct Held(Option<deadpool_postgres::Client>);
+
+impl Held {
+    fn client(&self) -> &ClientWrapper {
+        self.0.as_deref().expect("held until released or dropped")
+    }
+
+    /// The connection is outside any transaction: back to the pool.
+    fn release(&mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
         }
-        Ok(out)
     }
 }
 
 /// Every statement goes through the connection's statement cache: parsed and
 /// planned once per connection, then one round trip per execution.
-async fn db_query(c: &impl GenericClient, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+async fn db_query(c: &ClientWrapper, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
     let statement = c.prepare_cached(sql).await?;
     Ok(c.query(&statement, params).await?)
 }
 
-async fn db_query_opt(c: &impl GenericClient, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
+async fn db_query_opt(c: &ClientWrapper, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
     let statement = c.prepare_cached(sql).await?;
     Ok(c.query_opt(&statement, params).await?)
 }
 
-async fn db_query_one(c: &impl GenericClient, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+async fn db_query_one(c: &ClientWrapper, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
     let statement = c.prepare_cached(sql).await?;
     Ok(c.query_one(&statement, params).await?)
 }
 
-async fn db_execute(c: &impl GenericClient, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+async fn db_execute(c: &ClientWrapper, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
     let statement = c.prepare_cached(sql).await?;
     Ok(c.execute(&statement, params).await?)
 }
@@ -213,21 +279,21 @@ where
 }
 
 /// Reject the transaction unless `fence` still owns its job ([`rules::check_fence`]).
-async fn check_fence(tx: &Transaction<'_>, fence: Option<Fence>) -> Result<()> {
+async fn check_fence(tx: &Tx<'_>, fence: Option<Fence>) -> Result<()> {
     let Some(f) = fence else { return Ok(()) };
     let row = db_query_opt(tx, "SELECT epoch FROM leases WHERE job_id = $1 FOR SHARE", &[&f.job.0]).await?;
     rules::check_fence(f, row.map_or(0, |r| r.get(0)))
 }
 
 /// The job's lease row, locked for the decision about it.
-async fn lock_lease(tx: &Transaction<'_>, job: JobId) -> Result<Option<Lease>> {
+async fn lock_lease(tx: &Tx<'_>, job: JobId) -> Result<Option<Lease>> {
     let row =
         db_query_opt(tx, "SELECT owner, epoch, expires_at FROM leases WHERE job_id = $1 FOR UPDATE", &[&job.0]).await?;
     Ok(row.map(|r| Lease { job, owner: r.get(0), epoch: r.get(1), expires_at: r.get(2) }))
 }
 
 /// Store a lease row over the one [`lock_lease`] found.
-async fn update_lease(tx: &Transaction<'_>, lease: &Lease) -> Result<()> {
+async fn update_lease(tx: &Tx<'_>, lease: &Lease) -> Result<()> {
     db_execute(
         tx,
         "UPDATE leases SET owner = $2, epoch = $3, expires_at = $4 WHERE job_id = $1",
@@ -238,7 +304,7 @@ async fn update_lease(tx: &Transaction<'_>, lease: &Lease) -> Result<()> {
 }
 
 /// Store the mutable columns of task rows as [`rules`] decided them, in one statement.
-async fn write_tasks(tx: &Transaction<'_>, tasks: &[&Task]) -> Result<()> {
+async fn write_tasks(tx: &Tx<'_>, tasks: &[&Task]) -> Result<()> {
     if tasks.is_empty() {
         return Ok(());
     }
@@ -267,13 +333,13 @@ async fn write_tasks(tx: &Transaction<'_>, tasks: &[&Task]) -> Result<()> {
 }
 
 /// Store task changes and number their events, in the changes' order.
-async fn apply_task_changes(tx: &Transaction<'_>, changes: Vec<TaskChange>) -> Result<Vec<Event>> {
+async fn apply_task_changes(tx: &Tx<'_>, changes: Vec<TaskChange>) -> Result<Vec<Event>> {
     write_tasks(tx, &changes.iter().map(|c| &c.task).collect::<Vec<_>>()).await?;
     write_events(tx, changes.into_iter().map(|c| (c.task.job_id, c.event)).collect(), None).await
 }
 
 /// Insert a session row (idempotent); its start event when it is new.
-async fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Option<(JobId, EventKind)>> {
+async fn insert_session(tx: &Tx<'_>, session: &Session) -> Result<Option<(JobId, EventKind)>> {
     let n = db_execute(
         tx,
         "INSERT INTO sessions (id, job_id, role, label, task_id, created_at) VALUES ($1, $2, $3, $4, $5, $6)
@@ -299,7 +365,7 @@ async fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Optio
 /// most [`PART_ENTRIES`], one statement each, pipelined: each part bumps the
 /// counters by its own entries, and the statements run in order in this
 /// transaction, so the numbers stay gapless across parts.
-async fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<i64>> {
+async fn write_entries(tx: &Tx<'_>, entries: Vec<Entry>) -> Result<Vec<i64>> {
     let mut parts = Vec::new();
     let mut rest = entries.into_iter().peekable();
     while rest.peek().is_some() {
@@ -390,7 +456,7 @@ impl Part {
     }
 
     /// Store the part; its entries' numbers, in order.
-    async fn write(&self, tx: &Transaction<'_>, statement: &tokio_postgres::Statement) -> Result<Vec<i64>> {
+    async fn write(&self, tx: &Tx<'_>, statement: &tokio_postgres::Statement) -> Result<Vec<i64>> {
         let params: [&(dyn ToSql + Sync); 8] = [
             &self.sessions,
             &self.counts,
@@ -460,7 +526,7 @@ impl Chunk {
 /// together, so the row — which every write of the job waits for — is held
 /// for that one round trip and the commit, no longer.
 async fn write_events(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     events: Vec<(JobId, EventKind)>,
     usage: Option<(JobId, Usage)>,
 ) -> Result<Vec<Event>> {
@@ -472,7 +538,7 @@ async fn write_events(
 /// one round trip and the WAL flush, not a second round trip from the
 /// client. Used through [`PostgresStore::tx_ending`].
 async fn write_events_ending(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     events: Vec<(JobId, EventKind)>,
     usage: Option<(JobId, Usage)>,
 ) -> Result<(Vec<Event>, Ending)> {
@@ -486,14 +552,12 @@ enum Ending {
     Open,
 }
 
-/// The `COMMIT` sent with a transaction's last statement, and a `BEGIN`
-/// after it: the client's transaction object, dropped after, rolls back
-/// that empty transaction instead of finding none. After an error in the
-/// transaction the `COMMIT` rolls it back, as a `ROLLBACK` would.
-const COMMIT_SENT: &str = "COMMIT; BEGIN";
+/// The `COMMIT` sent with a transaction's last statement. After an error
+/// in the transaction it rolls it back, as a `ROLLBACK` would.
+const COMMIT_SENT: &str = "COMMIT";
 
 async fn write_events_then(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     events: Vec<(JobId, EventKind)>,
     usage: Option<(JobId, Usage)>,
     commit: bool,
@@ -569,8 +633,7 @@ async fn write_events_then(
         // Both go out in one round trip, in this order (the statement is
         // prepared already: its first poll sends it).
         let row = if pipelined && i + 1 == jobs {
-            let (row, ()) =
-                futures::try_join!(tx.query_opt(&statement, &params), tx.client().batch_execute(COMMIT_SENT))?;
+            let (row, ()) = futures::try_join!(tx.query_opt(&statement, &params), tx.batch_execute(COMMIT_SENT))?;
             row
         } else {
             tx.query_opt(&statement, &params).await?
@@ -612,7 +675,7 @@ fn decode_job(r: &Row) -> Result<Job> {
     })
 }
 
-async fn load_job(c: &impl GenericClient, id: JobId) -> Result<Job> {
+async fn load_job(c: &ClientWrapper, id: JobId) -> Result<Job> {
     let row = db_query_opt(c, &format!("SELECT {JOB_COLS} FROM jobs WHERE id = $1"), &[&id.0])
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
@@ -641,7 +704,7 @@ fn decode_task(r: &Row) -> Result<Task> {
     })
 }
 
-async fn load_task(c: &impl GenericClient, id: TaskId) -> Result<Task> {
+async fn load_task(c: &ClientWrapper, id: TaskId) -> Result<Task> {
     let row = db_query_opt(c, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1"), &[&id.0])
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
@@ -650,7 +713,7 @@ async fn load_task(c: &impl GenericClient, id: TaskId) -> Result<Task> {
 
 /// A task row, locked until the transaction ends: the decision made on it
 /// stands until it is stored.
-async fn lock_task(tx: &Transaction<'_>, id: TaskId) -> Result<Option<Task>> {
+async fn lock_task(tx: &Tx<'_>, id: TaskId) -> Result<Option<Task>> {
     let row = db_query_opt(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1 FOR UPDATE"), &[&id.0]).await?;
     row.as_ref().map(decode_task).transpose()
 }
@@ -669,7 +732,7 @@ fn task_lock_key(id: TaskId) -> i32 {
 /// Take the creation locks of `tasks` (exclusive, to the transaction's
 /// end): a claim of one of them waits for this transaction (see
 /// [`claim_locked`]), so its message may be published before the commit.
-async fn lock_new_tasks(tx: &Transaction<'_>, tasks: &[Task]) -> Result<()> {
+async fn lock_new_tasks(tx: &Tx<'_>, tasks: &[Task]) -> Result<()> {
     if tasks.is_empty() {
         return Ok(());
     }
@@ -687,7 +750,7 @@ async fn lock_new_tasks(tx: &Transaction<'_>, tasks: &[Task]) -> Result<()> {
 /// commit still holds it exclusively, so the claim waits for that
 /// transaction's end), then the row under a fresh snapshot. Both statements
 /// go out in one round trip, in order.
-async fn claim_locked(tx: &Transaction<'_>, id: TaskId) -> Result<Option<Task>> {
+async fn claim_locked(tx: &Tx<'_>, id: TaskId) -> Result<Option<Task>> {
     let wait = tx.prepare_cached("SELECT pg_advisory_xact_lock_shared($1, $2)").await?;
     let read = tx.prepare_cached(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1 FOR UPDATE")).await?;
     let key = task_lock_key(id);
@@ -700,7 +763,7 @@ async fn claim_locked(tx: &Transaction<'_>, id: TaskId) -> Result<Option<Task>> 
 /// Refuse the batch unless each required end is stored. The rows are read
 /// under a share lock: a worker's end staged before its commit holds the row
 /// lock, so this waits for that transaction and reads what it left.
-async fn check_required(tx: &Transaction<'_>, required: &[TaskEnd]) -> Result<()> {
+async fn check_required(tx: &Tx<'_>, required: &[TaskEnd]) -> Result<()> {
     if required.is_empty() {
         return Ok(());
     }
@@ -733,11 +796,7 @@ fn written(events: Vec<Event>) -> Written {
 /// is left as it is and reported as not created); the rows as stored. The
 /// `task_queued` events of the created ones are added to `events`, to be
 /// numbered with them.
-async fn insert_tasks(
-    tx: &Transaction<'_>,
-    tasks: &[Task],
-    events: &mut Vec<(JobId, EventKind)>,
-) -> Result<Vec<(Task, bool)>> {
+async fn insert_tasks(tx: &Tx<'_>, tasks: &[Task], events: &mut Vec<(JobId, EventKind)>) -> Result<Vec<(Task, bool)>> {
     if tasks.is_empty() {
         return Ok(Vec::new());
     }
@@ -823,7 +882,7 @@ impl Store for PostgresStore {
     }
 
     async fn get_job(&self, id: JobId) -> Result<Job> {
-        load_job(&self.pool.get().await?, id).await
+        load_job(&*self.pool.get().await?, id).await
     }
 
     async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId> {
@@ -1019,7 +1078,7 @@ impl Store for PostgresStore {
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Task> {
-        load_task(&self.pool.get().await?, id).await
+        load_task(&*self.pool.get().await?, id).await
     }
 
     async fn settled_task(&self, id: TaskId) -> Result<Task> {

@@ -113,3 +113,63 @@ async fn postgres_entries_cannot_be_rewritten() {
     let err = client.batch_execute("UPDATE entries SET body = 'x'").await.unwrap_err();
     assert!(format!("{err:?}").contains("append-only"), "{err:?}");
 }
+
+#[tokio::test]
+async fn postgres_work_dropped_midway_leaves_no_transaction_open() {
+    use flower_store::{Claim, NewJob, Store};
+    // One connection: what the dropped claim leaves is what the next write gets.
+    let db = ScratchDatabase::create(&pg_admin_url()).await.unwrap();
+    let store = PostgresStore::connect(&db.url, 1).await.unwrap();
+    let job = flower_model::JobId::random();
+    let new = NewJob { id: job, name: "j".into(), spec: serde_json::json!({}), idempotency_key: None, continues: None };
+    store.create_job(new).await.unwrap();
+    let task = flower_model::Task::queued(job, flower_model::SessionId::random(), "toolu_1", "w", "d", "m");
+    store.create_task(task.clone(), None).await.unwrap();
+
+    // Another connection holds the task row: the claim's transaction waits on it.
+    let (other, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    other.batch_execute("BEGIN").await.unwrap();
+    other.execute("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE", &[&task.id.0]).await.unwrap();
+    let waiting = async {
+        loop {
+            let n: i64 = other
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::select! {
+        claimed = store.claim_task(task.id, 1, "w1") => panic!("the claim did not wait: {claimed:?}"),
+        () = waiting => {}
+    }
+    // The claim was dropped inside its transaction; the row is released.
+    other.batch_execute("COMMIT").await.unwrap();
+
+    // The next write runs on a connection outside any transaction, and
+    // commits: another connection sees it.
+    assert!(matches!(store.claim_task(task.id, 1, "w2").await.unwrap(), Claim::Claimed { .. }));
+    let claimed_by: Option<String> =
+        other.query_one("SELECT claimed_by FROM tasks WHERE id = $1", &[&task.id.0]).await.unwrap().get(0);
+    assert_eq!(claimed_by.as_deref(), Some("w2"));
+    let open: i64 = other
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(open, 0, "no connection left inside a transaction");
+    drop(store);
+    drop(other);
+    db.drop_now().await.unwrap();
+}
