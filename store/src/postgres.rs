@@ -176,7 +176,7 @@ impl PostgresStore {
     ) -> Result<T> {
         let mut held = Held(Some(self.pool.get().await?));
         let out = {
-            let client = held.client();
+            let client = held.client()?;
             let mut begin = std::pin::pin!(client.batch_execute("BEGIN"));
             // The first poll sends it (the answer is read below).
             let sent = futures::poll!(begin.as_mut());
@@ -223,8 +223,8 @@ impl std::ops::Deref for Tx<'_> {
 struct Held(Option<deadpool_postgres::Client>);
 
 impl Held {
-    fn client(&self) -> &ClientWrapper {
-        self.0.as_deref().expect("held until released or dropped")
+    fn client(&self) -> Result<&ClientWrapper> {
+        self.0.as_deref().ok_or_else(|| StoreError::Backend("connection already released".into()))
     }
 
     /// The connection is outside any transaction: back to the pool.
