@@ -514,7 +514,12 @@ impl Dispatcher {
         // may have announced its end, staged, before this run listened: the
         // first read waits for a write of the row in flight, so that end is
         // read once committed instead of at the next recheck.
-        let mut settled = !self.waiters.heard_from_start(id);
+        let from_start = self.waiters.heard_from_start(id);
+        let mut settled = !from_start;
+        // A task this run made and listened to before its message went out
+        // cannot have ended unheard: its row is the one just queued, so
+        // there is nothing to read before its first notice (or recheck).
+        let mut unread = from_start;
         loop {
             if let Some(ended) = self.waiters.heard_end(id) {
                 let requires = (!ended.committed).then_some(flower_store::TaskEnd {
@@ -524,17 +529,22 @@ impl Dispatcher {
                 });
                 return Ok(Delegated { task: ended.apply(queued.clone()), requires });
             }
-            let task = match std::mem::take(&mut settled) {
-                true => self.journal.store().settled_task(id).await?,
-                false => self.journal.store().get_task(id).await?,
+            let mut read = match std::mem::take(&mut unread) {
+                true => None,
+                false => Some(match std::mem::take(&mut settled) {
+                    true => self.journal.store().settled_task(id).await?,
+                    false => self.journal.store().get_task(id).await?,
+                }),
             };
-            if task.state.is_terminal() {
+            if let Some(task) = read.take_if(|t| t.state.is_terminal()) {
                 return Ok(Delegated { task, requires: None });
             }
             if self.waiters.lock().closed {
                 return Err(DispatchError::Bus(flower_bus::BusError::Closed));
             }
-            self.sweep(&task, &mut requeued).await?;
+            if let Some(task) = &read {
+                self.sweep(task, &mut requeued).await?;
+            }
             tokio::select! {
                 _ = waiting.signal.notified() => {}
                 _ = tokio::time::sleep(RECHECK) => {}

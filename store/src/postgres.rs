@@ -745,14 +745,18 @@ async fn lock_new_tasks(tx: &Tx<'_>, tasks: &[Task]) -> Result<()> {
     Ok(())
 }
 
-/// The task row for a claim, locked: first the task's creation lock,
-/// shared (a coordinator that published the task's message before its
-/// commit still holds it exclusively, so the claim waits for that
-/// transaction's end), then the row under a fresh snapshot. Both statements
-/// go out in one round trip, in order.
+/// The task row for a claim, locked. A row not visible yet may be one a
+/// coordinator published the message of before its commit: then the task's
+/// creation lock is taken, shared (that transaction holds it exclusively, so
+/// this waits for its end), and the row read again under a fresh snapshot
+/// (both statements in one round trip, in order). A visible row is
+/// committed, its creator's lock long gone: one statement.
 async fn claim_locked(tx: &Tx<'_>, id: TaskId) -> Result<Option<Task>> {
-    let wait = tx.prepare_cached("SELECT pg_advisory_xact_lock_shared($1, $2)").await?;
     let read = tx.prepare_cached(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = $1 FOR UPDATE")).await?;
+    if let Some(row) = tx.query_opt(&read, &[&id.0]).await? {
+        return decode_task(&row).map(Some);
+    }
+    let wait = tx.prepare_cached("SELECT pg_advisory_xact_lock_shared($1, $2)").await?;
     let key = task_lock_key(id);
     let (lock_params, read_params): ([&(dyn ToSql + Sync); 2], [&(dyn ToSql + Sync); 1]) =
         ([&TASK_LOCK_CLASS, &key], [&id.0]);
