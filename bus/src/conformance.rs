@@ -145,6 +145,7 @@ pub async fn notices_fan_out<B: Notifier>(bus: &B, _redelivery: Duration) {
                 error: None,
                 usage: flower_model::Usage { input_tokens: 3, output_tokens: 4, ..Default::default() },
                 committed: false,
+                changeset: false,
             })),
         },
         Notice::Cancel { job },

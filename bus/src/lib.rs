@@ -130,14 +130,18 @@ pub struct TaskEnded {
     /// commit — a write built on it must require the end
     /// (`flower_store::Batch::requires`).
     pub committed: bool,
+    /// Whether the attempt may have left a workspace changeset: `false`
+    /// only when it is known to have left none (the receiver need not look).
+    pub changeset: bool,
 }
 
 impl TaskEnded {
     /// Reports above this many bytes are not copied: the receiver reads the row.
     pub const INLINE_MAX: usize = 32 * 1024;
 
-    /// The end of `task` (as stored, or as its transaction will store it).
-    pub fn of(task: &flower_model::Task, committed: bool) -> Option<Self> {
+    /// The end of `task` (as stored, or as its transaction will store it);
+    /// `changeset`: see [`TaskEnded::changeset`].
+    pub fn of(task: &flower_model::Task, committed: bool, changeset: bool) -> Option<Self> {
         let size = task.report.as_deref().map_or(0, str::len) + task.error.as_deref().map_or(0, str::len);
         (task.state.is_terminal() && size <= Self::INLINE_MAX).then(|| Self {
             attempt: task.attempt,
@@ -146,6 +150,7 @@ impl TaskEnded {
             error: task.error.clone(),
             usage: task.usage,
             committed,
+            changeset,
         })
     }
 
@@ -330,12 +335,14 @@ mod tests {
         let mut ended = task.clone();
         ended.state = TaskState::Succeeded;
         ended.report = Some("y".repeat(TaskEnded::INLINE_MAX + 1));
-        assert!(TaskEnded::of(&ended, true).is_none());
+        assert!(TaskEnded::of(&ended, true, false).is_none());
         ended.report = Some("ok".into());
-        let copy = TaskEnded::of(&ended, false).unwrap();
+        let copy = TaskEnded::of(&ended, false, true).unwrap();
         assert!(!copy.committed);
+        assert!(copy.changeset);
+        assert!(!TaskEnded::of(&ended, true, false).unwrap().changeset);
         assert_eq!(copy.apply(task.clone()).report.as_deref(), Some("ok"));
-        assert!(TaskEnded::of(&task, true).is_none(), "a queued task has no end to copy");
+        assert!(TaskEnded::of(&task, true, true).is_none(), "a queued task has no end to copy");
     }
 
     #[test]

@@ -216,6 +216,7 @@ fn notice_to_pb(n: &Notice) -> pb::Notice {
             error: e.error.clone(),
             usage_json: serde_json::to_string(&e.usage).unwrap_or_default(),
             committed: e.committed,
+            no_changeset: !e.changeset,
         }),
     }
 }
@@ -226,7 +227,15 @@ fn ended_from_pb(e: pb::TaskEnded) -> std::result::Result<TaskEnded, String> {
         return Err(format!("ended.state: `{}` is not an end", state.as_str()));
     }
     let usage = serde_json::from_str(&e.usage_json).map_err(|err| format!("ended.usage_json: {err}"))?;
-    Ok(TaskEnded { attempt: e.attempt, state, report: e.report, error: e.error, usage, committed: e.committed })
+    Ok(TaskEnded {
+        attempt: e.attempt,
+        state,
+        report: e.report,
+        error: e.error,
+        usage,
+        committed: e.committed,
+        changeset: !e.no_changeset,
+    })
 }
 
 fn notice_from_pb(n: pb::Notice) -> std::result::Result<Notice, String> {

@@ -277,6 +277,9 @@ type EarlyPublish = tokio::task::JoinHandle<Result<bool, flower_bus::BusError>>;
 pub struct Delegated {
     pub task: Task,
     pub requires: Option<flower_store::TaskEnd>,
+    /// Whether the attempt may have left a workspace changeset (`false`
+    /// only when its worker said it left none).
+    pub changeset: bool,
 }
 
 impl Delegated {
@@ -527,7 +530,8 @@ impl Dispatcher {
                     attempt: ended.attempt,
                     state: ended.state,
                 });
-                return Ok(Delegated { task: ended.apply(queued.clone()), requires });
+                let changeset = ended.changeset;
+                return Ok(Delegated { task: ended.apply(queued.clone()), requires, changeset });
             }
             let mut read = match std::mem::take(&mut unread) {
                 true => None,
@@ -537,7 +541,7 @@ impl Dispatcher {
                 }),
             };
             if let Some(task) = read.take_if(|t| t.state.is_terminal()) {
-                return Ok(Delegated { task, requires: None });
+                return Ok(Delegated { task, requires: None, changeset: true });
             }
             if self.waiters.lock().closed {
                 return Err(DispatchError::Bus(flower_bus::BusError::Closed));
@@ -615,6 +619,9 @@ impl Dispatcher {
     /// workspace takes changes of stored ends only.
     pub async fn apply_changes(&self, ended: &Delegated) -> Result<usize, DispatchError> {
         let task = &ended.task;
+        if !ended.changeset {
+            return Ok(0);
+        }
         let Some(cs) = self.workspace.changeset(task.id, task.attempt).await? else { return Ok(0) };
         if let Some(end) = &ended.requires {
             let stored = self.journal.store().settled_task(task.id).await?;

@@ -43,6 +43,7 @@ macro_rules! store_conformance_tests {
             a_batch_commits_only_on_the_ends_it_requires,
             a_claim_opens_the_attempts_session,
             an_attempt_claims_and_ends_in_one_write,
+            claims_are_written_together,
             a_final_batch_lands_with_the_end_or_not_at_all,
             a_large_batch_is_stored_whole_or_not_at_all,
             pages_of_a_transcript_cross_batches_whole,
@@ -917,8 +918,7 @@ pub async fn an_attempt_claims_and_ends_in_one_write(store: &dyn Store) {
     assert!(matches!(store.get_session(v.id.session()).await, Err(StoreError::NotFound(_))), "nor its session");
 
     // Many attempts of one job claim and end at once: each write opens a
-    // session (a key-share lock on the job row, through the foreign key)
-    // before it adds usage to the job; none deadlocks with another.
+    // session before it adds usage to the job; none deadlocks with another.
     let many: Vec<Task> = (0..16).map(|i| task(job, coordinator, &format!("toolu_many_{i}"))).collect();
     store.create_tasks(many.clone(), None).await.unwrap();
     let ends = many.iter().map(|t| async move {
@@ -931,6 +931,121 @@ pub async fn an_attempt_claims_and_ends_in_one_write(store: &dyn Store) {
         assert!(matches!(claim, Claim::Claimed { .. }) && ended.is_some(), "{claim:?}");
     }
     assert_eq!(store.get_job(job).await.unwrap().usage.output_tokens, 7 * 17);
+}
+
+pub async fn claims_are_written_together(store: &dyn Store) {
+    let (job, other) = (new_job(store, None).await, new_job(store, None).await);
+    let coordinator = coordinator_session(store, job).await;
+    let offered = |t: &Task, tokens: u64, staged: Option<crate::Staged>| {
+        let usage = Usage { output_tokens: tokens, ..Default::default() };
+        let offer = EndOffer::default();
+        assert!(offer.offer(OfferedEnd {
+            outcome: TaskOutcome::Succeeded { report: format!("report of {}", t.tool_use_id) },
+            usage,
+            batch: Batch {
+                entries: vec![
+                    Entry::new(t.job_id, t.id.session(), None, EntryKind::User, vec![ContentBlock::text("go")]),
+                    Entry::new(t.job_id, t.id.session(), None, EntryKind::Assistant, vec![ContentBlock::text("ok")]),
+                ],
+                usage: Some((t.job_id, usage)),
+                staged,
+                ..Default::default()
+            },
+        }));
+        offer
+    };
+    let claim = |t: &Task, attempt: u32, end: EndOffer| crate::ClaimRequest {
+        task: t.id,
+        attempt,
+        worker_id: "w1".into(),
+        session: Some(worker_session(t)),
+        end,
+    };
+    let (a, b, c, e) = (
+        task(job, coordinator, "toolu_a"),
+        task(job, coordinator, "toolu_b"),
+        task(job, coordinator, "toolu_c"),
+        task(other, SessionId::random(), "toolu_e"),
+    );
+    store.create_tasks(vec![a.clone(), b.clone(), c.clone()], None).await.unwrap();
+    store.create_task(e.clone(), None).await.unwrap();
+    store.claim_task(c.id, 2, "w2").await.unwrap();
+    let missing = task(job, coordinator, "toolu_missing");
+    let (staged, fired) = staged_signal();
+    let b_offer = EndOffer::default();
+    let group = [
+        claim(&a, 1, offered(&a, 5, Some(staged))),
+        claim(&b, 1, b_offer.clone()),
+        claim(&c, 1, offered(&c, 100, None)),
+        claim(&missing, 1, EndOffer::default()),
+        claim(&e, 1, offered(&e, 11, None)),
+        // The same delivery twice: the second finds the first's end.
+        claim(&a, 1, offered(&a, 1000, None)),
+    ];
+    let answers = store.claim_tasks_ending(&group).await.expect("the group's write");
+    assert_eq!(answers.len(), group.len());
+    // The staged signal fired, or went with the offers (a backend that never stages).
+    drop(group);
+    let _ = fired.await;
+    let mut answers = answers.into_iter();
+    let mut next = || answers.next().unwrap();
+
+    let (Claim::Claimed { events: a_claim, .. }, Some((a_ended, a_written))) = next().unwrap() else {
+        panic!("a: its end was not taken")
+    };
+    assert_eq!((a_ended.state, a_ended.report.as_deref()), (TaskState::Succeeded, Some("report of toolu_a")));
+    assert_eq!(a_written.entry_seqs, vec![1, 2]);
+    assert!(matches!(a_claim[0].kind, EventKind::TaskStarted { .. }), "{a_claim:?}");
+    assert!(matches!(a_claim[1].kind, EventKind::SessionStarted { .. }), "{a_claim:?}");
+    assert!(matches!(a_written.events.last().unwrap().kind, EventKind::TaskFinished { .. }), "{a_written:?}");
+
+    let (Claim::Claimed { task: b_task, events: b_claim }, None) = next().unwrap() else { panic!("b: not claimed") };
+    assert_eq!(b_task.state, TaskState::Running);
+    assert_eq!(b_claim.len(), 2, "its start and its session's: {b_claim:?}");
+    assert!(!b_offer.offer(offered(&b, 1, None).decide().unwrap()), "decided without an end");
+
+    let (superseded, none) = next().unwrap();
+    assert_eq!((superseded, none.is_none()), (Claim::Superseded { current_attempt: 2 }, true));
+    assert!(matches!(next(), Err(StoreError::NotFound(_))), "a task with no row is that claim's answer");
+
+    let (Claim::Claimed { events: e_claim, .. }, Some((_, e_written))) = next().unwrap() else {
+        panic!("e: its end was not taken")
+    };
+    assert_eq!(next().unwrap().0, Claim::AlreadyFinished(a_ended.clone()));
+
+    // Each job's events as stored: gapless, each claim's in its own order.
+    let stored = store.events(job, 0, 100).await.unwrap();
+    let mine: Vec<&flower_model::Event> = stored.iter().filter(|ev| ev.seq > a_claim[0].seq - 1).collect();
+    let ours: Vec<&flower_model::Event> = a_claim.iter().chain(&a_written.events).chain(&b_claim).collect();
+    assert_eq!(mine, ours, "the job's events are the group's, claim by claim");
+    let theirs = store.events(other, 0, 100).await.unwrap();
+    assert_eq!(theirs[theirs.len() - e_claim.len() - e_written.events.len()..].to_vec(), {
+        let mut v = e_claim.clone();
+        v.extend(e_written.events.clone());
+        v
+    });
+    assert_eq!(store.get_job(job).await.unwrap().usage.output_tokens, 5);
+    assert_eq!(store.get_job(other).await.unwrap().usage.output_tokens, 11);
+    assert_eq!(store.entries(a.id.session(), 0, 10).await.unwrap().len(), 2);
+    assert_eq!(store.entries(e.id.session(), 0, 10).await.unwrap().len(), 2);
+    assert_eq!(store.get_task(a.id).await.unwrap(), a_ended);
+    assert_eq!(store.get_task(b.id).await.unwrap(), b_task);
+    let c_stored = store.get_task(c.id).await.unwrap();
+    assert_eq!((c_stored.state, c_stored.attempt), (TaskState::Running, 2));
+
+    // A refusal of one end fails the group: nothing of it is stored.
+    let (f, g) = (task(job, coordinator, "toolu_f"), task(job, coordinator, "toolu_g"));
+    store.create_tasks(vec![f.clone(), g.clone()], None).await.unwrap();
+    let fenced = offered(&g, 1, None);
+    let mut end = fenced.decide().unwrap();
+    end.batch.fence = Some(crate::Fence { job, epoch: 99 });
+    let fenced = EndOffer::default();
+    assert!(fenced.offer(end));
+    let before = store.events(job, 0, 1000).await.unwrap().len();
+    let group = [claim(&f, 1, EndOffer::default()), claim(&g, 1, fenced)];
+    assert!(store.claim_tasks_ending(&group).await.is_err(), "a fenced end fails the group");
+    assert_eq!(store.events(job, 0, 1000).await.unwrap().len(), before);
+    assert_eq!(store.get_task(f.id).await.unwrap().state, TaskState::Queued, "f's claim went with it");
 }
 
 pub async fn a_final_batch_lands_with_the_end_or_not_at_all(store: &dyn Store) {

@@ -281,6 +281,21 @@ impl EndOffer {
     }
 }
 
+/// One claim of a group written together ([`Store::claim_tasks_ending`]):
+/// the arguments of [`Store::claim_task_ending`].
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    pub task: TaskId,
+    pub attempt: u32,
+    pub worker_id: String,
+    pub session: Option<Session>,
+    pub end: EndOffer,
+}
+
+/// What [`Store::claim_task_ending`] answers: the claim, and the end when
+/// the claim took it.
+pub type ClaimAnswer = (Claim, Option<(Task, Written)>);
+
 /// The outcome of claiming a task attempt.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Claim {
@@ -386,6 +401,15 @@ pub trait Store: Send + Sync + 'static {
         session: Option<Session>,
         end: &EndOffer,
     ) -> Result<(Claim, Option<(Task, Written)>)>;
+    /// [`Store::claim_task_ending`] for each of `claims`, in one transaction:
+    /// one commit for the group (and, per job, one hold of its row), each
+    /// answer as that claim alone would have had it, in order, the claims
+    /// decided in order (a later claim of the same task sees the earlier
+    /// one's change). A task not found is that claim's
+    /// [`StoreError::NotFound`]; any other failure is the group's (`Err`:
+    /// nothing of it is stored, and an end it refused — a fence, a required
+    /// end — may be one claim's alone: ask each again by itself).
+    async fn claim_tasks_ending(&self, claims: &[ClaimRequest]) -> Result<Vec<Result<ClaimAnswer>>>;
     /// End the task from `attempt`, recording its usage on the task (the job's
     /// total already counted it turn by turn). Rejected with
     /// [`StoreError::Superseded`] if a later attempt holds the task,

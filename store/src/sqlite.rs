@@ -19,7 +19,10 @@ use flower_model::{
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
 use crate::rules::{self, ClaimDecision, TaskChange};
-use crate::{Batch, Claim, EndOffer, Fence, Lease, NewJob, Result, Store, StoreError, Written, migrations};
+use crate::{
+    Batch, Claim, ClaimAnswer, ClaimRequest, EndOffer, Fence, Lease, NewJob, Result, Store, StoreError, Written,
+    migrations,
+};
 
 /// Connection settings, set before the migrations run (`foreign_keys` has no
 /// effect inside a transaction, `journal_mode` cannot change inside one).
@@ -233,6 +236,32 @@ fn apply_task_change(tx: &Transaction<'_>, change: TaskChange) -> Result<(Task, 
 
 const JOB_COLS: &str =
     "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at, parent, instruction";
+
+/// [`Store::claim_task_ending`] inside `tx`.
+fn claim_in(tx: &Transaction<'_>, claim: &ClaimRequest) -> Result<ClaimAnswer> {
+    let (id, attempt) = (claim.task, claim.attempt);
+    let task = load_task(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+    let change = match rules::claim(&task, attempt, &claim.worker_id, now_ms()) {
+        ClaimDecision::Answer(answer) => return Ok((answer, None)),
+        ClaimDecision::Take(change) => change,
+    };
+    // An end its rules refuse goes the ordinary way, where the refusal is
+    // handled. (This backend never stages.)
+    let ending = claim
+        .end
+        .decide()
+        .filter(|offered| rules::finish(&change.task, attempt, offered.outcome.clone(), offered.usage, 0).is_ok());
+    let (task, event) = apply_task_change(tx, change)?;
+    let mut events = vec![event];
+    if let Some(session) = &claim.session {
+        events.extend(insert_session(tx, session)?);
+    }
+    let ended = match ending {
+        Some(offered) => Some(finish_loaded(tx, &task, attempt, offered.outcome, offered.usage, offered.batch)?),
+        None => None,
+    };
+    Ok((Claim::Claimed { task, events }, ended))
+}
 
 /// Insert a session row (idempotent); its start event when it is new.
 fn insert_session(tx: &Transaction<'_>, session: &Session) -> Result<Option<Event>> {
@@ -669,33 +698,24 @@ impl Store for SqliteStore {
         session: Option<Session>,
         end: &EndOffer,
     ) -> Result<(Claim, Option<(Task, Written)>)> {
-        let worker_id = worker_id.to_string();
-        let end = end.clone();
+        let claim = ClaimRequest { task: id, attempt, worker_id: worker_id.to_string(), session, end: end.clone() };
         // The immediate transaction holds the write lock from the load on, so
         // the decision stands until it is stored.
+        self.tx(move |tx| claim_in(tx, &claim)).await
+    }
+
+    async fn claim_tasks_ending(&self, claims: &[ClaimRequest]) -> Result<Vec<Result<ClaimAnswer>>> {
+        let claims = claims.to_vec();
         self.tx(move |tx| {
-            let task = load_task(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-            let change = match rules::claim(&task, attempt, &worker_id, now_ms()) {
-                ClaimDecision::Answer(answer) => return Ok((answer, None)),
-                ClaimDecision::Take(change) => change,
-            };
-            // An end its rules refuse goes the ordinary way, where the
-            // refusal is handled. (This backend never stages.)
-            let ending = end.decide().filter(|offered| {
-                rules::finish(&change.task, attempt, offered.outcome.clone(), offered.usage, 0).is_ok()
-            });
-            let (task, event) = apply_task_change(tx, change)?;
-            let mut events = vec![event];
-            if let Some(session) = &session {
-                events.extend(insert_session(tx, session)?);
-            }
-            let ended = match ending {
-                Some(offered) => {
-                    Some(finish_loaded(tx, &task, attempt, offered.outcome, offered.usage, offered.batch)?)
-                }
-                None => None,
-            };
-            Ok((Claim::Claimed { task, events }, ended))
+            claims
+                .iter()
+                .map(|claim| match claim_in(tx, claim) {
+                    // Found before anything was written for it: that claim's answer.
+                    Err(StoreError::NotFound(what)) => Ok(Err(StoreError::NotFound(what))),
+                    Err(e) => Err(e),
+                    Ok(answer) => Ok(Ok(answer)),
+                })
+                .collect()
         })
         .await
     }

@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`runner`]: the task consumer (claim → run → report → ack), heartbeats, cancel
+//! - `claims`: claims asked for together written in one transaction
 //! - [`tools`]: the hands-on tools (`Read`, `Write`, `Edit`, `Bash`, `Glob`, `Grep`)
 //! - [`sandbox`]: the working directory as a capability (paths opened beneath it)
 //! - [`prompts`]: the worker role's base system prompt
@@ -16,6 +17,7 @@
 //! the store's claim decides. It never depends on the coordinator or the
 //! simulator.
 
+mod claims;
 pub mod isolation;
 pub mod launch;
 pub mod mcp;

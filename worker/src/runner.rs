@@ -24,7 +24,7 @@ use flower_model::{
 use flower_store::localfs::Manifest;
 use flower_store::workbench::MOUNT;
 use flower_store::workspace::Workspace;
-use flower_store::{Batch, Claim, EndOffer, OfferedEnd, StoreError, Workbench};
+use flower_store::{Batch, Claim, ClaimRequest, EndOffer, OfferedEnd, StoreError, Workbench};
 use object_store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
@@ -75,6 +75,12 @@ pub struct Worker {
     /// Emptied working directories of finished attempts, newest last, each
     /// reused only by a later attempt of the same job (see [`Worker::open_dir`]).
     spare: Mutex<std::collections::VecDeque<(JobId, PathBuf)>>,
+    /// Attempts that stored a workspace changeset, until their end is
+    /// recorded: their end's notice says so (the coordinator looks for a
+    /// changeset only then).
+    changesets: Mutex<std::collections::HashSet<(flower_model::TaskId, u32)>>,
+    /// This process's claims, written in groups ([`crate::claims`]).
+    claims: Arc<crate::claims::ClaimWriter>,
 }
 
 /// Emptied working directories kept for reuse; the oldest beyond this are removed.
@@ -179,6 +185,7 @@ impl Worker {
         objects: Arc<dyn ObjectStore>,
         providers: Arc<dyn ProviderSource>,
     ) -> Arc<Self> {
+        let claims = crate::claims::ClaimWriter::new(journal.store().clone());
         Arc::new(Self {
             opts,
             journal,
@@ -188,6 +195,8 @@ impl Worker {
             running: Mutex::new(HashMap::new()),
             jobs: Mutex::new(HashMap::new()),
             spare: Mutex::new(Default::default()),
+            changesets: Mutex::new(Default::default()),
+            claims,
         })
     }
 
@@ -533,6 +542,7 @@ impl Worker {
             }
         };
         running.beat.abort();
+        self.changesets.lock().unwrap_or_else(|p| p.into_inner()).remove(&(task.id, attempt));
         let _ = match recorded {
             Recorded::Settled => delivery.ack().await,
             // Not acked: the message comes back and the stored transcript resumes.
@@ -550,7 +560,6 @@ impl Worker {
         attempt: u32,
         offer: &EndOffer,
     ) -> Result<(Claim, Option<(Task, flower_store::Written)>), StoreError> {
-        let store = self.journal.store();
         let msg = delivery.message();
         let task = msg.task_id;
         // An agent task's transcript session is opened with the claim, in its transaction.
@@ -565,7 +574,14 @@ impl Worker {
         let give_up = tokio::time::Instant::now() + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
         loop {
-            match store.claim_task_ending(task, attempt, &self.opts.worker_id, session.clone(), offer).await {
+            let request = ClaimRequest {
+                task,
+                attempt,
+                worker_id: self.opts.worker_id.clone(),
+                session: session.clone(),
+                end: offer.clone(),
+            };
+            match self.claims.claim(request).await {
                 Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(%task, attempt, error = %e, "claim not recorded yet; retrying");
                     let _ = delivery.progress().await;
@@ -665,9 +681,10 @@ impl Worker {
         held: &mut Batch,
         notice: &Arc<AtomicBool>,
     ) {
-        let copy = flower_store::rules::finish(claimed, attempt, outcome.clone(), usage, now_ms())
-            .ok()
-            .and_then(|change| flower_bus::TaskEnded::of(&change.task, false));
+        let copy =
+            flower_store::rules::finish(claimed, attempt, outcome.clone(), usage, now_ms()).ok().and_then(|change| {
+                flower_bus::TaskEnded::of(&change.task, false, self.left_changeset(claimed.id, attempt))
+            });
         held.staged = copy.map(|ended| {
             let (notifier, sent, job, id) =
                 (self.journal.notifier().clone(), notice.clone(), claimed.job_id, claimed.id);
@@ -688,7 +705,8 @@ impl Worker {
     async fn ended(&self, ended: &Task, written: &flower_store::Written, notice: &AtomicBool) {
         self.journal.announce(written).await;
         if !notice.swap(true, Ordering::SeqCst) {
-            let copy = flower_bus::TaskEnded::of(ended, true).map(Box::new);
+            let changeset = self.left_changeset(ended.id, ended.attempt);
+            let copy = flower_bus::TaskEnded::of(ended, true, changeset).map(Box::new);
             let _ = self
                 .journal
                 .notifier()
@@ -1061,8 +1079,14 @@ impl Worker {
         let cs = f.workspace.diff(&f.base(), &dir.path).await?;
         if !cs.is_empty() {
             f.workspace.put_changeset(task.id, attempt, &cs).await?;
+            self.changesets.lock().unwrap_or_else(|p| p.into_inner()).insert((task.id, attempt));
         }
         Ok(())
+    }
+
+    /// Whether this attempt stored a workspace changeset ([`Worker::collect`]).
+    fn left_changeset(&self, task: flower_model::TaskId, attempt: u32) -> bool {
+        self.changesets.lock().unwrap_or_else(|p| p.into_inner()).contains(&(task, attempt))
     }
 }
 
