@@ -77,29 +77,87 @@ struct Block {
     ttl: Option<Duration>,
 }
 
-/// The prefix's blocks in order: tools, system, then each message's content blocks.
-pub(crate) fn blocks_of(body: &Value) -> Vec<Value> {
-    let mut out = Vec::new();
-    for t in body["tools"].as_array().into_iter().flatten() {
-        out.push(t.clone());
-    }
-    match &body["system"] {
-        Value::String(s) => out.push(serde_json::json!({"type": "text", "text": s})),
-        Value::Array(a) => out.extend(a.iter().cloned()),
-        _ => {}
-    }
-    for m in body["messages"].as_array().into_iter().flatten() {
-        match &m["content"] {
-            Value::String(s) => out.push(serde_json::json!({"type": "text", "text": s, "role": m["role"]})),
-            Value::Array(a) => out.extend(a.iter().map(|b| {
-                let mut b = b.clone();
-                b["role"] = m["role"].clone();
-                b
-            })),
-            _ => {}
+/// One block of a request's prefix, borrowed from the request: what the
+/// cache hashes is its JSON without `cache_control`, a message's block
+/// with its message's role.
+pub(crate) enum BlockRef<'a> {
+    /// A plain-text system prompt or message content, as a text block.
+    Text {
+        text: &'a str,
+        role: Option<&'a Value>,
+    },
+    Object {
+        block: &'a serde_json::Map<String, Value>,
+        role: Option<&'a Value>,
+    },
+    Other(&'a Value),
+}
+
+impl BlockRef<'_> {
+    /// The block's breakpoint marker, if it carries one.
+    pub(crate) fn cache_control(&self) -> Option<&Value> {
+        match self {
+            BlockRef::Object { block, .. } => block.get("cache_control"),
+            _ => None,
         }
     }
-    out
+}
+
+impl serde::Serialize for BlockRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            BlockRef::Text { text, role } => {
+                let mut m = s.serialize_map(None)?;
+                m.serialize_entry("type", "text")?;
+                m.serialize_entry("text", text)?;
+                if let Some(role) = role {
+                    m.serialize_entry("role", role)?;
+                }
+                m.end()
+            }
+            BlockRef::Object { block, role } => {
+                let mut m = s.serialize_map(None)?;
+                for (k, v) in block.iter() {
+                    if k != "cache_control" && !(role.is_some() && k == "role") {
+                        m.serialize_entry(k, v)?;
+                    }
+                }
+                if let Some(role) = role {
+                    m.serialize_entry("role", role)?;
+                }
+                m.end()
+            }
+            BlockRef::Other(v) => v.serialize(s),
+        }
+    }
+}
+
+/// The prefix's blocks in order: tools, system, then each message's content
+/// blocks (borrowed: a request of thousands of blocks is walked, not copied).
+pub(crate) fn blocks_of(body: &Value) -> impl Iterator<Item = BlockRef<'_>> {
+    fn block<'a>(b: &'a Value, role: Option<&'a Value>) -> BlockRef<'a> {
+        match b {
+            Value::Object(block) => BlockRef::Object { block, role },
+            other => BlockRef::Other(other),
+        }
+    }
+    let tools = body["tools"].as_array().into_iter().flatten().map(move |t| block(t, None));
+    let system: Vec<BlockRef<'_>> = match &body["system"] {
+        Value::String(text) => vec![BlockRef::Text { text, role: None }],
+        Value::Array(a) => a.iter().map(|b| block(b, None)).collect(),
+        _ => Vec::new(),
+    };
+    let messages = body["messages"].as_array().into_iter().flatten().flat_map(move |m| {
+        let role = Some(&m["role"]);
+        let blocks: Box<dyn Iterator<Item = BlockRef<'_>>> = match &m["content"] {
+            Value::String(text) => Box::new(std::iter::once(BlockRef::Text { text, role })),
+            Value::Array(a) => Box::new(a.iter().map(move |b| block(b, role))),
+            _ => Box::new(std::iter::empty()),
+        };
+        blocks
+    });
+    tools.chain(system).chain(messages)
 }
 
 impl PromptCache {
@@ -199,16 +257,16 @@ fn linearise(body: &Value) -> Vec<Block> {
     let mut chain = Sha256::digest(b"flower-sim-cache").into();
     let mut tokens = 0u64;
     let mut blocks = Vec::new();
-    for mut b in blocks_of(body) {
-        let ttl = b.get("cache_control").map(|cc| if cc["ttl"] == "1h" { ONE_HOUR } else { FIVE_MIN });
-        if let Some(o) = b.as_object_mut() {
-            o.remove("cache_control");
-        }
-        let text = b.to_string();
+    let mut text = Vec::new();
+    for b in blocks_of(body) {
+        let ttl = b.cache_control().map(|cc| if cc["ttl"] == "1h" { ONE_HOUR } else { FIVE_MIN });
+        text.clear();
+        // Into memory, of JSON values: nothing to fail.
+        let _ = serde_json::to_writer(&mut text, &b);
         tokens += estimate_tokens(text.len());
         let mut h = Sha256::new();
         h.update(chain);
-        h.update(text.as_bytes());
+        h.update(&text);
         chain = h.finalize().into();
         blocks.push(Block { prefix: chain, tokens, ttl });
     }

@@ -86,9 +86,25 @@ fn invalid(message: impl Into<String>) -> String {
 
 /// A request's input tokens, estimated from its system, messages and tools.
 fn request_tokens(body: &Value) -> u64 {
-    estimate_tokens(
-        body["system"].to_string().len() + body["messages"].to_string().len() + body["tools"].to_string().len(),
-    )
+    estimate_tokens(json_len(&body["system"]) + json_len(&body["messages"]) + json_len(&body["tools"]))
+}
+
+/// The length of `v` as JSON, counted as it is written (not kept).
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    // Into a counter, of a JSON value: nothing to fail.
+    let _ = serde_json::to_writer(&mut n, v);
+    n.0
 }
 
 /// Rough token count: the simulator has no tokenizer; 4 characters a token.
@@ -539,7 +555,7 @@ fn validate(body: &Value) -> Result<(), String> {
     }
     // Breakpoints are blocks carrying the key (a tool may well have a
     // parameter named `cache_control`: that is not one).
-    let cache_marks = crate::cache::blocks_of(body).iter().filter(|b| b.get("cache_control").is_some()).count();
+    let cache_marks = crate::cache::blocks_of(body).filter(|b| b.cache_control().is_some()).count();
     if cache_marks > 4 {
         return Err(invalid(format!("A maximum of 4 blocks with cache_control may be provided. Found {cache_marks}.")));
     }

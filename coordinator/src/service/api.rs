@@ -28,6 +28,11 @@ const MAX_PAGE: u32 = 1000;
 /// Events a `Watch` reads at once; a shorter page means it has caught up.
 const WATCH_PAGE: u32 = 500;
 
+/// A watch reads at most once per this while its job writes: the events of
+/// a busy job (hundreds of commits a second) come in pages, not a query per
+/// commit; after a quiet spell the first notice is read at once.
+const WATCH_GAP: Duration = Duration::from_millis(10);
+
 pub struct Api {
     b: Backends,
     owner: Arc<Owner>,
@@ -173,7 +178,14 @@ impl Flower for Api {
         tokio::spawn(async move {
             let mut cursor = r.after_seq;
             let mut end_checked = false;
+            // When the last read found the watch caught up (pages of a
+            // backlog are read back to back).
+            let mut caught_up: Option<tokio::time::Instant> = None;
             loop {
+                if let Some(gap) = caught_up.take().and_then(|at| WATCH_GAP.checked_sub(at.elapsed())) {
+                    tokio::time::sleep(gap).await;
+                }
+                let read_at = tokio::time::Instant::now();
                 let events = match store.events(job, cursor, WATCH_PAGE).await {
                     Ok(e) => e,
                     Err(e) => {
@@ -196,6 +208,7 @@ impl Flower for Api {
                 if full {
                     continue; // a page short of the limit means caught up: wait
                 }
+                caught_up = Some(read_at);
                 // A finished job wrote its last event with its final state: a
                 // cursor at or past it has nothing more to wait for. Once, at the
                 // first time caught up (later, the final state comes as an event).
