@@ -54,7 +54,7 @@ impl AnthropicClient {
             .post(self.url())
             .header("anthropic-version", API_VERSION)
             .header("content-type", "application/json")
-            .json(&request.body());
+            .body(request.body_bytes());
         if let Some(key) = &self.config.api_key {
             req = req.header("x-api-key", key);
         }

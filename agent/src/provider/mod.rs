@@ -87,12 +87,12 @@ impl Request {
         // schemas come after it and the block before them still hits.
         let resident = self.resident_tools.unwrap_or(self.tools.len());
         if !plan.tail_only
-            && let Some(last) = resident.checked_sub(1).and_then(|i| v["tools"].as_array_mut()?.get_mut(i))
+            && let Some(last) = resident.checked_sub(1).and_then(|i| v.get_mut("tools")?.as_array_mut()?.get_mut(i))
         {
             last["cache_control"] = one_hour.clone();
         }
         if !plan.tail_only
-            && let Some(last) = v["system"].as_array_mut().and_then(|s| s.last_mut())
+            && let Some(last) = v.get_mut("system").and_then(|s| s.as_array_mut()?.last_mut())
         {
             last["cache_control"] = one_hour;
         }
@@ -108,9 +108,103 @@ impl Request {
         v
     }
 
+    /// [`Request::body`] as JSON, written straight from the request: no
+    /// value tree of the whole history is built (a long main thread's
+    /// request is megabytes of blocks, most of them unmarked).
+    pub fn body_bytes(&self) -> Vec<u8> {
+        // Into memory, of serializable values: nothing to fail.
+        serde_json::to_vec(&Marked(self)).unwrap_or_default()
+    }
+
     /// Where this request's tail is: the next request's `previous_tail`.
     pub fn tail(&self) -> Option<(usize, usize)> {
         self.messages.len().checked_sub(1).map(|m| (m, self.messages[m].content.len().saturating_sub(1)))
+    }
+}
+
+/// A request as its body, with the cache plan's markers ([`Request::body`]).
+struct Marked<'a>(&'a Request);
+
+/// A value serialized as itself, or with a `cache_control` marker added
+/// when it is an object.
+struct WithMark<'a, T>(&'a T, Option<&'a serde_json::Value>);
+
+impl<T: Serialize> Serialize for WithMark<'_, T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let Some(mark) = self.1 else { return self.0.serialize(s) };
+        let mut v = serde_json::to_value(self.0).map_err(serde::ser::Error::custom)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("cache_control".into(), mark.clone());
+        }
+        v.serialize(s)
+    }
+}
+
+/// One message, its blocks at `marked` carrying `mark`.
+struct MarkedMessage<'a> {
+    message: &'a Message,
+    marked: [Option<usize>; 2],
+    mark: &'a serde_json::Value,
+}
+
+impl Serialize for MarkedMessage<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let blocks = self.message.content.iter().enumerate().map(|(i, b)| {
+            let mark = self.marked.contains(&Some(i)).then_some(self.mark);
+            WithMark(b, mark)
+        });
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("role", &self.message.role)?;
+        m.serialize_entry("content", &Seq(std::cell::Cell::new(Some(blocks))))?;
+        m.end()
+    }
+}
+
+/// An iterator serialized as a sequence (once).
+struct Seq<I>(std::cell::Cell<Option<I>>);
+
+impl<I: Iterator<Item = T>, T: Serialize> Serialize for Seq<I> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.take().into_iter().flatten())
+    }
+}
+
+impl Serialize for Marked<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let r = self.0;
+        let one_hour = serde_json::json!({"type": "ephemeral", "ttl": "1h"});
+        let five_min = serde_json::json!({"type": "ephemeral"});
+        let long = r.cache.filter(|plan| !plan.tail_only);
+        // As in [`Request::body`]: the last resident tool, the last system
+        // block, the previous request's tail and the current one.
+        let tool_mark = long.and_then(|_| r.resident_tools.unwrap_or(r.tools.len()).checked_sub(1));
+        let system_mark = long.and_then(|_| r.system.len().checked_sub(1));
+        let tails = match r.cache {
+            Some(plan) => [if plan.tail_only { None } else { plan.previous_tail }, r.tail()],
+            None => [None, None],
+        };
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("model", &r.model)?;
+        m.serialize_entry("max_tokens", &r.max_tokens)?;
+        if !r.system.is_empty() {
+            let blocks =
+                r.system.iter().enumerate().map(|(i, b)| WithMark(b, (system_mark == Some(i)).then_some(&one_hour)));
+            m.serialize_entry("system", &Seq(std::cell::Cell::new(Some(blocks))))?;
+        }
+        let messages = r.messages.iter().enumerate().map(|(i, message)| {
+            let marked = tails.map(|t| t.filter(|(m, _)| *m == i).map(|(_, b)| b));
+            MarkedMessage { message, marked, mark: &five_min }
+        });
+        m.serialize_entry("messages", &Seq(std::cell::Cell::new(Some(messages))))?;
+        if !r.tools.is_empty() {
+            let tools =
+                r.tools.iter().enumerate().map(|(i, t)| WithMark(t, (tool_mark == Some(i)).then_some(&one_hour)));
+            m.serialize_entry("tools", &Seq(std::cell::Cell::new(Some(tools))))?;
+        }
+        m.serialize_entry("stream", &r.stream)?;
+        m.end()
     }
 }
 
@@ -187,4 +281,54 @@ pub trait Provider: Send + Sync + 'static {
     /// Send a request and return the complete response. Retryable failures
     /// are retried inside (capped backoff with jitter); what comes out is final.
     async fn send(&self, request: &Request, observer: Option<Observer>) -> Result<Response, ProviderError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_written_straight_is_the_body() {
+        let block = |t: &str| ContentBlock::text(t);
+        let base = Request {
+            model: "m".into(),
+            max_tokens: 100,
+            system: vec![SystemBlock::text("a"), SystemBlock::text("b")],
+            messages: vec![
+                Message { role: "user".into(), content: vec![block("one"), block("two")] },
+                Message { role: "assistant".into(), content: vec![block("three")] },
+                Message { role: "user".into(), content: vec![block("four"), block("five")] },
+            ],
+            tools: (0..3)
+                .map(|i| ToolDef {
+                    name: format!("t{i}"),
+                    description: "d".into(),
+                    input_schema: serde_json::json!({"type": "object"}),
+                })
+                .collect(),
+            stream: true,
+            ..Default::default()
+        };
+        let plans = [
+            None,
+            Some(CachePlan::default()),
+            Some(CachePlan { previous_tail: Some((0, 1)), tail_only: false }),
+            Some(CachePlan { previous_tail: Some((0, 1)), tail_only: true }),
+        ];
+        for plan in plans {
+            for resident in [None, Some(2), Some(0)] {
+                for bare in [false, true] {
+                    let mut r = Request { cache: plan, resident_tools: resident, ..base.clone() };
+                    if bare {
+                        (r.system, r.tools) = (Vec::new(), Vec::new());
+                    }
+                    let written: serde_json::Value = serde_json::from_slice(&r.body_bytes()).unwrap();
+                    assert_eq!(written, r.body(), "plan {plan:?}, resident {resident:?}, bare {bare}");
+                }
+            }
+        }
+        let marked = Request { cache: plans[2], ..base };
+        let body = marked.body();
+        assert!(body["messages"][0]["content"][1]["cache_control"].is_object(), "the test covers markers");
+    }
 }
