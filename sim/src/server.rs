@@ -300,21 +300,19 @@ async fn stream_message(
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
 ) -> Result<(), Infallible> {
     sleep_ms(latency.ttft_ms).await;
-    let send = |b: Bytes| {
-        let tx = tx.clone();
-        async move { tx.send(Ok(b)).await.is_ok() }
-    };
     let pace = |piece: &str| {
         let tokens = piece.len().div_ceil(4) as u64;
         (tokens * 1000).checked_div(latency.tokens_per_sec).unwrap_or(0)
     };
+    // Frames ready at once go out together (one write, not one per event);
+    // a pause sends what is ready first.
+    let mut out = Outbox { tx, ready: Vec::new() };
     let start = json!({"type": "message_start", "message": {
         "id": p.id, "type": "message", "role": "assistant", "model": p.model, "content": [],
         "stop_reason": null, "stop_sequence": null, "usage": usage(&p, 1),
     }});
-    if !send(frame("message_start", &start)).await || !send(frame("ping", &json!({"type": "ping"}))).await {
-        return Ok(());
-    }
+    out.push("message_start", &start);
+    out.push("ping", &json!({"type": "ping"}));
     for (i, block) in p.content.iter().enumerate() {
         let (start_block, pieces, delta_kind, field) = match block["type"].as_str() {
             Some("tool_use") => (
@@ -330,39 +328,61 @@ async fn stream_message(
                 "text",
             ),
         };
-        if !send(frame(
+        out.push(
             "content_block_start",
             &json!({"type": "content_block_start", "index": i, "content_block": start_block}),
-        ))
-        .await
-        {
-            return Ok(());
-        }
+        );
         for piece in chunks(&pieces, 48) {
-            sleep_ms(pace(piece)).await;
-            let delta = json!({"type": "content_block_delta", "index": i, "delta": {"type": delta_kind, field: piece}});
-            if !send(frame("content_block_delta", &delta)).await {
-                return Ok(());
+            let pause = pace(piece);
+            if pause > 0 {
+                if !out.flush().await {
+                    return Ok(());
+                }
+                sleep_ms(pause).await;
             }
+            let delta = json!({"type": "content_block_delta", "index": i, "delta": {"type": delta_kind, field: piece}});
+            out.push("content_block_delta", &delta);
             if p.drop_stream {
                 // Cut the connection mid-stream: the body ends in an error, not a clean close.
-                let _ = tx.send(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "simulated drop"))).await;
+                if out.flush().await {
+                    let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "simulated drop");
+                    let _ = out.tx.send(Err(reset)).await;
+                }
                 return Ok(());
             }
         }
-        if !send(frame("content_block_stop", &json!({"type": "content_block_stop", "index": i}))).await {
-            return Ok(());
-        }
+        out.push("content_block_stop", &json!({"type": "content_block_stop", "index": i}));
     }
     let delta = json!({
         "type": "message_delta",
         "delta": {"stop_reason": p.stop_reason, "stop_sequence": null},
         "usage": usage(&p, p.output_tokens),
     });
-    if send(frame("message_delta", &delta)).await {
-        send(frame("message_stop", &json!({"type": "message_stop"}))).await;
-    }
+    out.push("message_delta", &delta);
+    out.push("message_stop", &json!({"type": "message_stop"}));
+    out.flush().await;
     Ok(())
+}
+
+/// Server-sent events ready to go, sent together.
+struct Outbox {
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+    ready: Vec<u8>,
+}
+
+impl Outbox {
+    fn push(&mut self, event: &str, data: &Value) {
+        self.ready.extend_from_slice(&frame(event, data));
+    }
+
+    /// Send what is ready; `false` when the client went away.
+    async fn flush(&mut self) -> bool {
+        if self.ready.is_empty() {
+            return true;
+        }
+        let ready = Bytes::from(std::mem::take(&mut self.ready));
+        self.tx.send(Ok(ready)).await.is_ok()
+    }
 }
 
 /// `GET /v1/flower/audit`: per session, what each request read versus what
