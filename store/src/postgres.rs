@@ -1268,7 +1268,10 @@ impl Store for PostgresStore {
                 events.extend(opened);
                 let claimed = events.len();
                 events.extend(batch.events);
-                // Entries after their session row (the foreign key).
+                // Entries after their session row, whose counter numbers
+                // them: not pipelined with it (a statement not prepared yet
+                // on this connection goes out only after its preparation,
+                // so two pipelined statements may run in either order).
                 let entry_seqs = write_entries(tx, batch.entries).await?;
                 let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
                 events.push((finish.task.job_id, finish.event));
@@ -1354,7 +1357,8 @@ impl Store for PostgresStore {
                     check_required(tx, &required),
                     write_tasks(tx, &changed)
                 )?;
-                // Entries after their session rows.
+                // Entries after their session rows (not pipelined with
+                // them: see [`PostgresStore::claim_task_ending`]).
                 let (mut entries, mut counts) = (Vec::new(), Vec::new());
                 for d in decided.iter_mut() {
                     if let Decided::Taken { ending: Some((_, batch)), .. } = d {
