@@ -152,6 +152,158 @@ impl PostgresStore {
         .await
     }
 
+    /// [`Store::claim_tasks_ending`] (a single claim is a group of one):
+    /// the rows locked, each claim decided in order on its row as the claims
+    /// before it left it, then the group's writes — sessions, rows, entries,
+    /// events — each one statement for the group, the events' with the
+    /// `COMMIT`.
+    async fn claim_group(&self, claims: Vec<ClaimRequest>) -> Result<Vec<Result<ClaimAnswer>>> {
+        self.tx_ending(move |tx| {
+            Box::pin(async move {
+                let ids: Vec<Uuid> = claims.iter().map(|c| c.task.0).collect();
+                let mut rows = claims_locked(tx, &ids).await?;
+                // Each claim is decided on its row as the claims before it left it.
+                let now = now_ms();
+                let mut decided = Vec::with_capacity(claims.len());
+                for c in &claims {
+                    let Some(task) = rows.get(&c.task.0) else {
+                        decided.push(Decided::Missing(c.task));
+                        continue;
+                    };
+                    let change = match rules::claim(task, c.attempt, &c.worker_id, now) {
+                        ClaimDecision::Answer(answer) => {
+                            decided.push(Decided::Answered(answer));
+                            continue;
+                        }
+                        ClaimDecision::Take(change) => change,
+                    };
+                    let ending = c.end.decide().and_then(|offered| {
+                        let finish =
+                            rules::finish(&change.task, c.attempt, offered.outcome, offered.usage, now).ok()?;
+                        Some((finish, offered.batch))
+                    });
+                    let last = ending.as_ref().map_or(&change.task, |(finish, _)| &finish.task);
+                    rows.insert(c.task.0, last.clone());
+                    decided.push(Decided::Taken { change, ending });
+                }
+                let (mut fences, mut required, mut changed_ids) = (Vec::new(), Vec::new(), Vec::new());
+                for d in &decided {
+                    let Decided::Taken { change, ending } = d else { continue };
+                    if !changed_ids.contains(&change.task.id.0) {
+                        changed_ids.push(change.task.id.0);
+                    }
+                    if let Some((_, batch)) = ending {
+                        fences.extend(batch.fence.filter(|f| !fences.contains(f)));
+                        required.extend(batch.requires.iter().copied());
+                    }
+                }
+                futures::future::try_join_all(fences.into_iter().map(|f| check_fence(tx, Some(f)))).await?;
+                // The ends are decided and their rows locked to the commit
+                // (see [`PostgresStore::finish_task_with`]).
+                for d in &decided {
+                    if let Decided::Taken { ending: Some((_, Batch { staged: Some(staged), .. })), .. } = d {
+                        staged.fire();
+                    }
+                }
+                // A session is opened by the first claim that takes it.
+                let mut opening: Vec<&Session> = Vec::new();
+                for (c, d) in claims.iter().zip(&decided) {
+                    if let (Decided::Taken { .. }, Some(session)) = (d, &c.session)
+                        && !opening.iter().any(|o| o.id == session.id)
+                    {
+                        opening.push(session);
+                    }
+                }
+                let changed: Vec<&Task> = changed_ids.iter().filter_map(|id| rows.get(id)).collect();
+                let (mut opened, _, _) = futures::try_join!(
+                    insert_sessions(tx, &opening),
+                    check_required(tx, &required),
+                    write_tasks(tx, &changed)
+                )?;
+                // Entries after their session rows, whose counters number
+                // them: not pipelined with them (a statement not prepared
+                // yet on this connection goes out only after its
+                // preparation, so two pipelined statements may run in
+                // either order).
+                let (mut entries, mut counts) = (Vec::new(), Vec::new());
+                for d in decided.iter_mut() {
+                    if let Decided::Taken { ending: Some((_, batch)), .. } = d {
+                        counts.push(batch.entries.len());
+                        entries.append(&mut batch.entries);
+                    }
+                }
+                let mut seqs = write_entries(tx, entries).await?.into_iter();
+                let mut counts = counts.into_iter();
+                // Every claim's events in one list, each claim's in the order
+                // its own write would have them; its part is cut out below.
+                let mut events: Vec<(JobId, EventKind)> = Vec::new();
+                let mut usages = Vec::new();
+                let mut planned = Vec::with_capacity(decided.len());
+                for (c, d) in claims.iter().zip(decided) {
+                    let (change, ending) = match d {
+                        Decided::Missing(id) => {
+                            planned.push(Planned::Missing(id));
+                            continue;
+                        }
+                        Decided::Answered(answer) => {
+                            planned.push(Planned::Answered(answer));
+                            continue;
+                        }
+                        Decided::Taken { change, ending } => (change, ending),
+                    };
+                    let start = events.len();
+                    events.push((change.task.job_id, change.event));
+                    if let Some(session) = c.session.as_ref().filter(|s| opened.remove(&s.id.0)) {
+                        events.push((session.job_id, rules::session_started(session)));
+                    }
+                    let claimed = events.len() - start;
+                    let end = match ending {
+                        Some((finish, batch)) => {
+                            events.extend(batch.events);
+                            let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
+                            events.push((finish.task.job_id, finish.event));
+                            usages.extend(batch.usage);
+                            let entry_seqs: Vec<i64> = seqs.by_ref().take(counts.next().unwrap_or(0)).collect();
+                            Some((finish.task, entry_seqs, tasks))
+                        }
+                        None => None,
+                    };
+                    let jobs = events[start..].iter().map(|(job, _)| *job).collect();
+                    planned.push(Planned::Taken { task: change.task, jobs, claimed, end });
+                }
+                let (events, ending) = write_events_ending(tx, events, usages).await?;
+                // Numbered per job in the list's order: each claim takes its
+                // events from the front of its jobs' queues.
+                let mut numbered: std::collections::HashMap<JobId, std::collections::VecDeque<Event>> =
+                    Default::default();
+                for event in events {
+                    numbered.entry(event.job_id).or_default().push_back(event);
+                }
+                let mut answers = Vec::with_capacity(planned.len());
+                for plan in planned {
+                    answers.push(match plan {
+                        Planned::Missing(id) => Err(StoreError::NotFound(format!("task {id}"))),
+                        Planned::Answered(answer) => Ok((answer, None)),
+                        Planned::Taken { task, jobs, claimed, end } => {
+                            let mut events = Vec::with_capacity(jobs.len());
+                            for job in jobs {
+                                let event = numbered.get_mut(&job).and_then(|q| q.pop_front());
+                                events
+                                    .push(event.ok_or_else(|| StoreError::Backend(format!("job {job}: events lost")))?);
+                            }
+                            let ended = events.split_off(claimed.min(events.len()));
+                            let end = end
+                                .map(|(task, entry_seqs, tasks)| (task, Written { events: ended, entry_seqs, tasks }));
+                            Ok((Claim::Claimed { task, events }, end))
+                        }
+                    });
+                }
+                Ok((answers, ending))
+            })
+        })
+        .await
+    }
+
     /// Run `f` in one transaction.
     async fn tx<T: Send + 'static>(
         &self,
@@ -780,6 +932,11 @@ async fn claim_locked(tx: &Tx<'_>, id: TaskId) -> Result<Option<Task>> {
 /// while this reads it is found by neither statement and is read again
 /// with the missing ones, after the wait.
 async fn claims_locked(tx: &Tx<'_>, ids: &[Uuid]) -> Result<std::collections::HashMap<Uuid, Task>> {
+    if let [id] = ids {
+        // One row: holding it while waiting for its own creator closes no cycle.
+        let row = claim_locked(tx, TaskId(*id)).await?;
+        return Ok(row.into_iter().map(|task| (task.id.0, task)).collect());
+    }
     let open = tx
         .prepare_cached(&format!(
             "SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1)
@@ -1222,220 +1379,16 @@ impl Store for PostgresStore {
         session: Option<Session>,
         end: &EndOffer,
     ) -> Result<(Claim, Option<(Task, Written)>)> {
-        let worker_id = worker_id.to_string();
-        let end = end.clone();
-        self.tx_ending(move |tx| {
-            Box::pin(async move {
-                let task = claim_locked(tx, id).await?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-                let change = match rules::claim(&task, attempt, &worker_id, now_ms()) {
-                    ClaimDecision::Answer(answer) => return Ok(((answer, None), Ending::Open)),
-                    ClaimDecision::Take(change) => change,
-                };
-                let opening = async {
-                    match &session {
-                        Some(session) => insert_session(tx, session).await,
-                        None => Ok(None),
-                    }
-                };
-                let claim_event = (change.task.job_id, change.event);
-                // The row is held: the claim decides whether the attempt's
-                // end goes with it (an end its rules refuse goes the ordinary
-                // way, where the refusal is handled).
-                let ending = end.decide().and_then(|offered| {
-                    let finish = rules::finish(&change.task, attempt, offered.outcome, offered.usage, now_ms()).ok()?;
-                    Some((finish, offered.batch))
-                });
-                let Some((finish, batch)) = ending else {
-                    // Pipelined: the row's new state and the session row.
-                    let changed = [&change.task];
-                    let (_, opened) = futures::try_join!(write_tasks(tx, &changed), opening)?;
-                    let mut events = vec![claim_event];
-                    events.extend(opened);
-                    let (events, ending) = write_events_ending(tx, events, None).await?;
-                    return Ok(((Claim::Claimed { task: change.task, events }, None), ending));
-                };
-                check_fence(tx, batch.fence).await?;
-                // The end is decided and the row is locked to the commit (see
-                // [`PostgresStore::finish_task_with`]). The row is written
-                // once, as it ends (the claim's state never shows).
-                if let Some(staged) = &batch.staged {
-                    staged.fire();
-                }
-                let changed = [&finish.task];
-                let (opened, _, _) =
-                    futures::try_join!(opening, check_required(tx, &batch.requires), write_tasks(tx, &changed))?;
-                let mut events = vec![claim_event];
-                events.extend(opened);
-                let claimed = events.len();
-                events.extend(batch.events);
-                // Entries after their session row, whose counter numbers
-                // them: not pipelined with it (a statement not prepared yet
-                // on this connection goes out only after its preparation,
-                // so two pipelined statements may run in either order).
-                let entry_seqs = write_entries(tx, batch.entries).await?;
-                let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
-                events.push((finish.task.job_id, finish.event));
-                let (mut events, ending) = write_events_ending(tx, events, batch.usage).await?;
-                let ended = events.split_off(claimed.min(events.len()));
-                let claim = Claim::Claimed { task: change.task, events };
-                Ok(((claim, Some((finish.task, Written { events: ended, entry_seqs, tasks }))), ending))
-            })
-        })
-        .await
+        let claim = ClaimRequest { task: id, attempt, worker_id: worker_id.to_string(), session, end: end.clone() };
+        let mut answers = self.claim_group(vec![claim]).await?;
+        answers.pop().unwrap_or_else(|| Err(StoreError::Backend(format!("task {id}: no answer to its claim"))))
     }
 
     async fn claim_tasks_ending(&self, claims: &[ClaimRequest]) -> Result<Vec<Result<ClaimAnswer>>> {
-        match claims {
-            [] => return Ok(Vec::new()),
-            [one] => {
-                let answer =
-                    self.claim_task_ending(one.task, one.attempt, &one.worker_id, one.session.clone(), &one.end);
-                return Ok(vec![answer.await]);
-            }
-            _ => {}
+        if claims.is_empty() {
+            return Ok(Vec::new());
         }
-        let claims = claims.to_vec();
-        self.tx_ending(move |tx| {
-            Box::pin(async move {
-                let ids: Vec<Uuid> = claims.iter().map(|c| c.task.0).collect();
-                let mut rows = claims_locked(tx, &ids).await?;
-                // Each claim is decided on its row as the claims before it left it.
-                let now = now_ms();
-                let mut decided = Vec::with_capacity(claims.len());
-                for c in &claims {
-                    let Some(task) = rows.get(&c.task.0) else {
-                        decided.push(Decided::Missing(c.task));
-                        continue;
-                    };
-                    let change = match rules::claim(task, c.attempt, &c.worker_id, now) {
-                        ClaimDecision::Answer(answer) => {
-                            decided.push(Decided::Answered(answer));
-                            continue;
-                        }
-                        ClaimDecision::Take(change) => change,
-                    };
-                    let ending = c.end.decide().and_then(|offered| {
-                        let finish =
-                            rules::finish(&change.task, c.attempt, offered.outcome, offered.usage, now).ok()?;
-                        Some((finish, offered.batch))
-                    });
-                    let last = ending.as_ref().map_or(&change.task, |(finish, _)| &finish.task);
-                    rows.insert(c.task.0, last.clone());
-                    decided.push(Decided::Taken { change, ending });
-                }
-                let (mut fences, mut required, mut changed_ids) = (Vec::new(), Vec::new(), Vec::new());
-                for d in &decided {
-                    let Decided::Taken { change, ending } = d else { continue };
-                    if !changed_ids.contains(&change.task.id.0) {
-                        changed_ids.push(change.task.id.0);
-                    }
-                    if let Some((_, batch)) = ending {
-                        fences.extend(batch.fence.filter(|f| !fences.contains(f)));
-                        required.extend(batch.requires.iter().copied());
-                    }
-                }
-                futures::future::try_join_all(fences.into_iter().map(|f| check_fence(tx, Some(f)))).await?;
-                // The ends are decided and their rows locked to the commit
-                // (see [`PostgresStore::finish_task_with`]).
-                for d in &decided {
-                    if let Decided::Taken { ending: Some((_, Batch { staged: Some(staged), .. })), .. } = d {
-                        staged.fire();
-                    }
-                }
-                // A session is opened by the first claim that takes it.
-                let mut opening: Vec<&Session> = Vec::new();
-                for (c, d) in claims.iter().zip(&decided) {
-                    if let (Decided::Taken { .. }, Some(session)) = (d, &c.session)
-                        && !opening.iter().any(|o| o.id == session.id)
-                    {
-                        opening.push(session);
-                    }
-                }
-                let changed: Vec<&Task> = changed_ids.iter().filter_map(|id| rows.get(id)).collect();
-                let (mut opened, _, _) = futures::try_join!(
-                    insert_sessions(tx, &opening),
-                    check_required(tx, &required),
-                    write_tasks(tx, &changed)
-                )?;
-                // Entries after their session rows (not pipelined with
-                // them: see [`PostgresStore::claim_task_ending`]).
-                let (mut entries, mut counts) = (Vec::new(), Vec::new());
-                for d in decided.iter_mut() {
-                    if let Decided::Taken { ending: Some((_, batch)), .. } = d {
-                        counts.push(batch.entries.len());
-                        entries.append(&mut batch.entries);
-                    }
-                }
-                let mut seqs = write_entries(tx, entries).await?.into_iter();
-                let mut counts = counts.into_iter();
-                // Every claim's events in one list, each claim's in the order
-                // its own write would have them; its part is cut out below.
-                let mut events: Vec<(JobId, EventKind)> = Vec::new();
-                let mut usages = Vec::new();
-                let mut planned = Vec::with_capacity(decided.len());
-                for (c, d) in claims.iter().zip(decided) {
-                    let (change, ending) = match d {
-                        Decided::Missing(id) => {
-                            planned.push(Planned::Missing(id));
-                            continue;
-                        }
-                        Decided::Answered(answer) => {
-                            planned.push(Planned::Answered(answer));
-                            continue;
-                        }
-                        Decided::Taken { change, ending } => (change, ending),
-                    };
-                    let start = events.len();
-                    events.push((change.task.job_id, change.event));
-                    if let Some(session) = c.session.as_ref().filter(|s| opened.remove(&s.id.0)) {
-                        events.push((session.job_id, rules::session_started(session)));
-                    }
-                    let claimed = events.len() - start;
-                    let end = match ending {
-                        Some((finish, batch)) => {
-                            events.extend(batch.events);
-                            let tasks = insert_tasks(tx, &batch.tasks, &mut events).await?;
-                            events.push((finish.task.job_id, finish.event));
-                            usages.extend(batch.usage);
-                            let entry_seqs: Vec<i64> = seqs.by_ref().take(counts.next().unwrap_or(0)).collect();
-                            Some((finish.task, entry_seqs, tasks))
-                        }
-                        None => None,
-                    };
-                    let jobs = events[start..].iter().map(|(job, _)| *job).collect();
-                    planned.push(Planned::Taken { task: change.task, jobs, claimed, end });
-                }
-                let (events, ending) = write_events_ending(tx, events, usages).await?;
-                // Numbered per job in the list's order: each claim takes its
-                // events from the front of its jobs' queues.
-                let mut numbered: std::collections::HashMap<JobId, std::collections::VecDeque<Event>> =
-                    Default::default();
-                for event in events {
-                    numbered.entry(event.job_id).or_default().push_back(event);
-                }
-                let mut answers = Vec::with_capacity(planned.len());
-                for plan in planned {
-                    answers.push(match plan {
-                        Planned::Missing(id) => Err(StoreError::NotFound(format!("task {id}"))),
-                        Planned::Answered(answer) => Ok((answer, None)),
-                        Planned::Taken { task, jobs, claimed, end } => {
-                            let mut events = Vec::with_capacity(jobs.len());
-                            for job in jobs {
-                                let event = numbered.get_mut(&job).and_then(|q| q.pop_front());
-                                events
-                                    .push(event.ok_or_else(|| StoreError::Backend(format!("job {job}: events lost")))?);
-                            }
-                            let ended = events.split_off(claimed.min(events.len()));
-                            let end = end
-                                .map(|(task, entry_seqs, tasks)| (task, Written { events: ended, entry_seqs, tasks }));
-                            Ok((Claim::Claimed { task, events }, end))
-                        }
-                    });
-                }
-                Ok((answers, ending))
-            })
-        })
-        .await
+        self.claim_group(claims.to_vec()).await
     }
 
     async fn finish_task_with(

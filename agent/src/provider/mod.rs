@@ -77,7 +77,10 @@ pub struct CachePlan {
 }
 
 impl Request {
-    /// The request body with the cache plan's `cache_control` markers.
+    /// The request body with the cache plan's `cache_control` markers, as a
+    /// value tree: the plain statement of the rule, which the body sent
+    /// ([`Request::body_bytes`]) is checked against.
+    #[cfg(test)]
     pub fn body(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or_default();
         let Some(plan) = self.cache else { return v };
@@ -108,9 +111,11 @@ impl Request {
         v
     }
 
-    /// [`Request::body`] as JSON, written straight from the request: no
-    /// value tree of the whole history is built (a long main thread's
-    /// request is megabytes of blocks, most of them unmarked).
+    /// The request body as JSON, with the cache plan's `cache_control`
+    /// markers (the last resident tool and the last system block 1 h, the
+    /// previous request's tail and the current one 5 min), written straight
+    /// from the request: no value tree of the whole history is built (a long
+    /// main thread's request is megabytes of blocks, most of them unmarked).
     pub fn body_bytes(&self) -> Vec<u8> {
         // Into memory, of serializable values: nothing to fail.
         serde_json::to_vec(&Marked(self)).unwrap_or_default()
@@ -122,7 +127,7 @@ impl Request {
     }
 }
 
-/// A request as its body, with the cache plan's markers ([`Request::body`]).
+/// A request as its body, with the cache plan's markers ([`Request::body_bytes`]).
 struct Marked<'a>(&'a Request);
 
 /// A value serialized as itself, or with a `cache_control` marker added
@@ -177,7 +182,7 @@ impl Serialize for Marked<'_> {
         let one_hour = serde_json::json!({"type": "ephemeral", "ttl": "1h"});
         let five_min = serde_json::json!({"type": "ephemeral"});
         let long = r.cache.filter(|plan| !plan.tail_only);
-        // As in [`Request::body`]: the last resident tool, the last system
+        // The last resident tool, the last system
         // block, the previous request's tail and the current one.
         let tool_mark = long.and_then(|_| r.resident_tools.unwrap_or(r.tools.len()).checked_sub(1));
         let system_mark = long.and_then(|_| r.system.len().checked_sub(1));
