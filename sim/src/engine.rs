@@ -244,17 +244,17 @@ impl Engine {
     /// The reply to a request of `input_tokens` (estimated once by the caller).
     fn reply_uncached(&self, body: &Value, input_tokens: u64) -> Reply {
         // Faults on a share of all requests, chosen by fingerprint, each served once.
-        let fingerprint = hex::encode(Sha256::digest(body.to_string().as_bytes()));
+        let fingerprint = Fingerprint::of(body);
         let faults = self.scenario.faults;
         if faults.overloaded > 0.0
-            && share(&fingerprint, "overloaded") < faults.overloaded
-            && self.take_fault(&fingerprint, "rate-overloaded", 1)
+            && share(fingerprint.get(), "overloaded") < faults.overloaded
+            && self.take_fault(fingerprint.get(), "rate-overloaded", 1)
         {
             return Reply::Error { status: 529, kind: "overloaded_error".into(), message: "Overloaded".into() };
         }
         let rate_drop = faults.dropped > 0.0
-            && share(&fingerprint, "dropped") < faults.dropped
-            && self.take_fault(&fingerprint, "rate-dropped", 1);
+            && share(fingerprint.get(), "dropped") < faults.dropped
+            && self.take_fault(fingerprint.get(), "rate-dropped", 1);
         let model = body["model"].as_str().unwrap_or_default().to_string();
         let model = self.scenario.model.clone().unwrap_or(model);
         let messages = body["messages"].as_array().map(Vec::as_slice).unwrap_or_default();
@@ -296,7 +296,7 @@ impl Engine {
     /// The next scripted step of the role the request shows (the default
     /// text when none matches, a marker once the role's steps are done), with
     /// the step's own faults.
-    fn scripted_reply(&self, model: String, request: &Incoming<'_>, fingerprint: &str) -> Reply {
+    fn scripted_reply(&self, model: String, request: &Incoming<'_>, fingerprint: &Fingerprint<'_>) -> Reply {
         let (messages, input_tokens, rate_drop) = (request.messages, request.input_tokens, request.rate_drop);
         let first_user = messages.first().map(|m| content_text(&m["content"])).unwrap_or_default();
         let Some(role_idx) = self.scenario.role_for(&request.system, &first_user) else {
@@ -310,12 +310,12 @@ impl Engine {
             return Reply::Message(planned(model, content, input_tokens, rate_drop));
         };
         if let Some(f) = &step.fail
-            && self.take_fault(fingerprint, "fail", f.times)
+            && self.take_fault(fingerprint.get(), "fail", f.times)
         {
             return Reply::Error { status: f.status, kind: f.kind.clone(), message: f.message.clone() };
         }
         let drop =
-            rate_drop || step.drop_stream.as_ref().is_some_and(|d| self.take_fault(fingerprint, "drop", d.times));
+            rate_drop || step.drop_stream.as_ref().is_some_and(|d| self.take_fault(fingerprint.get(), "drop", d.times));
         let (text, calls) = choose(step, messages);
         let results = ResultIndex::new(messages);
         let mut content = Vec::new();
@@ -346,6 +346,24 @@ impl Engine {
         } else {
             false
         }
+    }
+}
+
+/// A request's fingerprint (the SHA-256 of its body as JSON), computed the
+/// first time a fault asks for it: most requests meet no fault, and hashing
+/// a long history costs more than answering it.
+struct Fingerprint<'a> {
+    body: &'a Value,
+    hex: std::cell::OnceCell<String>,
+}
+
+impl<'a> Fingerprint<'a> {
+    fn of(body: &'a Value) -> Self {
+        Self { body, hex: std::cell::OnceCell::new() }
+    }
+
+    fn get(&self) -> &str {
+        self.hex.get_or_init(|| hex::encode(Sha256::digest(self.body.to_string().as_bytes())))
     }
 }
 
@@ -465,37 +483,53 @@ fn last_tool_result(messages: &[Value]) -> Option<(String, bool)> {
     Some((content_text(&r["content"]), r["is_error"].as_bool().unwrap_or(false)))
 }
 
-/// Tool results of the request by the step that made the call.
-struct ResultIndex {
-    last: String,
-    by_step: HashMap<usize, Vec<String>>,
+/// Tool results of the request by the step that made the call: read from
+/// the history the first time a template names one (most steps have no
+/// template, and a long history has thousands of results).
+struct ResultIndex<'a> {
+    messages: &'a [Value],
+    last: std::cell::OnceCell<String>,
+    by_step: std::cell::OnceCell<HashMap<usize, Vec<String>>>,
 }
 
-impl ResultIndex {
-    fn new(messages: &[Value]) -> Self {
-        let mut by_step: HashMap<usize, Vec<String>> = HashMap::new();
-        for m in messages.iter().filter(|m| m["role"] == "user") {
-            for b in m["content"].as_array().map(Vec::as_slice).unwrap_or_default() {
-                if b["type"] == "tool_result"
-                    && let Some(step) = b["tool_use_id"].as_str().and_then(step_of)
-                {
-                    by_step.entry(step).or_default().push(content_text(&b["content"]));
+impl<'a> ResultIndex<'a> {
+    fn new(messages: &'a [Value]) -> Self {
+        Self { messages, last: Default::default(), by_step: Default::default() }
+    }
+
+    fn by_step(&self) -> &HashMap<usize, Vec<String>> {
+        self.by_step.get_or_init(|| {
+            let mut by_step: HashMap<usize, Vec<String>> = HashMap::new();
+            for m in self.messages.iter().filter(|m| m["role"] == "user") {
+                for b in m["content"].as_array().map(Vec::as_slice).unwrap_or_default() {
+                    if b["type"] == "tool_result"
+                        && let Some(step) = b["tool_use_id"].as_str().and_then(step_of)
+                    {
+                        by_step.entry(step).or_default().push(content_text(&b["content"]));
+                    }
                 }
             }
-        }
-        let last = last_tool_result(messages).map(|(t, _)| t).unwrap_or_default();
-        Self { last, by_step }
+            by_step
+        })
     }
 
     fn render(&self, template: &str, steps: &[Step]) -> String {
-        let mut out = template.replace("{{last_result}}", &cap(&self.last));
+        if !template.contains("{{") {
+            return template.to_string();
+        }
+        let mut out = if template.contains("{{last_result}}") {
+            let last = self.last.get_or_init(|| last_tool_result(self.messages).map(|(t, _)| t).unwrap_or_default());
+            template.replace("{{last_result}}", &cap(last))
+        } else {
+            template.to_string()
+        };
         while let Some(start) = out.find("{{result:") {
             let Some(len) = out[start..].find("}}") else { break };
             let id = &out[start + 9..start + len];
             let text = steps
                 .iter()
                 .position(|s| s.id == id)
-                .and_then(|i| self.by_step.get(&i))
+                .and_then(|i| self.by_step().get(&i))
                 .map(|v| cap(&v.join("\n\n")))
                 .unwrap_or_else(|| format!("(no result of step {id})"));
             out.replace_range(start..start + len + 2, &text);
@@ -517,7 +551,7 @@ fn cap(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
-fn render_value(v: &Value, results: &ResultIndex, steps: &[Step]) -> Value {
+fn render_value(v: &Value, results: &ResultIndex<'_>, steps: &[Step]) -> Value {
     match v {
         Value::String(s) => Value::String(results.render(s, steps)),
         Value::Array(a) => Value::Array(a.iter().map(|x| render_value(x, results, steps)).collect()),
