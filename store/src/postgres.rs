@@ -433,10 +433,21 @@ where
     s.parse().map_err(corrupt)
 }
 
+/// [`check_fence`]'s statement.
+const FENCE: &str = "SELECT epoch FROM leases WHERE job_id = $1 FOR SHARE";
+
+/// Prepare `statements` on the connection (those not prepared yet, in one
+/// round trip; none when all are), so that what is sent after goes out in
+/// the order it is sent.
+async fn prepare_all(c: &ClientWrapper, statements: &[String]) -> Result<()> {
+    futures::future::try_join_all(statements.iter().map(|sql| c.prepare_cached(sql))).await?;
+    Ok(())
+}
+
 /// Reject the transaction unless `fence` still owns its job ([`rules::check_fence`]).
 async fn check_fence(tx: &Tx<'_>, fence: Option<Fence>) -> Result<()> {
     let Some(f) = fence else { return Ok(()) };
-    let row = db_query_opt(tx, "SELECT epoch FROM leases WHERE job_id = $1 FOR SHARE", &[&f.job.0]).await?;
+    let row = db_query_opt(tx, FENCE, &[&f.job.0]).await?;
     rules::check_fence(f, row.map_or(0, |r| r.get(0)))
 }
 
@@ -897,10 +908,12 @@ async fn lock_new_tasks(tx: &Tx<'_>, tasks: &[Task]) -> Result<()> {
     // One order for every transaction: two creators never wait on each other in a cycle.
     keys.sort_unstable();
     keys.dedup();
-    db_execute(tx, "SELECT pg_advisory_xact_lock($1, k) FROM UNNEST($2::int4[]) AS k", &[&TASK_LOCK_CLASS, &keys])
-        .await?;
+    db_execute(tx, LOCK_NEW_TASKS, &[&TASK_LOCK_CLASS, &keys]).await?;
     Ok(())
 }
+
+/// [`lock_new_tasks`]'s statement.
+const LOCK_NEW_TASKS: &str = "SELECT pg_advisory_xact_lock($1, k) FROM UNNEST($2::int4[]) AS k";
 
 /// The task row for a claim, locked. A row not visible yet may be one a
 /// coordinator published the message of before its commit: then the task's
@@ -1027,6 +1040,11 @@ enum Planned {
 /// task rows its batch created.
 type EndWritten = (Task, Vec<i64>, Vec<(Task, bool)>);
 
+/// [`check_required`]'s statement.
+fn required_sql() -> String {
+    format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1) FOR SHARE")
+}
+
 /// Refuse the batch unless each required end is stored. The rows are read
 /// under a share lock: a worker's end staged before its commit holds the row
 /// lock, so this waits for that transaction and reads what it left.
@@ -1035,7 +1053,7 @@ async fn check_required(tx: &Tx<'_>, required: &[TaskEnd]) -> Result<()> {
         return Ok(());
     }
     let ids: Vec<Uuid> = required.iter().map(|r| r.task.0).collect();
-    let rows = db_query(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1) FOR SHARE"), &[&ids]).await?;
+    let rows = db_query(tx, &required_sql(), &[&ids]).await?;
     let stored: std::collections::HashMap<Uuid, Task> =
         rows.iter().map(|r| decode_task(r).map(|t| (t.id.0, t))).collect::<Result<_>>()?;
     match required.iter().find(|r| !stored.get(&r.task.0).is_some_and(|t| rules::ended_as(t, r))) {
@@ -1059,10 +1077,15 @@ fn written(events: Vec<Event>) -> Written {
     Written { events, entry_seqs: vec![], tasks: vec![] }
 }
 
-/// Insert task rows in one statement (a row already there, a retried call,
-/// is left as it is and reported as not created); the rows as stored. The
-/// `task_queued` events of the created ones are added to `events`, to be
-/// numbered with them.
+/// Insert task rows (a row already there, a retried call, is left as it is
+/// and reported as not created); the rows as stored. The `task_queued`
+/// events of the created ones are added to `events`, to be numbered with
+/// them.
+///
+/// One statement answers both: the rows it inserted (as inserted) and the
+/// rows that were there before it (as its snapshot shows them). A row that
+/// another transaction committed while this one waited on it is in
+/// neither; those are read again in a statement of their own.
 async fn insert_tasks(tx: &Tx<'_>, tasks: &[Task], events: &mut Vec<(JobId, EventKind)>) -> Result<Vec<(Task, bool)>> {
     if tasks.is_empty() {
         return Ok(Vec::new());
@@ -1080,25 +1103,28 @@ async fn insert_tasks(tx: &Tx<'_>, tasks: &[Task], events: &mut Vec<(JobId, Even
         mandates.push(t.mandate.as_str());
         descriptions.push(t.description.as_str());
     }
-    let created: std::collections::HashSet<Uuid> = db_query(
+    let rows = db_query(
         tx,
-        &format!(
-            "INSERT INTO tasks ({TASK_COLS})
-                 SELECT u.id, u.job_id, u.parent_session, u.tool_use_id, u.worker, u.mandate, u.description,
-                   'queued', 0, NULL, NULL, NULL, $8, $9, $9
-                 FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[])
-                   AS u (id, job_id, parent_session, tool_use_id, worker, mandate, description)
-                 ON CONFLICT (id) DO NOTHING RETURNING id"
-        ),
+        INSERT_TASKS,
         &[&ids, &jobs, &parents, &calls, &workers, &mandates, &descriptions, &no_usage, &now],
     )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect();
-    let rows = db_query(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1)"), &[&ids]).await?;
-    let stored: std::collections::HashMap<Uuid, Task> =
-        rows.iter().map(|r| decode_task(r).map(|t| (t.id.0, t))).collect::<Result<_>>()?;
+    .await?;
+    let mut stored = std::collections::HashMap::with_capacity(rows.len());
+    let mut created = std::collections::HashSet::new();
+    for r in &rows {
+        let task = decode_task(r)?;
+        if r.get::<_, bool>(TASK_COLUMNS) {
+            created.insert(task.id.0);
+        }
+        stored.insert(task.id.0, task);
+    }
+    let unseen: Vec<Uuid> = ids.iter().filter(|id| !stored.contains_key(*id)).copied().collect();
+    if !unseen.is_empty() {
+        for r in db_query(tx, &format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1)"), &[&unseen]).await? {
+            let task = decode_task(&r)?;
+            stored.insert(task.id.0, task);
+        }
+    }
     let mut out = Vec::with_capacity(tasks.len());
     let mut seen = std::collections::HashSet::new();
     for t in tasks {
@@ -1111,6 +1137,28 @@ async fn insert_tasks(tx: &Tx<'_>, tasks: &[Task], events: &mut Vec<(JobId, Even
     }
     Ok(out)
 }
+
+/// Columns of [`TASK_COLS`]: [`INSERT_TASKS`] answers one more, whether
+/// the row is one it created.
+const TASK_COLUMNS: usize = 15;
+
+/// [`insert_tasks`]'s statement: the rows inserted, then the rows its
+/// snapshot holds of the others.
+const INSERT_TASKS: &str = "WITH inserted AS (
+        INSERT INTO tasks (id, job_id, parent_session, tool_use_id, worker, mandate, description, state, attempt,
+                           claimed_by, report, error, usage, created_at, updated_at)
+        SELECT u.id, u.job_id, u.parent_session, u.tool_use_id, u.worker, u.mandate, u.description,
+          'queued', 0, NULL, NULL, NULL, $8, $9, $9
+        FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[])
+          AS u (id, job_id, parent_session, tool_use_id, worker, mandate, description)
+        ON CONFLICT (id) DO NOTHING
+        RETURNING id, job_id, parent_session, tool_use_id, worker, mandate, description, state, attempt,
+                  claimed_by, report, error, usage, created_at, updated_at)
+     SELECT *, true FROM inserted
+     UNION ALL
+     SELECT id, job_id, parent_session, tool_use_id, worker, mandate, description, state, attempt,
+            claimed_by, report, error, usage, created_at, updated_at, false
+     FROM tasks WHERE id = ANY($1) AND id NOT IN (SELECT id FROM inserted)";
 
 #[async_trait]
 impl Store for PostgresStore {
@@ -1279,15 +1327,38 @@ impl Store for PostgresStore {
         }
         self.tx_ending(move |tx| {
             Box::pin(async move {
-                futures::try_join!(check_fence(tx, batch.fence), lock_new_tasks(tx, &batch.tasks))?;
-                if !batch.tasks.is_empty()
-                    && let Some(staged) = &batch.staged
-                {
-                    staged.fire();
+                // Every statement before the events' goes out in one flight,
+                // in this order: each is prepared first (a statement not yet
+                // prepared on the connection goes out after its preparation,
+                // out of order). The messages of new tasks are released once
+                // their creation locks are held; the writes after the locks
+                // in the flight do not wait for that.
+                let mut first = Vec::new();
+                if batch.fence.is_some() {
+                    first.push(FENCE.to_string());
                 }
+                if !batch.tasks.is_empty() {
+                    first.extend([LOCK_NEW_TASKS.to_string(), INSERT_TASKS.to_string()]);
+                }
+                if !batch.requires.is_empty() {
+                    first.push(required_sql());
+                }
+                if !batch.entries.is_empty() {
+                    first.push(WRITE_PART.to_string());
+                }
+                prepare_all(tx, &first).await?;
+                let locked = async {
+                    futures::try_join!(check_fence(tx, batch.fence), lock_new_tasks(tx, &batch.tasks))?;
+                    if !batch.tasks.is_empty()
+                        && let Some(staged) = &batch.staged
+                    {
+                        staged.fire();
+                    }
+                    Ok::<_, StoreError>(())
+                };
                 let mut events = batch.events;
-                // Independent statements, pipelined on the connection.
-                let (_, entry_seqs, tasks) = futures::try_join!(
+                let (_, _, entry_seqs, tasks) = futures::try_join!(
+                    locked,
                     check_required(tx, &batch.requires),
                     write_entries(tx, batch.entries),
                     insert_tasks(tx, &batch.tasks, &mut events)
@@ -1632,4 +1703,18 @@ fn config_url(config: &tokio_postgres::Config, name: &str) -> String {
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let user = config.get_user().unwrap_or("postgres");
     format!("postgres://{user}@{host}:{port}/{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inserted_tasks_answer_the_task_columns_and_whether_created() {
+        assert_eq!(TASK_COLS.split(',').count(), TASK_COLUMNS);
+        let norm = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let cols = norm(TASK_COLS);
+        // The insert's column list, its RETURNING and the snapshot's rows all name TASK_COLS.
+        assert_eq!(norm(INSERT_TASKS).matches(&cols).count(), 3, "{INSERT_TASKS}");
+    }
 }
