@@ -15,22 +15,37 @@ pub const NEVER_PRODUCED: &str = "[interrupted here; this tool result was never 
 
 pub fn to_messages(entries: &[Entry]) -> Vec<Message> {
     let mut out: Vec<Message> = Vec::new();
+    extend_messages(&mut out, entries);
+    out
+}
+
+/// Add `entries` to `messages`, the messages of the entries before them:
+/// the same as [`to_messages`] of all the entries, copying only the new
+/// ones. (Merging a message's results first again after more blocks join
+/// it gives what merging all of its blocks once gives: the partition is
+/// stable.)
+pub fn extend_messages(messages: &mut Vec<Message>, entries: &[Entry]) {
+    // The first message this changes: the last one, should it be extended.
+    let mut from = messages.len();
     // Synthetic error entries record what happened; they are never re-sent.
     for e in entries.iter().filter(|e| !e.markers.synthetic_error) {
         let role = e.role();
-        match out.last_mut() {
-            Some(m) if m.role == role => m.content.extend(e.content.iter().cloned()),
-            _ => out.push(Message { role: role.to_string(), content: e.content.clone() }),
+        let last = messages.len().wrapping_sub(1);
+        match messages.last_mut() {
+            Some(m) if m.role == role => {
+                from = from.min(last);
+                m.content.extend(e.content.iter().cloned());
+            }
+            _ => messages.push(Message { role: role.to_string(), content: e.content.clone() }),
         }
     }
-    for m in out.iter_mut().filter(|m| m.role == "user") {
+    for m in messages[from..].iter_mut().filter(|m| m.role == "user") {
         // Stable partition: results first, in call order; other blocks after.
         let (mut results, rest): (Vec<_>, Vec<_>) =
             m.content.drain(..).partition(|b| matches!(b, ContentBlock::ToolResult { .. }));
         results.extend(rest);
         m.content = results;
     }
-    out
 }
 
 /// Calls (id, tool, input) of the last assistant entry that have no result after it.
@@ -60,6 +75,32 @@ mod tests {
 
     fn entry(kind: EntryKind, content: Vec<ContentBlock>) -> Entry {
         Entry::new(JobId::random(), SessionId::random(), None, kind, content)
+    }
+
+    #[test]
+    fn messages_extended_entry_by_entry_are_the_messages_of_all_entries() {
+        let call = |id: &str| ContentBlock::ToolUse { id: id.into(), name: "Read".into(), input: json!({"p": id}) };
+        let entries = vec![
+            entry(EntryKind::User, vec![ContentBlock::text("goal")]),
+            entry(EntryKind::Assistant, vec![call("a"), call("b")]),
+            entry(EntryKind::ToolResult, vec![ContentBlock::tool_result("a", "1", false)]),
+            entry(EntryKind::Notice, vec![ContentBlock::text("a notice")]),
+            entry(EntryKind::ToolResult, vec![ContentBlock::tool_result("b", "2", false)]),
+            entry(EntryKind::Assistant, vec![ContentBlock::text("thinking"), call("c")]),
+            entry(EntryKind::Assistant, vec![call("d")]),
+            entry(EntryKind::ToolResult, vec![ContentBlock::tool_result("c", "3", true)]),
+            entry(EntryKind::ToolResult, vec![ContentBlock::tool_result("d", "4", false)]),
+            entry(EntryKind::User, vec![ContentBlock::text("and then")]),
+        ];
+        let whole = to_messages(&entries);
+        for cut in 0..=entries.len() {
+            for second in cut..=entries.len() {
+                let mut messages = to_messages(&entries[..cut]);
+                extend_messages(&mut messages, &entries[cut..second]);
+                extend_messages(&mut messages, &entries[second..]);
+                assert_eq!(messages, whole, "cut at {cut} and {second}");
+            }
+        }
     }
 
     #[test]

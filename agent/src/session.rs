@@ -16,7 +16,7 @@ use flower_model::{ContentBlock, Entry, EntryKind, EventKind, JobId, Markers, Re
 use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 
-use crate::history::{NEVER_PRODUCED, to_messages, unanswered_calls};
+use crate::history::{NEVER_PRODUCED, extend_messages, unanswered_calls};
 use crate::hooks::{HookContext, Hooks, PreDecision};
 use crate::journal::{Journal, TranscriptWriter};
 use crate::provider::{CachePlan, Observer, Provider, ProviderError, Request, Response, StreamEvent, SystemBlock};
@@ -306,7 +306,10 @@ impl AgentSession {
             let rewrite = self.plan_rewrite(run);
             let request = self.build_request(run);
             let turn_span = tracing::info_span!("turn", turn = run.turns);
-            let (response, dropped, timing) = match self.send(run, &request, turn_span.clone()).await? {
+            let sent = self.send(run, &request, turn_span.clone()).await;
+            // The messages sent are the next request's start.
+            run.view = Some(View { entries: run.history.len(), messages: request.messages });
+            let (response, dropped, timing) = match sent? {
                 ControlFlow::Continue(sent) => sent,
                 ControlFlow::Break(outcome) => return Ok(outcome),
             };
@@ -379,6 +382,7 @@ impl AgentSession {
             previous_tail: None,
             sent_loaded: 0,
             pruner: crate::surface::uneventful::Pruner::default(),
+            view: None,
         };
         run.w.event(c.job_id, crate::surface::composition(c.session_id, c.role, &self.tools, &c.system));
         let (again, heal): (Vec<_>, Vec<_>) = unanswered_calls(&run.history)
@@ -478,6 +482,10 @@ impl AgentSession {
     /// with its measured cost; the previous-tail marker resets.
     fn plan_rewrite(&self, run: &mut Run) -> Option<&'static str> {
         let reclaimed = if self.config.prune_uneventful { run.pruner.prune(&mut run.history) } else { 0 };
+        if reclaimed > 0 {
+            // Older messages changed: the next request's are made anew.
+            run.view = None;
+        }
         let rewrite = if run.loaded.len() > run.sent_loaded {
             Some("tools_loaded")
         } else if reclaimed > 0 {
@@ -501,7 +509,7 @@ impl AgentSession {
             model: c.model.clone(),
             max_tokens: c.max_tokens,
             system: c.system.clone(),
-            messages: to_messages(&run.history),
+            messages: run.messages(),
             tools: self.tools.defs_with(&run.loaded),
             resident_tools: Some(self.tools.names().len()),
             stream: true,
@@ -958,9 +966,29 @@ struct Run {
     sent_loaded: usize,
     /// Uneventful old output, replaced in the request view when worth a rewrite.
     pruner: crate::surface::uneventful::Pruner,
+    /// The last request's messages, taken up by the next one: only the
+    /// entries after them are copied (a long history is not copied per turn).
+    view: Option<View>,
+}
+
+/// Messages of the history's first `entries` entries.
+struct View {
+    entries: usize,
+    messages: Vec<crate::provider::Message>,
 }
 
 impl Run {
+    /// The history as messages: the last request's, extended by what came
+    /// after them.
+    fn messages(&mut self) -> Vec<crate::provider::Message> {
+        let (from, mut messages) = match self.view.take() {
+            Some(v) if v.entries <= self.history.len() => (v.entries, v.messages),
+            _ => (0, Vec::new()),
+        };
+        extend_messages(&mut messages, &self.history[from..]);
+        messages
+    }
+
     /// Queue `e` for the store and add it to the history.
     fn push(&mut self, e: Entry) {
         self.w.push(e.clone());
