@@ -439,7 +439,7 @@ const FENCE: &str = "SELECT epoch FROM leases WHERE job_id = $1 FOR SHARE";
 /// Prepare `statements` on the connection (those not prepared yet, in one
 /// round trip; none when all are), so that what is sent after goes out in
 /// the order it is sent.
-async fn prepare_all(c: &ClientWrapper, statements: &[String]) -> Result<()> {
+async fn prepare_all(c: &ClientWrapper, statements: &[&str]) -> Result<()> {
     futures::future::try_join_all(statements.iter().map(|sql| c.prepare_cached(sql))).await?;
     Ok(())
 }
@@ -1041,9 +1041,8 @@ enum Planned {
 type EndWritten = (Task, Vec<i64>, Vec<(Task, bool)>);
 
 /// [`check_required`]'s statement.
-fn required_sql() -> String {
-    format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1) FOR SHARE")
-}
+static REQUIRED: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("SELECT {TASK_COLS} FROM tasks WHERE id = ANY($1) FOR SHARE"));
 
 /// Refuse the batch unless each required end is stored. The rows are read
 /// under a share lock: a worker's end staged before its commit holds the row
@@ -1053,7 +1052,7 @@ async fn check_required(tx: &Tx<'_>, required: &[TaskEnd]) -> Result<()> {
         return Ok(());
     }
     let ids: Vec<Uuid> = required.iter().map(|r| r.task.0).collect();
-    let rows = db_query(tx, &required_sql(), &[&ids]).await?;
+    let rows = db_query(tx, &REQUIRED, &[&ids]).await?;
     let stored: std::collections::HashMap<Uuid, Task> =
         rows.iter().map(|r| decode_task(r).map(|t| (t.id.0, t))).collect::<Result<_>>()?;
     match required.iter().find(|r| !stored.get(&r.task.0).is_some_and(|t| rules::ended_as(t, r))) {
@@ -1105,7 +1104,7 @@ async fn insert_tasks(tx: &Tx<'_>, tasks: &[Task], events: &mut Vec<(JobId, Even
     }
     let rows = db_query(
         tx,
-        INSERT_TASKS,
+        &INSERT_TASKS,
         &[&ids, &jobs, &parents, &calls, &workers, &mandates, &descriptions, &no_usage, &now],
     )
     .await?;
@@ -1144,21 +1143,21 @@ const TASK_COLUMNS: usize = 15;
 
 /// [`insert_tasks`]'s statement: the rows inserted, then the rows its
 /// snapshot holds of the others.
-const INSERT_TASKS: &str = "WITH inserted AS (
-        INSERT INTO tasks (id, job_id, parent_session, tool_use_id, worker, mandate, description, state, attempt,
-                           claimed_by, report, error, usage, created_at, updated_at)
-        SELECT u.id, u.job_id, u.parent_session, u.tool_use_id, u.worker, u.mandate, u.description,
-          'queued', 0, NULL, NULL, NULL, $8, $9, $9
-        FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[])
-          AS u (id, job_id, parent_session, tool_use_id, worker, mandate, description)
-        ON CONFLICT (id) DO NOTHING
-        RETURNING id, job_id, parent_session, tool_use_id, worker, mandate, description, state, attempt,
-                  claimed_by, report, error, usage, created_at, updated_at)
-     SELECT *, true FROM inserted
-     UNION ALL
-     SELECT id, job_id, parent_session, tool_use_id, worker, mandate, description, state, attempt,
-            claimed_by, report, error, usage, created_at, updated_at, false
-     FROM tasks WHERE id = ANY($1) AND id NOT IN (SELECT id FROM inserted)";
+static INSERT_TASKS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH inserted AS (
+            INSERT INTO tasks ({TASK_COLS})
+            SELECT u.id, u.job_id, u.parent_session, u.tool_use_id, u.worker, u.mandate, u.description,
+              'queued', 0, NULL, NULL, NULL, $8, $9, $9
+            FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[])
+              AS u (id, job_id, parent_session, tool_use_id, worker, mandate, description)
+            ON CONFLICT (id) DO NOTHING
+            RETURNING {TASK_COLS})
+         SELECT *, true FROM inserted
+         UNION ALL
+         SELECT {TASK_COLS}, false FROM tasks WHERE id = ANY($1) AND id NOT IN (SELECT id FROM inserted)"
+    )
+});
 
 #[async_trait]
 impl Store for PostgresStore {
@@ -1333,18 +1332,18 @@ impl Store for PostgresStore {
                 // out of order). The messages of new tasks are released once
                 // their creation locks are held; the writes after the locks
                 // in the flight do not wait for that.
-                let mut first = Vec::new();
+                let mut first: Vec<&str> = Vec::new();
                 if batch.fence.is_some() {
-                    first.push(FENCE.to_string());
+                    first.push(FENCE);
                 }
                 if !batch.tasks.is_empty() {
-                    first.extend([LOCK_NEW_TASKS.to_string(), INSERT_TASKS.to_string()]);
+                    first.extend([LOCK_NEW_TASKS, INSERT_TASKS.as_str()]);
                 }
                 if !batch.requires.is_empty() {
-                    first.push(required_sql());
+                    first.push(&REQUIRED);
                 }
                 if !batch.entries.is_empty() {
-                    first.push(WRITE_PART.to_string());
+                    first.push(WRITE_PART);
                 }
                 prepare_all(tx, &first).await?;
                 let locked = async {
@@ -1715,6 +1714,6 @@ mod tests {
         let norm = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
         let cols = norm(TASK_COLS);
         // The insert's column list, its RETURNING and the snapshot's rows all name TASK_COLS.
-        assert_eq!(norm(INSERT_TASKS).matches(&cols).count(), 3, "{INSERT_TASKS}");
+        assert_eq!(norm(&INSERT_TASKS).matches(&cols).count(), 3, "{}", *INSERT_TASKS);
     }
 }
