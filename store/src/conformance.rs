@@ -761,38 +761,59 @@ pub async fn a_claim_waits_for_its_rows_commit(store: &dyn Store) {
 /// the store holds that end — after the end's own write, when it is in
 /// flight — and otherwise stores nothing and fails as retryable.
 pub async fn a_batch_commits_only_on_the_ends_it_requires(store: &dyn Store) {
-    let job = new_job(store, None).await;
-    let session = coordinator_session(store, job).await;
-    let t = task(job, session, "toolu_req");
-    store.create_task(t.clone(), None).await.unwrap();
-    store.claim_task(t.id, 1, "w1").await.unwrap();
-    let end = crate::TaskEnd { task: t.id, attempt: 1, state: TaskState::Succeeded };
-    let result = |text: &str| Entry::new(job, session, None, EntryKind::ToolResult, vec![ContentBlock::text(text)]);
-    let early = store.append(Batch { entries: vec![result("too early")], requires: vec![end], ..Default::default() });
-    assert!(matches!(early.await, Err(StoreError::Backend(_))), "an end not stored is refused");
-    assert!(store.entries(session, 0, 10).await.unwrap().is_empty(), "and nothing of the batch is stored");
-    let (staged, fired) = staged_signal();
-    let report = TaskOutcome::Succeeded { report: "done".into() };
-    let finish =
-        store.finish_task_with(t.id, 1, report, Usage::default(), Batch { staged: Some(staged), ..Default::default() });
-    let after = async {
-        let _ = fired.await;
-        store.append(Batch { entries: vec![result("the report")], requires: vec![end], ..Default::default() }).await
-    };
-    let (finished, after) = tokio::join!(finish, after);
-    finished.unwrap();
-    after.unwrap();
-    assert_eq!(store.entries(session, 0, 10).await.unwrap().len(), 1);
-    // Another attempt, or another end, is not the one required.
-    for wrong in [
-        crate::TaskEnd { attempt: 2, ..end },
-        crate::TaskEnd { state: TaskState::Failed, ..end },
-        crate::TaskEnd { task: TaskId::random(), ..end },
-    ] {
-        let refused = store.append(Batch { entries: vec![result("no")], requires: vec![wrong], ..Default::default() });
-        assert!(matches!(refused.await, Err(StoreError::Backend(_))), "{wrong:?}");
+    // Without events, and with them (which a backend may send with the
+    // `COMMIT` before it read the required rows: the check then holds too).
+    for with_events in [false, true] {
+        let job = new_job(store, None).await;
+        let session = coordinator_session(store, job).await;
+        let t = task(job, session, "toolu_req");
+        store.create_task(t.clone(), None).await.unwrap();
+        store.claim_task(t.id, 1, "w1").await.unwrap();
+        let end = crate::TaskEnd { task: t.id, attempt: 1, state: TaskState::Succeeded };
+        let result = |text: &str, requires: crate::TaskEnd| Batch {
+            entries: vec![Entry::new(job, session, None, EntryKind::ToolResult, vec![ContentBlock::text(text)])],
+            events: if with_events {
+                vec![(job, EventKind::ToolCalled { session, tool: "Agent".into(), tool_use_id: text.into() })]
+            } else {
+                vec![]
+            },
+            requires: vec![requires],
+            ..Default::default()
+        };
+        let events_before = store.events(job, 0, 1000).await.unwrap().len();
+        let early = store.append(result("too early", end));
+        assert!(matches!(early.await, Err(StoreError::Backend(_))), "an end not stored is refused");
+        assert!(store.entries(session, 0, 10).await.unwrap().is_empty(), "and nothing of the batch is stored");
+        assert_eq!(store.events(job, 0, 1000).await.unwrap().len(), events_before);
+        let (staged, fired) = staged_signal();
+        let report = TaskOutcome::Succeeded { report: "done".into() };
+        let finish = store.finish_task_with(
+            t.id,
+            1,
+            report,
+            Usage::default(),
+            Batch { staged: Some(staged), ..Default::default() },
+        );
+        let after = async {
+            let _ = fired.await;
+            store.append(result("the report", end)).await
+        };
+        let (finished, after) = tokio::join!(finish, after);
+        finished.unwrap();
+        after.unwrap();
+        assert_eq!(store.entries(session, 0, 10).await.unwrap().len(), 1);
+        // Another attempt, or another end, is not the one required.
+        for wrong in [
+            crate::TaskEnd { attempt: 2, ..end },
+            crate::TaskEnd { state: TaskState::Failed, ..end },
+            crate::TaskEnd { task: TaskId::random(), ..end },
+        ] {
+            let refused = store.append(result("no", wrong));
+            assert!(matches!(refused.await, Err(StoreError::Backend(_))), "{wrong:?}");
+        }
+        assert_eq!(store.entries(session, 0, 10).await.unwrap().len(), 1);
+        assert_eq!(store.settled_task(t.id).await.unwrap().state, TaskState::Succeeded);
     }
-    assert_eq!(store.settled_task(t.id).await.unwrap().state, TaskState::Succeeded);
 }
 
 pub async fn a_claim_opens_the_attempts_session(store: &dyn Store) {
