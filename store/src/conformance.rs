@@ -761,8 +761,8 @@ pub async fn a_claim_waits_for_its_rows_commit(store: &dyn Store) {
 /// the store holds that end — after the end's own write, when it is in
 /// flight — and otherwise stores nothing and fails as retryable.
 pub async fn a_batch_commits_only_on_the_ends_it_requires(store: &dyn Store) {
-    // Without events, and with them (which a backend may send with the
-    // `COMMIT` before it read the required rows: the check then holds too).
+    // Without events, and with them: on Postgres the events statement is
+    // the one that carries the `COMMIT`, so the refusal must come before it.
     for with_events in [false, true] {
         let job = new_job(store, None).await;
         let session = coordinator_session(store, job).await;
