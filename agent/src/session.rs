@@ -308,7 +308,7 @@ impl AgentSession {
             let turn_span = tracing::info_span!("turn", turn = run.turns);
             let sent = self.send(run, &request, turn_span.clone()).await;
             // The messages sent are the next request's start.
-            run.view = Some(View { entries: run.history.len(), messages: request.messages });
+            run.view = Some(View { entries: run.history.len(), messages: request.messages, encoded: request.encoded });
             let (response, dropped, timing) = match sent? {
                 ControlFlow::Continue(sent) => sent,
                 ControlFlow::Break(outcome) => return Ok(outcome),
@@ -505,11 +505,13 @@ impl AgentSession {
     fn build_request(&self, run: &mut Run) -> Request {
         use flower_model::spec::CacheMode;
         let c = &self.config;
+        let (messages, encoded) = run.messages();
         let request = Request {
             model: c.model.clone(),
             max_tokens: c.max_tokens,
             system: c.system.clone(),
-            messages: run.messages(),
+            messages,
+            encoded,
             tools: self.tools.defs_with(&run.loaded),
             resident_tools: Some(self.tools.names().len()),
             stream: true,
@@ -975,18 +977,25 @@ struct Run {
 struct View {
     entries: usize,
     messages: Vec<crate::provider::Message>,
+    /// The encoded first messages the last request carried.
+    encoded: crate::provider::Encoded,
 }
 
 impl Run {
     /// The history as messages: the last request's, extended by what came
-    /// after them.
-    fn messages(&mut self) -> Vec<crate::provider::Message> {
-        let (from, mut messages) = match self.view.take() {
-            Some(v) if v.entries <= self.history.len() => (v.entries, v.messages),
-            _ => (0, Vec::new()),
+    /// after them; and the encoded first ones, all but the last request's
+    /// last message (the only one extending may change).
+    fn messages(&mut self) -> (Vec<crate::provider::Message>, crate::provider::Encoded) {
+        let (from, mut messages, encoded) = match self.view.take() {
+            Some(v) if v.entries <= self.history.len() => {
+                let upto = v.messages.len().saturating_sub(1);
+                let encoded = v.encoded.extended(&v.messages, upto);
+                (v.entries, v.messages, encoded)
+            }
+            _ => (0, Vec::new(), Default::default()),
         };
         extend_messages(&mut messages, &self.history[from..]);
-        messages
+        (messages, encoded)
     }
 
     /// Queue `e` for the store and add it to the history.

@@ -62,6 +62,54 @@ pub struct Request {
     /// The session the request belongs to (sent as a header, not in the body).
     #[serde(skip)]
     pub session: Option<String>,
+    /// The first messages as already encoded by an earlier request of the
+    /// session ([`Encoded`]): written as they are, not encoded again.
+    #[serde(skip)]
+    pub encoded: Encoded,
+}
+
+/// The unmarked JSON of a request's first messages, carried from one request
+/// of a session to the next: a long history is encoded once, not once per
+/// turn. It holds only messages that no longer change and carry no
+/// breakpoint: those before the previous request's last message (that one
+/// may still be extended, and the next request marks it). A cache, not
+/// content: requests compare equal whatever it holds.
+#[derive(Clone, Debug, Default)]
+pub struct Encoded(std::sync::Arc<Vec<Box<serde_json::value::RawValue>>>);
+
+impl PartialEq for Encoded {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Encoded {
+    /// How many messages it holds.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// This one, extended with `messages[self.len()..upto]` encoded
+    /// unmarked (`messages` starting with the ones it holds).
+    pub fn extended(mut self, messages: &[Message], upto: usize) -> Self {
+        let upto = upto.min(messages.len());
+        if upto > self.0.len() {
+            let more = std::sync::Arc::make_mut(&mut self.0);
+            for message in &messages[more.len()..upto] {
+                let plain = MarkedMessage { message, marked: [None, None], mark: &serde_json::Value::Null };
+                // Into memory, of serializable values: nothing to fail.
+                match serde_json::value::to_raw_value(&plain) {
+                    Ok(raw) => more.push(raw),
+                    Err(_) => break,
+                }
+            }
+        }
+        self
+    }
 }
 
 /// The cache breakpoints (docs/design.md section 6): the last tool (1 h),
@@ -166,6 +214,21 @@ impl Serialize for MarkedMessage<'_> {
     }
 }
 
+/// A message encoded before, or encoded now.
+enum Either<'a> {
+    Encoded(&'a serde_json::value::RawValue),
+    Fresh(MarkedMessage<'a>),
+}
+
+impl Serialize for Either<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Either::Encoded(raw) => raw.serialize(s),
+            Either::Fresh(m) => m.serialize(s),
+        }
+    }
+}
+
 /// An iterator serialized as a sequence (once).
 struct Seq<I>(std::cell::Cell<Option<I>>);
 
@@ -200,7 +263,10 @@ impl Serialize for Marked<'_> {
         }
         let messages = r.messages.iter().enumerate().map(|(i, message)| {
             let marked = tails.map(|t| t.filter(|(m, _)| *m == i).map(|(_, b)| b));
-            MarkedMessage { message, marked, mark: &five_min }
+            match r.encoded.0.get(i) {
+                Some(raw) if marked == [None, None] => Either::Encoded(raw),
+                _ => Either::Fresh(MarkedMessage { message, marked, mark: &five_min }),
+            }
         });
         m.serialize_entry("messages", &Seq(std::cell::Cell::new(Some(messages))))?;
         if !r.tools.is_empty() {
@@ -327,8 +393,17 @@ mod tests {
                     if bare {
                         (r.system, r.tools) = (Vec::new(), Vec::new());
                     }
-                    let written: serde_json::Value = serde_json::from_slice(&r.body_bytes()).unwrap();
+                    let bytes = r.body_bytes();
+                    let written: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
                     assert_eq!(written, r.body(), "plan {plan:?}, resident {resident:?}, bare {bare}");
+                    // Messages encoded before are written as they were:
+                    // the same bytes, marked ones encoded again.
+                    for upto in 0..=r.messages.len() {
+                        let encoded = Encoded::default().extended(&r.messages, upto);
+                        assert_eq!(encoded.len(), upto);
+                        let again = Request { encoded, ..r.clone() };
+                        assert_eq!(again.body_bytes(), bytes, "plan {plan:?}, {upto} encoded");
+                    }
                 }
             }
         }
