@@ -53,6 +53,12 @@ pub trait PostToolHook: Send + Sync + 'static {
 #[async_trait]
 pub trait TurnHook: Send + Sync + 'static {
     async fn before_turn(&self) -> Option<String>;
+
+    /// Something arrived for the next model call: a turn's tool results
+    /// (`workbench_untouched`: each is known to have left the job's
+    /// workbench as it was — see [`ToolOutput::workbench_untouched`]) or
+    /// the inbox's content (`false`).
+    fn arrived(&self, _workbench_untouched: bool) {}
 }
 
 /// The hooks of a session, run in order.

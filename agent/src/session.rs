@@ -455,6 +455,11 @@ impl AgentSession {
         // durable before the model sees it; the turn hooks' reminders are
         // derived (a resumed run makes them again) and go with the next answer.
         let from_inbox = !arrived.is_empty() || !notices.is_empty();
+        if from_inbox {
+            for hook in &self.hooks.turn {
+                hook.arrived(false);
+            }
+        }
         for hook in &self.hooks.turn {
             if let Some(n) = hook.before_turn().await {
                 notices.push(format!("<system-reminder>\n{n}\n</system-reminder>"));
@@ -639,6 +644,10 @@ impl AgentSession {
     /// Queue the result entries (and their events) of `calls`, in call order.
     fn record_results(&self, run: &mut Run, calls: &[Call], results: Vec<ToolOutput>) {
         let c = &self.config;
+        let untouched = results.iter().all(|out| out.workbench_untouched && out.spills.is_empty());
+        for hook in &self.hooks.turn {
+            hook.arrived(untouched);
+        }
         for ((id, name, _), mut out) in calls.iter().zip(results) {
             // A direct call to a deferred tool loads its schema; the call ran in this step.
             if self.tools.is_deferred(name)

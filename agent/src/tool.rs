@@ -43,6 +43,10 @@ pub struct ToolOutput {
     /// (a report heard in its worker's notice): the write that stores the
     /// result requires them ([`flower_store::Batch::requires`]).
     pub requires: Vec<flower_store::TaskEnd>,
+    /// Known to have left the job's workbench as it was (a delegation whose
+    /// worker ran no tool), so the workbench index need not be listed again
+    /// for it. `false` (the default): it may have changed it.
+    pub workbench_untouched: bool,
 }
 
 impl ToolOutput {

@@ -146,6 +146,7 @@ pub async fn notices_fan_out<B: Notifier>(bus: &B, _redelivery: Duration) {
                 usage: flower_model::Usage { input_tokens: 3, output_tokens: 4, ..Default::default() },
                 committed: false,
                 changeset: false,
+                workbench_untouched: true,
             })),
         },
         Notice::Cancel { job },

@@ -133,6 +133,10 @@ pub struct TaskEnded {
     /// Whether the attempt may have left a workspace changeset: `false`
     /// only when it is known to have left none (the receiver need not look).
     pub changeset: bool,
+    /// `true` only when the attempt is known to have left the job's
+    /// workbench as it found it (it ran no tool): the receiver need not
+    /// list the workbench again for it. [`TaskEnded::of`] says `false`.
+    pub workbench_untouched: bool,
 }
 
 impl TaskEnded {
@@ -151,6 +155,7 @@ impl TaskEnded {
             usage: task.usage,
             committed,
             changeset,
+            workbench_untouched: false,
         })
     }
 
@@ -341,6 +346,7 @@ mod tests {
         assert!(!copy.committed);
         assert!(copy.changeset);
         assert!(!TaskEnded::of(&ended, true, false).unwrap().changeset);
+        assert!(!copy.workbench_untouched, "unknown: the workbench may have changed");
         assert_eq!(copy.apply(task.clone()).report.as_deref(), Some("ok"));
         assert!(TaskEnded::of(&task, true, true).is_none(), "a queued task has no end to copy");
     }

@@ -217,6 +217,7 @@ fn notice_to_pb(n: &Notice) -> pb::Notice {
             usage_json: serde_json::to_string(&e.usage).unwrap_or_default(),
             committed: e.committed,
             no_changeset: !e.changeset,
+            workbench_untouched: e.workbench_untouched,
         }),
     }
 }
@@ -235,6 +236,7 @@ fn ended_from_pb(e: pb::TaskEnded) -> std::result::Result<TaskEnded, String> {
         usage,
         committed: e.committed,
         changeset: !e.no_changeset,
+        workbench_untouched: e.workbench_untouched,
     })
 }
 

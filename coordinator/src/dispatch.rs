@@ -280,12 +280,17 @@ pub struct Delegated {
     /// Whether the attempt may have left a workspace changeset (`false`
     /// only when its worker said it left none).
     pub changeset: bool,
+    /// Whether the attempt may have changed the job's workbench (`false`
+    /// only when its worker said it ran no tool).
+    pub workbench: bool,
 }
 
 impl Delegated {
-    /// `out`, the call's result built from this end, carrying its requirement.
+    /// `out`, the call's result built from this end, carrying its
+    /// requirement and what it did to the workbench.
     pub fn result(&self, mut out: flower_agent::ToolOutput) -> flower_agent::ToolOutput {
         out.requires.extend(self.requires);
+        out.workbench_untouched = !self.workbench;
         out
     }
 }
@@ -530,8 +535,8 @@ impl Dispatcher {
                     attempt: ended.attempt,
                     state: ended.state,
                 });
-                let changeset = ended.changeset;
-                return Ok(Delegated { task: ended.apply(queued.clone()), requires, changeset });
+                let (changeset, workbench) = (ended.changeset, !ended.workbench_untouched);
+                return Ok(Delegated { task: ended.apply(queued.clone()), requires, changeset, workbench });
             }
             let mut read = match std::mem::take(&mut unread) {
                 true => None,
@@ -541,7 +546,7 @@ impl Dispatcher {
                 }),
             };
             if let Some(task) = read.take_if(|t| t.state.is_terminal()) {
-                return Ok(Delegated { task, requires: None, changeset: true });
+                return Ok(Delegated { task, requires: None, changeset: true, workbench: true });
             }
             if self.waiters.lock().closed {
                 return Err(DispatchError::Bus(flower_bus::BusError::Closed));

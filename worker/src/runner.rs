@@ -444,7 +444,9 @@ impl Worker {
         // From the delivery: the claim and the end are one write.
         metrics.task_duration.observe(began.elapsed().as_secs_f64());
         metrics.task(if ended.state == flower_model::TaskState::Succeeded { "succeeded" } else { "failed" });
-        self.ended(ended, written, notice).await;
+        // Only a first-turn final answer is offered to its claim: it ran
+        // no tool, the workbench is as it found it.
+        self.ended(ended, written, notice, true).await;
     }
 
     /// What the claim means for the delivery: the task and whether the claim
@@ -631,11 +633,11 @@ impl Worker {
         let store = self.journal.store();
         let give_up = tokio::time::Instant::now() + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
-        self.stage_notice(task, attempt, &outcome, usage, &mut held, notice);
+        self.stage_notice(task, attempt, &outcome, usage, &mut held, notice, false);
         loop {
             match store.finish_task_with(task.id, attempt, outcome.clone(), usage, held.clone()).await {
                 Ok((ended, written)) => {
-                    self.ended(&ended, &written, notice).await;
+                    self.ended(&ended, &written, notice, false).await;
                     return Recorded::Settled;
                 }
                 Err(StoreError::Invalid(m)) if matches!(outcome, TaskOutcome::Succeeded { .. }) || !held.is_empty() => {
@@ -646,7 +648,7 @@ impl Worker {
                         outcome = TaskOutcome::Failed { error: format!("the report could not be stored: {m}") };
                     }
                     held = Batch::default();
-                    self.stage_notice(task, attempt, &outcome, usage, &mut held, notice);
+                    self.stage_notice(task, attempt, &outcome, usage, &mut held, notice, false);
                 }
                 Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(task = %task.id, attempt, error = %e, "report not recorded yet; retrying");
@@ -671,7 +673,9 @@ impl Worker {
     /// coordinator goes on while this commits, and its next write requires
     /// the end. Else (a backend that does not stage) [`Worker::ended`] sends
     /// it after the commit. `claimed`: the task as its attempt holds it;
-    /// `notice`: set once the notice went out, so it goes out once.
+    /// `notice`: set once the notice went out, so it goes out once;
+    /// `untouched`: the attempt ran no tool (its workbench is as it was).
+    #[allow(clippy::too_many_arguments)]
     fn stage_notice(
         &self,
         claimed: &Task,
@@ -680,10 +684,12 @@ impl Worker {
         usage: Usage,
         held: &mut Batch,
         notice: &Arc<AtomicBool>,
+        untouched: bool,
     ) {
         let copy =
             flower_store::rules::finish(claimed, attempt, outcome.clone(), usage, now_ms()).ok().and_then(|change| {
                 flower_bus::TaskEnded::of(&change.task, false, self.left_changeset(claimed.id, attempt))
+                    .map(|ended| flower_bus::TaskEnded { workbench_untouched: untouched, ..ended })
             });
         held.staged = copy.map(|ended| {
             let (notifier, sent, job, id) =
@@ -702,11 +708,12 @@ impl Worker {
 
     /// A task's end is committed: its events announced, and its notice sent
     /// unless it went out while the end was staged.
-    async fn ended(&self, ended: &Task, written: &flower_store::Written, notice: &AtomicBool) {
+    async fn ended(&self, ended: &Task, written: &flower_store::Written, notice: &AtomicBool, untouched: bool) {
         self.journal.announce(written).await;
         if !notice.swap(true, Ordering::SeqCst) {
             let changeset = self.left_changeset(ended.id, ended.attempt);
-            let copy = flower_bus::TaskEnded::of(ended, true, changeset).map(Box::new);
+            let copy = flower_bus::TaskEnded::of(ended, true, changeset)
+                .map(|ended| Box::new(flower_bus::TaskEnded { workbench_untouched: untouched, ..ended }));
             let _ = self
                 .journal
                 .notifier()
@@ -823,7 +830,7 @@ impl Worker {
                     if let flower_store::rules::ClaimDecision::Take(claim) =
                         flower_store::rules::claim(task, attempt, &self.opts.worker_id, now_ms())
                     {
-                        self.stage_notice(&claim.task, attempt, &outcome, *usage, &mut batch, &early.notice);
+                        self.stage_notice(&claim.task, attempt, &outcome, *usage, &mut batch, &early.notice, true);
                     }
                     let _ = early.offer.offer(OfferedEnd { outcome, usage: *usage, batch });
                 }
