@@ -1331,7 +1331,11 @@ impl Store for PostgresStore {
                 // prepared on the connection goes out after its preparation,
                 // out of order). The messages of new tasks are released once
                 // their creation locks are held; the writes after the locks
-                // in the flight do not wait for that.
+                // in the flight do not wait for that. The required ends are
+                // read last: that read waits for their writers' commits, and
+                // the writes before it are done meanwhile (none of them takes
+                // a lock such a writer waits for: the job's row is updated
+                // with the events, after it).
                 let mut first: Vec<&str> = Vec::new();
                 if batch.fence.is_some() {
                     first.push(FENCE);
@@ -1339,11 +1343,11 @@ impl Store for PostgresStore {
                 if !batch.tasks.is_empty() {
                     first.extend([LOCK_NEW_TASKS, INSERT_TASKS.as_str()]);
                 }
-                if !batch.requires.is_empty() {
-                    first.push(&REQUIRED);
-                }
                 if !batch.entries.is_empty() {
                     first.push(WRITE_PART);
+                }
+                if !batch.requires.is_empty() {
+                    first.push(&REQUIRED);
                 }
                 prepare_all(tx, &first).await?;
                 let locked = async {
@@ -1356,11 +1360,11 @@ impl Store for PostgresStore {
                     Ok::<_, StoreError>(())
                 };
                 let mut events = batch.events;
-                let (_, _, entry_seqs, tasks) = futures::try_join!(
+                let (_, tasks, entry_seqs, _) = futures::try_join!(
                     locked,
-                    check_required(tx, &batch.requires),
+                    insert_tasks(tx, &batch.tasks, &mut events),
                     write_entries(tx, batch.entries),
-                    insert_tasks(tx, &batch.tasks, &mut events)
+                    check_required(tx, &batch.requires)
                 )?;
                 let (events, ending) = write_events_ending(tx, events, batch.usage).await?;
                 Ok((Written { events, entry_seqs, tasks }, ending))
