@@ -686,11 +686,9 @@ impl Worker {
         notice: &Arc<AtomicBool>,
         untouched: bool,
     ) {
-        let copy =
-            flower_store::rules::finish(claimed, attempt, outcome.clone(), usage, now_ms()).ok().and_then(|change| {
-                flower_bus::TaskEnded::of(&change.task, false, self.left_changeset(claimed.id, attempt))
-                    .map(|ended| flower_bus::TaskEnded { workbench_untouched: untouched, ..ended })
-            });
+        let copy = flower_store::rules::finish(claimed, attempt, outcome.clone(), usage, now_ms())
+            .ok()
+            .and_then(|change| self.end_copy(&change.task, false, untouched));
         held.staged = copy.map(|ended| {
             let (notifier, sent, job, id) =
                 (self.journal.notifier().clone(), notice.clone(), claimed.job_id, claimed.id);
@@ -711,9 +709,7 @@ impl Worker {
     async fn ended(&self, ended: &Task, written: &flower_store::Written, notice: &AtomicBool, untouched: bool) {
         self.journal.announce(written).await;
         if !notice.swap(true, Ordering::SeqCst) {
-            let changeset = self.left_changeset(ended.id, ended.attempt);
-            let copy = flower_bus::TaskEnded::of(ended, true, changeset)
-                .map(|ended| Box::new(flower_bus::TaskEnded { workbench_untouched: untouched, ..ended }));
+            let copy = self.end_copy(ended, true, untouched).map(Box::new);
             let _ = self
                 .journal
                 .notifier()
@@ -1092,6 +1088,14 @@ impl Worker {
     }
 
     /// Whether this attempt stored a workspace changeset ([`Worker::collect`]).
+    /// The copy of an attempt's end its notice carries (see
+    /// [`flower_bus::TaskEnded`]); `untouched`: the attempt ran no tool.
+    fn end_copy(&self, ended: &Task, committed: bool, untouched: bool) -> Option<flower_bus::TaskEnded> {
+        let changeset = self.left_changeset(ended.id, ended.attempt);
+        flower_bus::TaskEnded::of(ended, committed, changeset)
+            .map(|copy| flower_bus::TaskEnded { workbench_untouched: untouched, ..copy })
+    }
+
     fn left_changeset(&self, task: flower_model::TaskId, attempt: u32) -> bool {
         self.changesets.lock().unwrap_or_else(|p| p.into_inner()).contains(&(task, attempt))
     }
