@@ -17,6 +17,9 @@ use tokio_util::sync::CancellationToken;
 /// How often a waiting delegation re-reads the store even without a notice
 /// (notices are hints; this bounds the delay if one is lost).
 const RECHECK: Duration = Duration::from_secs(5);
+/// The first pause before a publish is tried again ([`Dispatcher::publish`]); it doubles up to the second.
+const PUBLISH_RETRY_FIRST: Duration = Duration::from_millis(50);
+const PUBLISH_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// Longest a staggered sibling waits for its shape's first child (docs/design.md, section 6).
 pub const STAGGER_WAIT: Duration = Duration::from_secs(8);
@@ -446,6 +449,24 @@ impl Dispatcher {
         self.early.lock().unwrap_or_else(|p| p.into_inner()).insert(task.id, publish);
     }
 
+    /// Publish `msg`, riding out an outage of the queue: its row is
+    /// committed and the message is owed, so an unavailable queue is tried
+    /// again with backoff (a NATS restart must not fail the job); only a
+    /// closed queue fails the dispatch. Whether the queue took it as new.
+    async fn publish(&self, msg: TaskMessage) -> Result<bool, DispatchError> {
+        let mut pause = PUBLISH_RETRY_FIRST;
+        loop {
+            match self.queue.publish(msg.clone()).await {
+                Err(flower_bus::BusError::Unavailable(e)) => {
+                    tracing::warn!(task = %msg.task_id, error = %e, "task queue unavailable; publishing again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(PUBLISH_RETRY_MAX);
+                }
+                published => return Ok(published?),
+            }
+        }
+    }
+
     /// A task's first message, with a copy of its words when small.
     fn first_message(&self, task: &Task) -> TaskMessage {
         TaskMessage {
@@ -494,11 +515,11 @@ impl Dispatcher {
                 // transaction did not commit, if this commit created the row —
                 // and a worker may have dropped that message (no row then).
                 Ok(Ok(false)) if created => {
-                    self.queue.publish(TaskMessage { republish: 1, ..self.first_message(&task) }).await?;
+                    self.publish(TaskMessage { republish: 1, ..self.first_message(&task) }).await?;
                 }
                 Ok(Ok(false)) => {}
                 _ => {
-                    self.queue.publish(self.first_message(&task)).await?;
+                    self.publish(self.first_message(&task)).await?;
                 }
             }
             if created {
@@ -587,7 +608,7 @@ impl Dispatcher {
             return Ok(());
         }
         tracing::warn!(task = %task.id, attempt = task.attempt, "no heartbeat from the task's worker; requeued");
-        self.queue.publish(TaskMessage { base_attempt: task.attempt, body: None, ..self.first_message(task) }).await?;
+        self.publish(TaskMessage { base_attempt: task.attempt, body: None, ..self.first_message(task) }).await?;
         *requeued = Some(tokio::time::Instant::now());
         Ok(())
     }

@@ -1,8 +1,9 @@
-//! Store faults on a cluster of real processes: Postgres down while a task's
-//! report is saved, a Postgres restart under a running job, a task whose
-//! message is gone. Each checks that the job ends, nothing completes twice,
-//! and (for the restart) that the owner kept its job instead of waiting for
-//! its lease to expire. Postgres is taken down for this test's processes only,
+//! Store and queue faults on a cluster of real processes: Postgres down
+//! while a task's report is saved, a Postgres restart under a running job, a
+//! task whose message is gone, the task queue down while the coordinator
+//! delegates. Each checks that the job ends, nothing completes twice, and
+//! (for the restart) that the owner kept its job instead of waiting for its
+//! lease to expire. Postgres is taken down for this test's processes only,
 //! through a gate (see `pggate`).
 
 use std::time::Duration;
@@ -133,5 +134,40 @@ async fn sigterm_to_the_owner_hands_the_job_over_and_cancels_nothing() {
     let new_owner: String =
         pg.query_one(&format!("SELECT owner FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
     assert_ne!(new_owner, owner, "another replica finished it");
+    c.stop().await;
+}
+
+/// The task queue down while the coordinator delegates: a task row is
+/// committed with its turn and its message cannot be published. The
+/// dispatch publishes again until the queue is back (the outage outlasts a
+/// publish's ack timeout), and the job succeeds with every task completed
+/// once — a NATS restart does not fail the job.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delegation_during_a_queue_outage_waits_for_the_queue() {
+    let mut c = Cluster::start(Options { workers: 2, concurrency: 2, private_nats: true, ..Default::default() }).await;
+    let job = c.submit(&repo().join("examples/long-horizon/job.yaml"));
+    let tasks = format!("SELECT count(*) FROM tasks WHERE job_id = '{job}'");
+    c.wait_for("a first delegation", Duration::from_secs(120), &format!("SELECT ({tasks}) > 0")).await;
+    c.nats.as_mut().unwrap().stop();
+    let before: i64 = c.pg().await.query_one(&tasks, &[]).await.unwrap().get(0);
+    // A turn after the stop delegates: its row is committed, its message owed.
+    c.wait_for(
+        "a delegation while the queue is down",
+        Duration::from_secs(120),
+        &format!(
+            "SELECT ({tasks}) > {before} OR (SELECT state FROM jobs WHERE id = '{job}') NOT IN ('queued', 'running')"
+        ),
+    )
+    .await;
+    let state: String =
+        c.pg().await.query_one(&format!("SELECT state FROM jobs WHERE id = '{job}'"), &[]).await.unwrap().get(0);
+    assert!(matches!(state.as_str(), "queued" | "running"), "the job ended while the queue was down: {state}");
+    // Longer than a publish's ack timeout (5 s): the publish fails at least once.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    c.nats.as_mut().unwrap().restart();
+    c.wait_job(&job, "succeeded").await;
+    let finished = finished_counts(&c, &job).await;
+    assert!(finished.len() as i64 > before, "{finished:?}");
+    assert!(finished.iter().all(|(_, state, n)| state == "succeeded" && *n == 1), "{finished:?}");
     c.stop().await;
 }

@@ -1087,7 +1087,6 @@ impl Worker {
         Ok(())
     }
 
-    /// Whether this attempt stored a workspace changeset ([`Worker::collect`]).
     /// The copy of an attempt's end its notice carries (see
     /// [`flower_bus::TaskEnded`]); `untouched`: the attempt ran no tool.
     fn end_copy(&self, ended: &Task, committed: bool, untouched: bool) -> Option<flower_bus::TaskEnded> {
@@ -1096,6 +1095,7 @@ impl Worker {
             .map(|copy| flower_bus::TaskEnded { workbench_untouched: untouched, ..copy })
     }
 
+    /// Whether this attempt stored a workspace changeset ([`Worker::collect`]).
     fn left_changeset(&self, task: flower_model::TaskId, attempt: u32) -> bool {
         self.changesets.lock().unwrap_or_else(|p| p.into_inner()).contains(&(task, attempt))
     }
