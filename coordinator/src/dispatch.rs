@@ -572,8 +572,12 @@ impl Dispatcher {
             if self.waiters.lock().closed {
                 return Err(DispatchError::Bus(flower_bus::BusError::Closed));
             }
+            // A requeue rides out a queue outage (see [`Dispatcher::publish`]): a cancel still ends the wait.
             if let Some(task) = &read {
-                self.sweep(task, &mut requeued).await?;
+                tokio::select! {
+                    swept = self.sweep(task, &mut requeued) => swept?,
+                    _ = cancel.cancelled() => return Err(DispatchError::Cancelled),
+                }
             }
             tokio::select! {
                 _ = waiting.signal.notified() => {}
