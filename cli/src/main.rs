@@ -34,6 +34,13 @@ struct Cli {
     /// [default: $XDG_DATA_HOME/flower or ~/.local/share/flower]
     #[arg(long, global = true, env = "FLOWER_HOME")]
     home: Option<PathBuf>,
+    /// Threads of the process's async runtime [default: the cores it may use].
+    /// Processes that share cores (a coordinator and workers on one machine)
+    /// run best with fewer: one per core among them (docs/benchmarks.md,
+    /// "Runtime threads")
+    #[arg(long, global = true, env = "FLOWER_THREADS", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: Option<u16>,
     #[command(subcommand)]
     command: Command,
 }
@@ -121,7 +128,11 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let _telemetry = telemetry::init(cli.command.name());
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cli.threads {
+        builder.worker_threads(n.into());
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -69,3 +69,42 @@ fn a_job_against_a_sim_server_delegates_in_parallel() {
     assert_eq!(tool_uses(wc)[0].0, "Bash");
     assert_eq!(tool_results(wc)[0].0.trim(), "14");
 }
+
+/// `--threads` (or `FLOWER_THREADS`) sizes a serving process's runtime, and
+/// the process says how many it runs; zero is refused, naming the option.
+#[test]
+fn a_serving_process_runs_the_threads_it_is_given() {
+    let scenario = repo().join("tests/fixtures/parallel/scenario.yaml");
+    let first_line = |threads: Option<&str>, env: Option<&str>| {
+        let mut cmd = std::process::Command::new(FLOWER);
+        if let Some(n) = threads {
+            cmd.args(["--threads", n]);
+        }
+        if let Some(n) = env {
+            cmd.env("FLOWER_THREADS", n);
+        } else {
+            cmd.env_remove("FLOWER_THREADS");
+        }
+        let mut child = cmd
+            .args(["sim", "--listen", "127.0.0.1:0", "--scenario", scenario.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let _server = Server(child);
+        line
+    };
+    let line = first_line(Some("3"), None);
+    assert!(line.contains("3 runtime threads"), "{line}");
+    let line = first_line(None, Some("1"));
+    assert!(line.contains("1 runtime thread)") || line.contains("1 runtime thread;"), "{line}");
+    // The flag wins over the environment, as every other option does.
+    let line = first_line(Some("2"), Some("1"));
+    assert!(line.contains("2 runtime threads"), "{line}");
+
+    let out = std::process::Command::new(FLOWER).args(["--threads", "0", "sim"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--threads"), "{stderr}");
+}

@@ -95,3 +95,12 @@ fn cache_mode(s: &str) -> Result<flower_model::spec::CacheMode, String> {
         _ => Err(format!("`{s}`: expected full, tail-only or off")),
     }
 }
+
+/// The async runtime's threads, as a serving process announces them
+/// (`--threads`, or one per core).
+pub fn runtime_threads() -> String {
+    match tokio::runtime::Handle::current().metrics().num_workers() {
+        1 => "1 runtime thread".into(),
+        n => format!("{n} runtime threads"),
+    }
+}

@@ -104,10 +104,11 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         ..Default::default()
     };
     println!(
-        "flower coordinator {} listening on {} (providers: {})",
+        "flower coordinator {} listening on {} (providers: {}; {})",
         config.replica,
         service::describe(addr, config.tls.is_some()),
-        backends.providers.names().join(", ")
+        backends.providers.names().join(", "),
+        super::runtime_threads()
     );
     serve_metrics(metrics, Some(connected.store.clone()))?;
     let shutdown = CancellationToken::new();
@@ -168,7 +169,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         args.backends.tool_policy()?,
     )?;
     let worker = connected.worker(WorkerOptions::new(id.clone(), work));
-    println!("flower worker {id} consuming tasks (concurrency {})", args.concurrency);
+    println!("flower worker {id} consuming tasks (concurrency {}, {})", args.concurrency, super::runtime_threads());
     println!("{isolation}");
     // A worker's store holds every job, but counting them is the
     // coordinators' part: one source for the jobs gauge.

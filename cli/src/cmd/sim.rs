@@ -40,8 +40,9 @@ pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     println!(
-        "flower sim listening on {} ({roles} scripted roles); POST /v1/messages, POST /v1/chat/completions",
-        handle.base_url()
+        "flower sim listening on {} ({roles} scripted roles, {}); POST /v1/messages, POST /v1/chat/completions",
+        handle.base_url(),
+        super::runtime_threads()
     );
     // Ctrl-C or SIGTERM (`docker stop`) ends it.
     super::backends::terminated().await;
