@@ -90,7 +90,14 @@ impl PostgresStore {
         let config: tokio_postgres::Config =
             url.parse().map_err(|e| StoreError::Backend(format!("database URL `{url}`: {e}")))?;
         let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-        let pool = Pool::builder(manager).max_size(max_connections.max(1)).build().map_err(backend)?;
+        // The connection used last goes out first: a sequential chain of
+        // writes keeps to one warm backend (its caches, its prepared
+        // statements) instead of going round every connection a burst opened.
+        let pool = Pool::builder(manager)
+            .max_size(max_connections.max(1))
+            .queue_mode(deadpool_postgres::QueueMode::Lifo)
+            .build()
+            .map_err(backend)?;
         let store = Self { pool };
         match policy {
             SchemaPolicy::Migrate => {
