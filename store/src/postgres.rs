@@ -222,16 +222,6 @@ impl PostgresStore {
                     }
                 }
                 let changed: Vec<&Task> = changed_ids.iter().filter_map(|id| rows.get(id)).collect();
-                let (mut opened, _, _) = futures::try_join!(
-                    insert_sessions(tx, &opening),
-                    check_required(tx, &required),
-                    write_tasks(tx, &changed)
-                )?;
-                // Entries after their session rows, whose counters number
-                // them: not pipelined with them (a statement not prepared
-                // yet on this connection goes out only after its
-                // preparation, so two pipelined statements may run in
-                // either order).
                 let (mut entries, mut counts) = (Vec::new(), Vec::new());
                 for d in decided.iter_mut() {
                     if let Decided::Taken { ending: Some((_, batch)), .. } = d {
@@ -239,7 +229,32 @@ impl PostgresStore {
                         entries.append(&mut batch.entries);
                     }
                 }
-                let mut seqs = write_entries(tx, entries).await?.into_iter();
+                // The sessions, the required ends, the rows and the entries
+                // in one flight, in this order: the entries after their
+                // session rows, whose counters number them. Each statement
+                // is prepared first (one not yet prepared on the connection
+                // goes out after its preparation, out of order).
+                let mut flight: Vec<&str> = Vec::new();
+                if !opening.is_empty() {
+                    flight.push(INSERT_SESSIONS);
+                }
+                if !required.is_empty() {
+                    flight.push(&REQUIRED);
+                }
+                if !changed.is_empty() {
+                    flight.push(WRITE_TASKS);
+                }
+                if !entries.is_empty() {
+                    flight.push(WRITE_PART);
+                }
+                prepare_all(tx, &flight).await?;
+                let (mut opened, _, _, seqs) = futures::try_join!(
+                    insert_sessions(tx, &opening),
+                    check_required(tx, &required),
+                    write_tasks(tx, &changed),
+                    write_entries(tx, entries)
+                )?;
+                let mut seqs = seqs.into_iter();
                 let mut counts = counts.into_iter();
                 // Every claim's events in one list, each claim's in the order
                 // its own write would have them; its part is cut out below.
@@ -493,17 +508,17 @@ async fn write_tasks(tx: &Tx<'_>, tasks: &[&Task]) -> Result<()> {
         usages.push(json(&t.usage)?);
         ats.push(t.updated_at);
     }
-    db_execute(tx,
-        "UPDATE tasks AS t SET state = u.state, attempt = u.attempt, claimed_by = u.claimed_by, report = u.report,
-           error = u.error, usage = u.usage, updated_at = u.updated_at
-         FROM UNNEST($1::uuid[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bigint[])
-           AS u (id, state, attempt, claimed_by, report, error, usage, updated_at)
-         WHERE t.id = u.id AND t.id = ANY($1)",
-        &[&ids, &states, &attempts, &claimed, &reports, &errors, &usages, &ats],
-    )
-    .await?;
+    db_execute(tx, WRITE_TASKS, &[&ids, &states, &attempts, &claimed, &reports, &errors, &usages, &ats]).await?;
     Ok(())
 }
+
+/// [`write_tasks`]'s statement.
+const WRITE_TASKS: &str =
+    "UPDATE tasks AS t SET state = u.state, attempt = u.attempt, claimed_by = u.claimed_by, report = u.report,
+       error = u.error, usage = u.usage, updated_at = u.updated_at
+     FROM UNNEST($1::uuid[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bigint[])
+       AS u (id, state, attempt, claimed_by, report, error, usage, updated_at)
+     WHERE t.id = u.id AND t.id = ANY($1)";
 
 /// Store task changes and number their events, in the changes' order.
 async fn apply_task_changes(tx: &Tx<'_>, changes: Vec<TaskChange>) -> Result<Vec<Event>> {
@@ -1013,16 +1028,14 @@ async fn insert_sessions(tx: &Tx<'_>, sessions: &[&Session]) -> Result<std::coll
         tasks.push(s.task_id.map(|t| t.0));
         ats.push(s.created_at);
     }
-    let rows = db_query(
-        tx,
-        "INSERT INTO sessions (id, job_id, role, label, task_id, created_at)
-             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::uuid[], $6::bigint[])
-             ON CONFLICT (id) DO NOTHING RETURNING id",
-        &[&ids, &jobs, &roles, &labels, &tasks, &ats],
-    )
-    .await?;
+    let rows = db_query(tx, INSERT_SESSIONS, &[&ids, &jobs, &roles, &labels, &tasks, &ats]).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
+
+/// [`insert_sessions`]'s statement.
+const INSERT_SESSIONS: &str = "INSERT INTO sessions (id, job_id, role, label, task_id, created_at)
+     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::uuid[], $6::bigint[])
+     ON CONFLICT (id) DO NOTHING RETURNING id";
 
 /// One claim of a group, as decided on its locked row (held for one write,
 /// a group's worth: not worth a box).
