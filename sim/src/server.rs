@@ -182,10 +182,6 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
         return axum::Json(body).into_response();
     }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    // The request is freed off the async threads: a long history's value
-    // tree takes a while to free, and the answer waits for nothing of it
-    // (the timeline's `out` is stamped before the answer is written).
-    tokio::task::spawn_blocking(move || drop(body));
     tokio::spawn(stream_message(planned, latency, tx));
     event_stream(rx)
 }

@@ -15,21 +15,28 @@ impl Drop for Server {
     }
 }
 
-/// Start `flower sim` on an ephemeral port; its first stdout line names the address.
-fn start_sim(scenario: &std::path::Path) -> (Server, String) {
-    let mut child = std::process::Command::new(FLOWER)
+/// Start `flower sim` (as `cmd` is set up) on an ephemeral port; the
+/// server and its first stdout line.
+fn spawn_sim(mut cmd: std::process::Command, scenario: &std::path::Path) -> (Server, String) {
+    let mut child = cmd
         .args(["sim", "--listen", "127.0.0.1:0", "--scenario", scenario.to_str().unwrap()])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    (Server(child), line)
+}
+
+/// Start `flower sim` on an ephemeral port; its first stdout line names the address.
+fn start_sim(scenario: &std::path::Path) -> (Server, String) {
+    let (server, line) = spawn_sim(std::process::Command::new(FLOWER), scenario);
     let url = line
         .split_whitespace()
         .find(|w| w.starts_with("http://"))
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
-    (Server(child), url)
+    (server, url)
 }
 
 #[test]
@@ -85,14 +92,7 @@ fn a_serving_process_runs_the_threads_it_is_given() {
         } else {
             cmd.env_remove("FLOWER_THREADS");
         }
-        let mut child = cmd
-            .args(["sim", "--listen", "127.0.0.1:0", "--scenario", scenario.to_str().unwrap()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let _server = Server(child);
+        let (_server, line) = spawn_sim(cmd, &scenario);
         line
     };
     let line = first_line(Some("3"), None);
