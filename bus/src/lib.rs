@@ -262,6 +262,28 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// delivered plus delivered and not settled (in flight). May cost a round
     /// trip to the server: read it periodically, not per task.
     async fn lag(&self) -> Result<u64>;
+    /// The next message the queue gave up on (see [`DeadLetter`]). A queue
+    /// without a delivery limit gives up on none: pending forever.
+    async fn dead_letter(&self) -> Result<Box<dyn DeadLetter>> {
+        futures::future::pending().await
+    }
+}
+
+/// A task message whose deliveries reached the queue's limit with the last
+/// one never settled: its worker died holding it, or gave it back (a store
+/// outage outlasted every delivery's claim). The queue delivers it no more;
+/// whoever takes the dead letter decides what becomes of its task.
+#[async_trait]
+pub trait DeadLetter: Send + Sync {
+    /// The message, if the queue still holds it (`None`: settled after all,
+    /// or not readable as a task message).
+    fn message(&self) -> Option<&TaskMessage>;
+    /// How many times the message was delivered.
+    fn deliveries(&self) -> u32;
+    /// Handled: the message leaves the queue, and the dead letter with it.
+    async fn settle(&self) -> Result<()>;
+    /// Not handled now (the store is unreachable): offer it again after `delay`.
+    async fn retry(&self, delay: Duration) -> Result<()>;
 }
 
 /// The notice stream (fan-out: every subscriber sees every notice).

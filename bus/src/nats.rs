@@ -8,6 +8,13 @@
 //! the worker that receives `delivered > max_attempts` terminates it and
 //! records the failure). Payloads are the protobuf messages of `flower.v1`.
 //!
+//! Dead letters: a message whose last delivery was not settled either (its
+//! worker died holding it, or gave it back) is dropped from the consumer,
+//! and the server says so once, in a max-deliveries advisory. A second stream
+//! (`<STREAM>_DEAD`) keeps those advisories, so none is lost while no
+//! coordinator listens; coordinators take them through a durable consumer of
+//! their own ([`TaskQueue::dead_letter`]).
+//!
 //! Notices: core NATS publish/subscribe on `<prefix>.notices.<kind>`, fanned
 //! out to local subscribers; they are hints, so at-most-once delivery is
 //! enough. A process subscribes to the kinds it needs only
@@ -27,7 +34,8 @@ use prost::Message as _;
 use tokio::sync::broadcast;
 
 use crate::{
-    BusError, Delivery, Notice, NoticeKind, NoticeStream, Notifier, Result, TaskBody, TaskEnded, TaskMessage, TaskQueue,
+    BusError, DeadLetter, Delivery, Notice, NoticeKind, NoticeStream, Notifier, Result, TaskBody, TaskEnded,
+    TaskMessage, TaskQueue,
 };
 
 /// Where and how the bus lives on the server.
@@ -65,6 +73,13 @@ impl NatsConfig {
     pub fn stream_name(&self) -> String {
         format!("{}_TASKS", self.prefix.replace(['.', '-'], "_").to_uppercase())
     }
+    /// The stream keeping the task consumer's max-deliveries advisories.
+    pub fn dead_letter_stream_name(&self) -> String {
+        format!("{}_DEAD", self.stream_name())
+    }
+    fn workers_consumer(&self) -> String {
+        format!("{}-workers", self.prefix)
+    }
     fn tasks_subject(&self) -> String {
         format!("{}.tasks", self.prefix)
     }
@@ -83,6 +98,10 @@ pub struct NatsBus {
     client: async_nats::Client,
     js: Context,
     consumer: PullConsumer,
+    /// The tasks stream (a dead letter's message is read and deleted there).
+    tasks: stream::Stream,
+    /// The coordinators' consumer of max-deliveries advisories.
+    dead: PullConsumer,
     notices: broadcast::Sender<Notice>,
 }
 
@@ -111,7 +130,7 @@ impl NatsBus {
             })
             .await
             .map_err(unavailable)?;
-        let durable = format!("{}-workers", config.prefix);
+        let durable = config.workers_consumer();
         let consumer = stream
             .get_or_create_consumer(
                 &durable,
@@ -125,8 +144,34 @@ impl NatsBus {
             )
             .await
             .map_err(unavailable)?;
+        let dead_stream = js
+            .get_or_create_stream(stream::Config {
+                name: config.dead_letter_stream_name(),
+                subjects: vec![format!(
+                    "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{durable}",
+                    config.stream_name()
+                )],
+                retention: RetentionPolicy::WorkQueue,
+                storage: StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(unavailable)?;
+        let dead_durable = format!("{}-dead-letters", config.prefix);
+        let dead = dead_stream
+            .get_or_create_consumer(
+                &dead_durable,
+                pull::Config {
+                    durable_name: Some(dead_durable.clone()),
+                    ack_policy: AckPolicy::Explicit,
+                    ack_wait: config.ack_wait,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(unavailable)?;
         let (tx, _) = broadcast::channel(4096);
-        let bus = Self { config, client, js, consumer, notices: tx };
+        let bus = Self { config, client, js, consumer, tasks: stream, dead, notices: tx };
         bus.forward_notices().await?;
         Ok(bus)
     }
@@ -170,9 +215,10 @@ impl NatsBus {
         Ok(())
     }
 
-    /// Delete the stream and its consumer (tests and teardown).
+    /// Delete the streams and their consumers (tests and teardown).
     pub async fn destroy(&self) -> Result<()> {
         self.js.delete_stream(self.config.stream_name()).await.map_err(unavailable)?;
+        self.js.delete_stream(self.config.dead_letter_stream_name()).await.map_err(unavailable)?;
         Ok(())
     }
 
@@ -272,6 +318,7 @@ fn task_to_pb(t: &TaskMessage) -> pb::TaskMessage {
             description: b.description.clone(),
             mandate: b.mandate.clone(),
         }),
+        republish: t.republish,
     }
 }
 
@@ -294,7 +341,7 @@ fn task_from_pb(t: pb::TaskMessage) -> std::result::Result<TaskMessage, String> 
                 })
             })
             .transpose()?,
-        republish: 0,
+        republish: t.republish,
     })
 }
 
@@ -330,13 +377,8 @@ impl TaskQueue for NatsBus {
             let Some(msg) = batch.next().await else { continue };
             let msg = msg.map_err(unavailable)?;
             let delivered = msg.info().map(|i| i.delivered).unwrap_or(1).max(1) as u32;
-            let trace =
-                msg.headers.as_ref().and_then(|h| h.get(crate::trace::TRACEPARENT)).map(|v| v.as_str().to_string());
-            match pb::TaskMessage::decode(msg.payload.as_ref()).map_err(|e| e.to_string()).and_then(task_from_pb) {
-                Ok(mut task) => {
-                    task.trace = trace;
-                    return Ok(Box::new(NatsDelivery { msg, task, delivered }));
-                }
+            match decode_task(msg.headers.as_ref(), &msg.payload) {
+                Ok(task) => return Ok(Box::new(NatsDelivery { msg, task, delivered })),
                 Err(e) => {
                     // Not ours to run and never will be: drop it for good.
                     tracing::warn!(error = %e, "undecodable task message terminated");
@@ -351,6 +393,92 @@ impl TaskQueue for NatsBus {
         // but not yet acknowledged.
         let info = self.consumer.get_info().await.map_err(unavailable)?;
         Ok(info.num_pending + info.num_ack_pending as u64)
+    }
+
+    async fn dead_letter(&self) -> Result<Box<dyn DeadLetter>> {
+        /// The fields of `io.nats.jetstream.advisory.v1.max_deliver` read here.
+        #[derive(serde::Deserialize)]
+        struct MaxDeliveries {
+            stream_seq: u64,
+            deliveries: u64,
+        }
+        loop {
+            let mut batch = self
+                .dead
+                .batch()
+                .max_messages(1)
+                .expires(Duration::from_secs(10))
+                .messages()
+                .await
+                .map_err(unavailable)?;
+            let Some(advisory) = batch.next().await else { continue };
+            let advisory = advisory.map_err(unavailable)?;
+            let Ok(said) = serde_json::from_slice::<MaxDeliveries>(&advisory.payload) else {
+                tracing::warn!("unreadable max-deliveries advisory dropped");
+                let _ = advisory.double_ack_with(AckKind::Term).await;
+                continue;
+            };
+            let task = match self.tasks.get_raw_message(said.stream_seq).await {
+                Ok(m) => match decode_task(Some(&m.headers), &m.payload) {
+                    Ok(task) => Some(task),
+                    Err(e) => {
+                        tracing::warn!(error = %e, seq = said.stream_seq, "undecodable dead letter");
+                        None
+                    }
+                },
+                Err(e) if matches!(e.kind(), stream::RawMessageErrorKind::NoMessageFound) => None,
+                Err(e) => {
+                    let _ = advisory.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                    return Err(unavailable(e));
+                }
+            };
+            let deliveries = u32::try_from(said.deliveries).unwrap_or(u32::MAX);
+            return Ok(Box::new(NatsDeadLetter {
+                advisory,
+                seq: said.stream_seq,
+                deliveries,
+                task,
+                tasks: self.tasks.clone(),
+            }));
+        }
+    }
+}
+
+/// A task message's payload and trace header, decoded.
+fn decode_task(headers: Option<&HeaderMap>, payload: &[u8]) -> std::result::Result<TaskMessage, String> {
+    let mut task = pb::TaskMessage::decode(payload).map_err(|e| e.to_string()).and_then(task_from_pb)?;
+    task.trace = headers.and_then(|h| h.get(crate::trace::TRACEPARENT)).map(|v| v.as_str().to_string());
+    Ok(task)
+}
+
+struct NatsDeadLetter {
+    advisory: jetstream::Message,
+    seq: u64,
+    deliveries: u32,
+    task: Option<TaskMessage>,
+    tasks: stream::Stream,
+}
+
+#[async_trait]
+impl DeadLetter for NatsDeadLetter {
+    fn message(&self) -> Option<&TaskMessage> {
+        self.task.as_ref()
+    }
+    fn deliveries(&self) -> u32 {
+        self.deliveries
+    }
+    async fn settle(&self) -> Result<()> {
+        use async_nats::jetstream::stream::DeleteMessageErrorKind;
+        match self.tasks.delete_message(self.seq).await {
+            // Deleted, or the server says there is nothing to delete.
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), DeleteMessageErrorKind::JetStream(_)) => {}
+            Err(e) => return Err(unavailable(e)),
+        }
+        self.advisory.double_ack().await.map_err(unavailable)
+    }
+    async fn retry(&self, delay: Duration) -> Result<()> {
+        self.advisory.ack_with(AckKind::Nak(Some(delay))).await.map_err(unavailable)
     }
 }
 

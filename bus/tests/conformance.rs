@@ -94,6 +94,60 @@ async fn the_delivery_past_the_limit_reaches_the_worker_to_terminate() {
     bus.destroy().await;
 }
 
+/// A message whose last delivery is given back too is delivered no more: it
+/// comes out as a dead letter (the server's advisory, kept in a stream of
+/// its own), with the message still readable; settling it removes it from
+/// the queue. Nothing else is a dead letter.
+#[tokio::test]
+async fn a_message_given_back_at_its_last_delivery_is_a_dead_letter() {
+    // Naks redeliver at once; the ack wait only has to outlast the test (`held`).
+    let bus = ScratchBus::new(Duration::from_secs(60), 1).await;
+    let (kept, m) = (msg(), msg());
+    bus.0.publish(kept.clone()).await.unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(10), bus.0.next()).await.unwrap().unwrap();
+    bus.0.publish(m.clone()).await.unwrap();
+    for expected in [1, 2] {
+        let d = tokio::time::timeout(Duration::from_secs(10), bus.0.next()).await.unwrap().unwrap();
+        assert_eq!((d.message().task_id, d.delivered()), (m.task_id, expected));
+        d.nak(None).await.unwrap();
+    }
+    // A waiting consumer makes the server look at the message again: it is
+    // past its limit, so the consumer gets nothing and the advisory goes out.
+    let dead = tokio::select! {
+        d = bus.0.next() => panic!("delivered past its limit: {:?}", d.map(|d| d.delivered())),
+        dead = tokio::time::timeout(Duration::from_secs(20), bus.0.dead_letter()) => dead,
+    };
+    let dead = dead.expect("a dead letter within 20 s").unwrap();
+    assert_eq!(dead.message().map(|t| t.task_id), Some(m.task_id));
+    assert_eq!(dead.message().unwrap().body, m.body, "the whole message is readable");
+    assert_eq!(dead.deliveries(), 2);
+    // Still in the stream until settled (the consumer no longer counts it); then gone.
+    let js = async_nats::jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+    let mut stream = js.get_stream(bus.0.config().stream_name()).await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 2, "the held message and the dead one");
+    assert_eq!(bus.0.lag().await.unwrap(), 1, "the held message only");
+    dead.settle().await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 1, "the held message only");
+    held.ack().await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 0);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), bus.0.dead_letter()).await.is_err(),
+        "one advisory, one dead letter"
+    );
+    bus.destroy().await;
+}
+
+/// The in-process queue has no delivery limit: it never gives up on a message.
+#[tokio::test]
+async fn the_in_process_queue_has_no_dead_letters() {
+    let bus = MemoryBus::new();
+    bus.publish(msg()).await.unwrap();
+    for _ in 0..5 {
+        bus.next().await.unwrap().nak(None).await.unwrap();
+    }
+    assert!(tokio::time::timeout(Duration::from_millis(200), bus.dead_letter()).await.is_err());
+}
+
 #[tokio::test]
 async fn raw_round_trip_is_measured() {
     let bus = ScratchBus::new(Duration::from_secs(5), 3).await;

@@ -10,6 +10,7 @@
 //! - [`dispatch`]: task creation (derived ids), publish, waiting for reports,
 //!   applying workspace changesets in completion order
 //! - [`runner`]: one job's coordinator session, started or resumed, to its end state
+//! - [`dead_letters`]: task messages the queue gave up on: republished while never claimed, then failed
 //! - [`context`]: the context report of a job (main thread vs subagents)
 //! - [`index`]: the workbench index as notices to the main thread (layer 2)
 //! - [`actions`]: cancel a job, send it a message — for the gRPC API and the web console
@@ -31,6 +32,7 @@ pub mod aside;
 pub mod clarify;
 pub mod context;
 pub mod continuation;
+pub mod dead_letters;
 pub mod dispatch;
 pub mod handoff;
 pub mod index;

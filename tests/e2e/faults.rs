@@ -1,12 +1,14 @@
 //! Store and queue faults on a cluster of real processes: Postgres down
 //! while a task's report is saved, a Postgres restart under a running job, a
-//! task whose message is gone, the task queue down while the coordinator
-//! delegates. Each checks that the job ends, nothing completes twice, and
+//! task whose message is gone, one whose message the queue gave up on, the
+//! task queue down while the coordinator delegates. Each checks that the job ends, nothing completes twice, and
 //! (for the restart) that the owner kept its job instead of waiting for its
 //! lease to expire. Postgres is taken down for this test's processes only,
 //! through a gate (see `pggate`).
 
 use std::time::Duration;
+
+use flower_bus::TaskQueue;
 
 use crate::cluster::{Cluster, Options};
 use crate::pggate::REPORT_WRITE;
@@ -90,6 +92,67 @@ async fn the_sweeper_requeues_a_task_whose_message_is_gone() {
     assert_eq!(row.get::<_, String>(1).trim(), "rested");
     let tasks = finished_counts(&c, &job).await;
     assert_eq!(tasks[0].2, 1, "{tasks:?}");
+    c.stop().await;
+}
+
+/// A task whose message the queue gave up on before any worker claimed it
+/// (both deliveries given back, as a worker does when the store stays out
+/// longer than its claim retries) is published again by the coordinator,
+/// as a new message with deliveries of its own; given up on again past the
+/// attempt limit, the task fails with the reason, the job's coordinator
+/// hears of it and answers, and the dead messages leave the queue.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_whose_message_the_queue_gave_up_on_is_published_again_then_failed() {
+    let mut c = Cluster::start(Options { workers: 0, ack_wait: "1s", max_attempts: 1, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
+    // This test's consumer plays the workers that cannot claim.
+    let mut config = flower_bus::NatsConfig::new(crate::cluster::nats_url(), c.prefix.clone());
+    config.ack_wait = Duration::from_secs(1);
+    config.max_attempts = 1;
+    let bus = flower_bus::NatsBus::connect(config.clone()).await.unwrap();
+    let mut task = None;
+    for republish in [0, 1] {
+        for delivered in [1, 2] {
+            let d = tokio::time::timeout(Duration::from_secs(30), bus.next()).await.expect("a delivery").unwrap();
+            let m = d.message();
+            assert_eq!((m.republish, d.delivered()), (republish, delivered), "republish, delivery");
+            assert_eq!(*task.get_or_insert(m.task_id), m.task_id, "one task");
+            d.nak(None).await.unwrap();
+        }
+    }
+    // Waiting for a delivery makes the server give up on the last message.
+    tokio::select! {
+        d = bus.next() => panic!("delivered past the limit: {:?}", d.map(|d| d.delivered())),
+        () = c.wait_task(&job, "failed") => {}
+    }
+    let pg = c.pg().await;
+    let row = pg
+        .query_one(&format!("SELECT error, claimed_by, attempt FROM tasks WHERE job_id = '{job}'"), &[])
+        .await
+        .unwrap();
+    let error: String = row.get(0);
+    assert!(error.contains("the queue gave up on its message 2 times"), "{error}");
+    assert_eq!(row.get::<_, String>(1), "dead-letters");
+    assert_eq!(row.get::<_, i32>(2), 2, "claimed past the deliveries of its last message");
+    c.wait_for(
+        "the job to end",
+        Duration::from_secs(60),
+        &format!("SELECT state IN ('succeeded', 'failed') FROM jobs WHERE id = '{job}'"),
+    )
+    .await;
+    let answer: String =
+        pg.query_one(&format!("SELECT final_answer FROM jobs WHERE id = '{job}'"), &[]).await.unwrap().get(0);
+    assert!(answer.contains("gave up on its message"), "the coordinator got the failure: {answer}");
+    // Both dead messages are deleted once handled, and both advisories taken.
+    let js = async_nats::jetstream::new(async_nats::connect(crate::cluster::nats_url()).await.unwrap());
+    for name in [config.stream_name(), config.dead_letter_stream_name()] {
+        let mut stream = js.get_stream(&name).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while stream.info().await.unwrap().state.messages > 0 {
+            assert!(tokio::time::Instant::now() < deadline, "{name} still holds a message");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     c.stop().await;
 }
 

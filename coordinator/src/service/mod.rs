@@ -71,6 +71,13 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let owner = owner::Owner::new(backends.clone(), config.replica.clone(), config.lease_ttl, config.sweep);
     let owning = tokio::spawn(owner.clone().run(shutdown.clone()));
+    let journal = flower_agent::Journal::new(backends.store.clone(), backends.notifier.clone());
+    let dead_letters = tokio::spawn(crate::dead_letters::run(
+        backends.queue.clone(),
+        journal,
+        config.sweep.max_attempts,
+        shutdown.clone(),
+    ));
     let api = api::Api::new(backends, owner, config.max_request_bytes);
     let token = config.token.clone();
     let auth = move |req: Request<()>| check_token(&token, req);
@@ -110,6 +117,7 @@ pub async fn serve(
     let served = router.serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }).await;
     shutdown.cancel();
     let _ = owning.await;
+    let _ = dead_letters.await;
     served
 }
 
