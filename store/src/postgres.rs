@@ -926,16 +926,53 @@ async fn lock_new_tasks(tx: &Tx<'_>, tasks: &[Task]) -> Result<()> {
     if tasks.is_empty() {
         return Ok(());
     }
+    db_execute(tx, LOCK_NEW_TASKS, &[&TASK_LOCK_CLASS, &lock_keys(tasks)]).await?;
+    Ok(())
+}
+
+/// The creation-lock keys of `tasks`, in the one order every transaction
+/// takes them in: two creators never wait on each other in a cycle.
+fn lock_keys(tasks: &[Task]) -> Vec<i32> {
     let mut keys: Vec<i32> = tasks.iter().map(|t| task_lock_key(t.id)).collect();
-    // One order for every transaction: two creators never wait on each other in a cycle.
     keys.sort_unstable();
     keys.dedup();
-    db_execute(tx, LOCK_NEW_TASKS, &[&TASK_LOCK_CLASS, &keys]).await?;
-    Ok(())
+    keys
 }
 
 /// [`lock_new_tasks`]'s statement.
 const LOCK_NEW_TASKS: &str = "SELECT pg_advisory_xact_lock($1, k) FROM UNNEST($2::int4[]) AS k";
+
+/// [`check_fence`] and [`lock_new_tasks`] in one statement (one statement's
+/// work less for the server, on the path to a new task's message). Both
+/// parts are evaluated whatever the other finds (each CTE is materialised:
+/// one locks a row, the other calls a volatile function).
+const FENCE_AND_LOCK: &str = "WITH fence AS (SELECT epoch FROM leases WHERE job_id = $1 FOR SHARE),
+     locks AS (SELECT pg_advisory_xact_lock($2, k) FROM UNNEST($3::int4[]) AS k)
+     SELECT (SELECT epoch FROM fence), (SELECT count(*) FROM locks)";
+
+/// The statements [`fence_and_lock`] sends.
+fn fence_and_lock_statements(fence: Option<Fence>, tasks: &[Task]) -> &'static [&'static str] {
+    match (fence.is_some(), tasks.is_empty()) {
+        (true, false) => &[FENCE_AND_LOCK],
+        (true, true) => &[FENCE],
+        (false, false) => &[LOCK_NEW_TASKS],
+        (false, true) => &[],
+    }
+}
+
+/// [`check_fence`] and [`lock_new_tasks`], in one statement when both apply.
+async fn fence_and_lock(tx: &Tx<'_>, fence: Option<Fence>, tasks: &[Task]) -> Result<()> {
+    match fence {
+        Some(f) if !tasks.is_empty() => {
+            let row = db_query_one(tx, FENCE_AND_LOCK, &[&f.job.0, &TASK_LOCK_CLASS, &lock_keys(tasks)]).await?;
+            rules::check_fence(f, row.get::<_, Option<i64>>(0).unwrap_or(0))
+        }
+        _ => {
+            futures::try_join!(check_fence(tx, fence), lock_new_tasks(tx, tasks))?;
+            Ok(())
+        }
+    }
+}
 
 /// The task row for a claim, locked. A row not visible yet may be one a
 /// coordinator published the message of before its commit: then the task's
@@ -1356,12 +1393,9 @@ impl Store for PostgresStore {
                 // the writes before it are done meanwhile (none of them takes
                 // a lock such a writer waits for: the job's row is updated
                 // with the events, after it).
-                let mut first: Vec<&str> = Vec::new();
-                if batch.fence.is_some() {
-                    first.push(FENCE);
-                }
+                let mut first: Vec<&str> = fence_and_lock_statements(batch.fence, &batch.tasks).to_vec();
                 if !batch.tasks.is_empty() {
-                    first.extend([LOCK_NEW_TASKS, INSERT_TASKS.as_str()]);
+                    first.push(INSERT_TASKS.as_str());
                 }
                 if !batch.entries.is_empty() {
                     first.push(WRITE_PART);
@@ -1371,7 +1405,7 @@ impl Store for PostgresStore {
                 }
                 prepare_all(tx, &first).await?;
                 let locked = async {
-                    futures::try_join!(check_fence(tx, batch.fence), lock_new_tasks(tx, &batch.tasks))?;
+                    fence_and_lock(tx, batch.fence, &batch.tasks).await?;
                     if !batch.tasks.is_empty()
                         && let Some(staged) = &batch.staged
                     {
@@ -1428,7 +1462,7 @@ impl Store for PostgresStore {
         }
         self.tx_ending(move |tx| {
             Box::pin(async move {
-                futures::try_join!(check_fence(tx, fence), lock_new_tasks(tx, &tasks))?;
+                fence_and_lock(tx, fence, &tasks).await?;
                 let mut events = Vec::new();
                 let out = insert_tasks(tx, &tasks, &mut events).await?;
                 let (events, ending) = write_events_ending(tx, events, None).await?;
