@@ -60,9 +60,10 @@ pub struct TaskMessage {
     /// may start the attempt's first model request while its claim commits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<TaskBody>,
-    /// A publish again of a dispatch whose first message may have been
-    /// dropped (its task row did not commit then): a dedupe id of its own.
-    /// Not on the wire.
+    /// How many times this dispatch was published again under a dedupe id
+    /// of its own: its first message may have been dropped (its task row did
+    /// not commit then), or the queue gave up on it (a dead letter, see
+    /// [`DeadLetter`]). On the wire: a dead letter's republish is bounded by it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub republish: u32,
 }
