@@ -7,7 +7,10 @@
 //! A line: `{"in": µs, "out": µs, "first": <the first user text, at most 80
 //! chars>, "results": [tool_use ids answered in the last message],
 //! "calls": [{"id", "prompt"}] of the answer's tool calls}`. Lines are written
-//! by a thread of their own, never on the server's async threads.
+//! by a thread of their own, never on the server's async threads, in batches
+//! every [`FLUSH_EVERY`]: logging a line wakes no thread, so the answer it
+//! stamps goes out without a switch to the writer in between (the timeline
+//! must not weigh on the instants it records).
 
 use std::io::Write;
 use std::path::Path;
@@ -20,6 +23,9 @@ pub fn now_us() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
+/// How often the writer takes the lines logged since it last looked.
+pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
 pub struct Timeline {
     lines: std::sync::Mutex<Option<mpsc::Sender<String>>>,
     writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -31,12 +37,20 @@ impl Timeline {
         let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
         let (tx, rx) = mpsc::channel::<String>();
         let writer = std::thread::Builder::new().name("sim-timeline".into()).spawn(move || {
-            // Written as they come; flushed whenever the queue is empty, so
-            // a reader sees every answered request soon after it.
-            while let Ok(line) = rx.recv() {
-                let _ = writeln!(file, "{line}");
-                while let Ok(line) = rx.try_recv() {
-                    let _ = writeln!(file, "{line}");
+            // A reader sees every answered request within FLUSH_EVERY of it.
+            loop {
+                std::thread::sleep(FLUSH_EVERY);
+                loop {
+                    match rx.try_recv() {
+                        Ok(line) => {
+                            let _ = writeln!(file, "{line}");
+                        }
+                        Err(mpsc::TryRecvError::Empty) => break,
+                        Err(mpsc::TryRecvError::Disconnected) => {
+                            let _ = file.flush();
+                            return;
+                        }
+                    }
                 }
                 let _ = file.flush();
             }
