@@ -75,6 +75,9 @@ pub struct Metrics {
     pub model_call_duration: Histogram,
     pub tokens: Family<KindLabel, Counter>,
     pub lease_takeovers: Counter,
+    /// Task messages the queue gave up on, by what became of their task:
+    /// `republished`, `failed`, or `none` (running, ended, or never committed).
+    pub dead_letters: Family<OutcomeLabel, Counter>,
     /// Large tool results written to the workbench and replaced by a pointer.
     pub spills: Counter,
     /// Tool calls denied by a guard, by denial kind ([`denial_label`]).
@@ -113,6 +116,7 @@ impl Metrics {
             model_call_duration: Histogram::new(long_buckets()),
             tokens: Family::default(),
             lease_takeovers: Counter::default(),
+            dead_letters: Family::default(),
             spills: Counter::default(),
             tool_denials: Family::default(),
             prunes: Counter::default(),
@@ -155,6 +159,11 @@ impl Metrics {
             "flower_lease_takeovers",
             "Job leases taken by this coordinator (a new job's first owner, or a dead owner's successor)",
             m.lease_takeovers.clone(),
+        );
+        registry.register(
+            "flower_dead_letters",
+            "Task messages the queue gave up on, taken by this coordinator, by what became of their task",
+            m.dead_letters.clone(),
         );
         registry.register(
             "flower_dispatch_seconds",
@@ -281,6 +290,7 @@ mod tests {
         m.tool_denied("something-else");
         m.prunes.inc();
         m.queue_lag.set(3);
+        m.dead_letters.get_or_create(&OutcomeLabel { outcome: "republished" }).inc();
         let text = m.encode();
         for line in [
             "flower_tasks_total{outcome=\"started\"} 1",
@@ -297,6 +307,7 @@ mod tests {
             "flower_tool_denials_total{kind=\"other\"} 2",
             "flower_prunes_total 1",
             "flower_queue_lag_messages 3",
+            "flower_dead_letters_total{outcome=\"republished\"} 1",
             "# TYPE flower_model_cost_dollars counter",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");

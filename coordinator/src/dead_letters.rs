@@ -59,7 +59,14 @@ pub async fn run(queue: Arc<dyn TaskQueue>, journal: Journal, max_attempts: u32,
             }
         };
         match handle(dead.as_ref(), queue.as_ref(), &journal, max_attempts).await {
-            Ok(_) => {
+            Ok(handled) => {
+                let outcome = match handled {
+                    Handled::Nothing => "none",
+                    Handled::Republished(_) => "republished",
+                    Handled::Failed => "failed",
+                };
+                let label = flower_agent::metrics::OutcomeLabel { outcome };
+                flower_agent::metrics::metrics().dead_letters.get_or_create(&label).inc();
                 if let Err(e) = dead.settle().await {
                     tracing::warn!(error = %e, "dead letter handled but not settled; it comes again");
                 }

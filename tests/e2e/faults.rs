@@ -103,7 +103,8 @@ async fn the_sweeper_requeues_a_task_whose_message_is_gone() {
 /// hears of it and answers, and the dead messages leave the queue.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_whose_message_the_queue_gave_up_on_is_published_again_then_failed() {
-    let mut c = Cluster::start(Options { workers: 0, ack_wait: "1s", max_attempts: 1, ..Default::default() }).await;
+    let opts = Options { workers: 0, ack_wait: "1s", max_attempts: 1, metrics: true, ..Default::default() };
+    let mut c = Cluster::start(opts).await;
     let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
     // This test's consumer plays the workers that cannot claim.
     let mut config = flower_bus::NatsConfig::new(crate::cluster::nats_url(), c.prefix.clone());
@@ -152,6 +153,13 @@ async fn a_task_whose_message_the_queue_gave_up_on_is_published_again_then_faile
             assert!(tokio::time::Instant::now() < deadline, "{name} still holds a message");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+    // Counted once settled (each is counted before its message is deleted).
+    let text = reqwest::get(c.coordinators[0].metrics_url()).await.unwrap().text().await.unwrap();
+    for line in
+        ["flower_dead_letters_total{outcome=\"republished\"} 1", "flower_dead_letters_total{outcome=\"failed\"} 1"]
+    {
+        assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
     }
     c.stop().await;
 }
