@@ -164,6 +164,32 @@ async fn a_task_whose_message_the_queue_gave_up_on_is_published_again_then_faile
     c.stop().await;
 }
 
+/// The delivery past the limit of a task no attempt ever claimed (the
+/// earlier one given back, as by a worker that could not reach the store)
+/// reaches a worker that can: it publishes the task again instead of
+/// failing a task that never ran, and the task runs as its first attempt.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_never_claimed_task_at_its_delivery_limit_is_published_again_and_runs() {
+    let mut c = Cluster::start(Options { workers: 0, ack_wait: "1s", max_attempts: 1, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
+    let mut config = flower_bus::NatsConfig::new(crate::cluster::nats_url(), c.prefix.clone());
+    config.ack_wait = Duration::from_secs(1);
+    config.max_attempts = 1;
+    let bus = flower_bus::NatsBus::connect(config).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(30), bus.next()).await.expect("a delivery").unwrap();
+    assert_eq!((d.message().republish, d.delivered()), (0, 1));
+    d.nak(None).await.unwrap();
+    c.add_worker();
+    c.wait_job(&job, "succeeded").await;
+    let pg = c.pg().await;
+    let row =
+        pg.query_one(&format!("SELECT state, attempt, report FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "succeeded");
+    assert_eq!(row.get::<_, i32>(1), 1, "the message published again ran as the first attempt");
+    assert_eq!(row.get::<_, String>(2).trim(), "rested");
+    c.stop().await;
+}
+
 /// A replica shutting down hands its jobs over: SIGTERM to the owning
 /// coordinator mid-job, another replica finishes the job, and no task is
 /// cancelled (only a user's cancel cancels tasks).

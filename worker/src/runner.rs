@@ -4,7 +4,8 @@
 //!
 //! The claim — not the queue — guarantees a task completes once: a stale or
 //! superseded delivery is acked without running; a delivery past
-//! `max_attempts` is recorded as failed without running (dead letter).
+//! `max_attempts` is recorded as failed without running (dead letter) —
+//! unless no attempt ever claimed the task: then it is published again.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -283,6 +284,9 @@ impl Worker {
         let attempt = msg.base_attempt + delivery.delivered();
         let over = delivery.delivered() > self.opts.max_attempts;
         let delivery: Arc<dyn Delivery> = Arc::from(delivery);
+        if over && self.published_again(delivery.as_ref()).await {
+            return;
+        }
         // A first delivery that carries the task's words starts its first
         // model request while the claim commits (docs/design.md section 3).
         if attempt == 1
@@ -324,6 +328,32 @@ impl Worker {
         let running = self.started(&task, attempt, delivery.clone(), &cancel);
         let (result, held) = self.execute(&task, attempt, opened, fresh, cancel.clone(), None).await;
         self.settle(&task, attempt, result, held, &cancel, running, delivery, &Default::default()).await;
+    }
+
+    /// The delivery past the limit of a task no attempt ever claimed (its
+    /// deliveries were given back: a store outage outlasted their claims'
+    /// retries) does not fail a task that never ran: its message is
+    /// published again, with deliveries of its own, at most `max_attempts`
+    /// times — as a coordinator does with a dead letter (docs/design.md
+    /// section 3, "Delivery limit"). Whether it was; when the row cannot be
+    /// read, the delivery goes the usual way.
+    async fn published_again(&self, delivery: &dyn Delivery) -> bool {
+        let msg = delivery.message();
+        if msg.republish >= self.opts.max_attempts {
+            return false;
+        }
+        match self.journal.store().get_task(msg.task_id).await {
+            Ok(task) if task.state == flower_model::TaskState::Queued => {}
+            _ => return false,
+        }
+        let again = flower_bus::TaskMessage { republish: msg.republish + 1, ..msg.clone() };
+        if let Err(e) = self.queue.publish(again).await {
+            tracing::warn!(task = %msg.task_id, error = %e, "task not published again; its delivery goes the usual way");
+            return false;
+        }
+        tracing::warn!(task = %msg.task_id, deliveries = delivery.delivered(), "no attempt ever claimed the task; published again");
+        let _ = delivery.term().await;
+        true
     }
 
     /// A first delivery with the task's words: the claim, and meanwhile the
