@@ -58,6 +58,9 @@ pub fn denial_label(kind: &str) -> &'static str {
     DENIAL_KINDS.iter().copied().find(|k| *k == kind).unwrap_or("other")
 }
 
+/// What becomes of a dead letter's task (`flower_dead_letters_total{outcome}`).
+pub const DEAD_LETTER_OUTCOMES: &[&str] = &["republished", "failed", "none"];
+
 /// Every series a flower process exports.
 pub struct Metrics {
     registry: Registry,
@@ -125,6 +128,10 @@ impl Metrics {
             dispatch: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             registry: Registry::default(),
         };
+        // Every outcome from the start: a rate over them sees zeros, not no series.
+        for outcome in DEAD_LETTER_OUTCOMES {
+            m.dead_letters.get_or_create(&OutcomeLabel { outcome });
+        }
         registry.register("flower_jobs", "Jobs by state, as stored", m.jobs.clone());
         // Counters are written with the `_total` suffix.
         registry.register("flower_tasks", "Task attempts on this worker, by outcome", m.tasks.clone());
@@ -308,6 +315,7 @@ mod tests {
             "flower_prunes_total 1",
             "flower_queue_lag_messages 3",
             "flower_dead_letters_total{outcome=\"republished\"} 1",
+            "flower_dead_letters_total{outcome=\"failed\"} 0",
             "# TYPE flower_model_cost_dollars counter",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
