@@ -130,7 +130,7 @@ impl Metrics {
         };
         // Every outcome from the start: a rate over them sees zeros, not no series.
         for outcome in DEAD_LETTER_OUTCOMES {
-            m.dead_letters.get_or_create(&OutcomeLabel { outcome });
+            let _ = m.dead_letters.get_or_create(&OutcomeLabel { outcome });
         }
         registry.register("flower_jobs", "Jobs by state, as stored", m.jobs.clone());
         // Counters are written with the `_total` suffix.
