@@ -77,6 +77,13 @@ impl TaskMessage {
         }
     }
 
+    /// This dispatch published again under a new dedupe id, with deliveries
+    /// of its own — `None` once it was, `limit` times (a task no worker
+    /// ever claimed is published again at most the attempt limit's times).
+    pub fn published_again(&self, limit: u32) -> Option<TaskMessage> {
+        (self.republish < limit).then(|| TaskMessage { republish: self.republish + 1, ..self.clone() })
+    }
+
     /// The task row the body describes, as its creator queued it — `None`
     /// without a body, or when the body does not derive this message's task
     /// id (the id is derived from the job, session and call).
@@ -380,5 +387,8 @@ mod tests {
         let msg = first_message(&task);
         assert_eq!(msg.dedupe_id(), format!("{}.3.0", task.id));
         assert_eq!(TaskMessage { republish: 1, ..msg }.dedupe_id(), format!("{}.3.0.r1", task.id));
+        let again = TaskMessage { republish: 1, ..first_message(&task) }.published_again(2).unwrap();
+        assert_eq!(again.dedupe_id(), format!("{}.3.0.r2", task.id));
+        assert!(again.published_again(2).is_none(), "at most the limit's times");
     }
 }

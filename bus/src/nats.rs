@@ -366,16 +366,7 @@ impl TaskQueue for NatsBus {
 
     async fn next(&self) -> Result<Box<dyn Delivery>> {
         loop {
-            let mut batch = self
-                .consumer
-                .batch()
-                .max_messages(1)
-                .expires(Duration::from_secs(10))
-                .messages()
-                .await
-                .map_err(unavailable)?;
-            let Some(msg) = batch.next().await else { continue };
-            let msg = msg.map_err(unavailable)?;
+            let Some(msg) = pull_one(&self.consumer).await? else { continue };
             let delivered = msg.info().map(|i| i.delivered).unwrap_or(1).max(1) as u32;
             match decode_task(msg.headers.as_ref(), &msg.payload) {
                 Ok(task) => return Ok(Box::new(NatsDelivery { msg, task, delivered })),
@@ -403,16 +394,7 @@ impl TaskQueue for NatsBus {
             deliveries: u64,
         }
         loop {
-            let mut batch = self
-                .dead
-                .batch()
-                .max_messages(1)
-                .expires(Duration::from_secs(10))
-                .messages()
-                .await
-                .map_err(unavailable)?;
-            let Some(advisory) = batch.next().await else { continue };
-            let advisory = advisory.map_err(unavailable)?;
+            let Some(advisory) = pull_one(&self.dead).await? else { continue };
             let Ok(said) = serde_json::from_slice::<MaxDeliveries>(&advisory.payload) else {
                 tracing::warn!("unreadable max-deliveries advisory dropped");
                 let _ = advisory.double_ack_with(AckKind::Term).await;
@@ -442,6 +424,14 @@ impl TaskQueue for NatsBus {
             }));
         }
     }
+}
+
+/// One message of `consumer`, or `None` when none came within the pull's
+/// expiry (the caller pulls again).
+async fn pull_one(consumer: &PullConsumer) -> Result<Option<jetstream::Message>> {
+    let mut batch =
+        consumer.batch().max_messages(1).expires(Duration::from_secs(10)).messages().await.map_err(unavailable)?;
+    batch.next().await.transpose().map_err(unavailable)
 }
 
 /// A task message's payload and trace header, decoded.

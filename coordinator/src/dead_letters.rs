@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flower_agent::Journal;
-use flower_bus::{BusError, DeadLetter, Notice, TaskMessage, TaskQueue};
+use flower_bus::{BusError, DeadLetter, Notice, TaskQueue};
 use flower_model::{TaskOutcome, TaskState};
 use flower_store::{Claim, StoreError, Written};
 use tokio_util::sync::CancellationToken;
@@ -107,8 +107,7 @@ pub async fn handle(
         return Ok(Handled::Nothing);
     }
     let deliveries = dead.deliveries();
-    if msg.republish < max_attempts {
-        let again = TaskMessage { republish: msg.republish + 1, ..msg.clone() };
+    if let Some(again) = msg.published_again(max_attempts) {
         let n = again.republish;
         queue.publish(again).await?;
         tracing::warn!(task = %task.id, deliveries, republish = n, "no worker claimed the task before its message was given up on; published again");

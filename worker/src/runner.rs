@@ -339,14 +339,11 @@ impl Worker {
     /// read, the delivery goes the usual way.
     async fn published_again(&self, delivery: &dyn Delivery) -> bool {
         let msg = delivery.message();
-        if msg.republish >= self.opts.max_attempts {
-            return false;
-        }
+        let Some(again) = msg.published_again(self.opts.max_attempts) else { return false };
         match self.journal.store().get_task(msg.task_id).await {
             Ok(task) if task.state == flower_model::TaskState::Queued => {}
             _ => return false,
         }
-        let again = flower_bus::TaskMessage { republish: msg.republish + 1, ..msg.clone() };
         if let Err(e) = self.queue.publish(again).await {
             tracing::warn!(task = %msg.task_id, error = %e, "task not published again; its delivery goes the usual way");
             return false;
