@@ -29,6 +29,7 @@ pub fn msg() -> TaskMessage {
             mandate: "do the thing".into(),
         }),
         republish: 0,
+        stream_notice: true,
     }
 }
 

@@ -66,6 +66,11 @@ pub struct TaskMessage {
     /// [`DeadLetter`]). On the wire: a dead letter's republish is bounded by it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub republish: u32,
+    /// Fan-out staggering waits for this task: its worker announces the
+    /// first model response's stream ([`Notice::TaskStreaming`]). Only the
+    /// first child of a shape asks; the others' workers send nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream_notice: bool,
 }
 
 impl TaskMessage {
@@ -345,6 +350,7 @@ mod tests {
             trace: None,
             body: TaskBody::of(task),
             republish: 0,
+            stream_notice: false,
         }
     }
 

@@ -235,6 +235,7 @@ impl NatsBus {
             trace: None,
             body: None,
             republish: 0,
+            stream_notice: false,
         };
         self.publish(id).await?;
         let d = self.next().await?;
@@ -319,6 +320,7 @@ fn task_to_pb(t: &TaskMessage) -> pb::TaskMessage {
             mandate: b.mandate.clone(),
         }),
         republish: t.republish,
+        stream_notice: t.stream_notice,
     }
 }
 
@@ -342,6 +344,7 @@ fn task_from_pb(t: pb::TaskMessage) -> std::result::Result<TaskMessage, String> 
             })
             .transpose()?,
         republish: t.republish,
+        stream_notice: t.stream_notice,
     })
 }
 

@@ -396,7 +396,7 @@ impl Dispatcher {
             Err(tx) => {
                 // Listen before publishing: the notice cannot be missed.
                 let mut notices = self.journal.notifier().subscribe();
-                let task = self.dispatch(d).await;
+                let task = self.dispatch_as(d, true).await;
                 let id = task.as_ref().map(|t| t.id).ok();
                 tokio::spawn(async move {
                     let wait = async {
@@ -419,6 +419,15 @@ impl Dispatcher {
             }
         }
         self.dispatch(d).await
+    }
+
+    /// Whether siblings of `shape` go without waiting: its first child's
+    /// first model response began streaming (or the wait for it is over).
+    /// Their messages may then go out during their turn's commit, as
+    /// unstaggered calls' do ([`Dispatcher::row_staged`]).
+    pub fn shape_released(&self, shape: &str) -> bool {
+        let gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        gates.get(shape).is_some_and(|rx| *rx.borrow())
     }
 
     /// A call's row, committed with the assistant turn that made the call
@@ -478,6 +487,7 @@ impl Dispatcher {
             trace: flower_bus::trace::current_traceparent(),
             body: flower_bus::TaskBody::of(task),
             republish: 0,
+            stream_notice: false,
         }
     }
 
@@ -486,6 +496,13 @@ impl Dispatcher {
     /// turn is not written again.
     #[tracing::instrument(name = "task.publish", skip_all, fields(job = %d.job, worker = d.worker))]
     pub async fn dispatch(&self, d: &Delegation<'_>) -> Result<Task, DispatchError> {
+        self.dispatch_as(d, false).await
+    }
+
+    /// [`Dispatcher::dispatch`]; `stream_notice`: the message asks its
+    /// worker to announce the first model response's stream (a shape's
+    /// first child, which its siblings wait for).
+    async fn dispatch_as(&self, d: &Delegation<'_>, stream_notice: bool) -> Result<Task, DispatchError> {
         let task = Task::queued(d.job, d.session, d.tool_use_id, d.worker, d.description, d.mandate);
         let id = task.id;
         // The row is committed (and announced) before the message that points at it is published.
@@ -515,11 +532,11 @@ impl Dispatcher {
                 // transaction did not commit, if this commit created the row —
                 // and a worker may have dropped that message (no row then).
                 Ok(Ok(false)) if created => {
-                    self.publish(TaskMessage { republish: 1, ..self.first_message(&task) }).await?;
+                    self.publish(TaskMessage { republish: 1, stream_notice, ..self.first_message(&task) }).await?;
                 }
                 Ok(Ok(false)) => {}
                 _ => {
-                    self.publish(self.first_message(&task)).await?;
+                    self.publish(TaskMessage { stream_notice, ..self.first_message(&task) }).await?;
                 }
             }
             if created {

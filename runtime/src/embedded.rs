@@ -166,6 +166,7 @@ impl EmbeddedRuntime {
                     trace: None,
                     body: None,
                     republish: 0,
+                    stream_notice: false,
                 };
                 self.bus.publish_resumed(msg, t.attempt);
             }

@@ -326,7 +326,8 @@ impl Worker {
         };
         let cancel = CancellationToken::new();
         let running = self.started(&task, attempt, delivery.clone(), &cancel);
-        let (result, held) = self.execute(&task, attempt, opened, fresh, cancel.clone(), None).await;
+        let start = Start { fresh, stream_notice: msg.stream_notice };
+        let (result, held) = self.execute(&task, attempt, opened, start, cancel.clone(), None).await;
         self.settle(&task, attempt, result, held, &cancel, running, delivery, &Default::default()).await;
     }
 
@@ -372,6 +373,7 @@ impl Worker {
         let asked = Arc::new(tokio::sync::Notify::new());
         let gate = flower_agent::Gate { decision, asked: asked.clone() };
         let early = Early { gate, offer: EndOffer::default(), notice: Default::default() };
+        let start = Start { fresh: true, stream_notice: msg.stream_notice };
         // The directory is opened now and filled (workspace, workbench)
         // while the claim commits: the first request needs neither.
         let opened = self.open_attempt_with(&msg, attempt, false).await;
@@ -419,7 +421,7 @@ impl Worker {
                 return Err(opened);
             }
             // A session stopped at its gate releases its directory itself.
-            let ran = self.execute(&queued, attempt, opened, true, cancel.clone(), Some(&early)).await;
+            let ran = self.execute(&queued, attempt, opened, start, cancel.clone(), Some(&early)).await;
             // Over without asking (a failure before any write): claim now.
             early.gate.asked.notify_one();
             Ok(ran)
@@ -434,7 +436,7 @@ impl Worker {
                 let (result, held) = match ran {
                     Ok(ran) => ran,
                     // (Not reached: an open gate lets the session start.)
-                    Err(opened) => self.execute(&task, attempt, opened, true, cancel.clone(), None).await,
+                    Err(opened) => self.execute(&task, attempt, opened, start, cancel.clone(), None).await,
                 };
                 self.settle(&task, attempt, result, held, &cancel, running, delivery, &early.notice).await;
             }
@@ -799,18 +801,17 @@ impl Worker {
 
     /// Run the worker agent for one attempt; the report, or why there is
     /// none, and the final answer's uncommitted batch (see
-    /// [`AgentSession::with_held_answer`]). `fresh`: the claim opened the
-    /// task's session, so there is no stored history to take up.
+    /// [`AgentSession::with_held_answer`]), started as `start` says.
     async fn execute(
         &self,
         task: &Task,
         attempt: u32,
         opened: Opened,
-        fresh: bool,
+        start: Start,
         cancel: CancellationToken,
         early: Option<&Early>,
     ) -> (Result<(String, Usage), (Failure, Usage)>, Batch) {
-        match self.execute_held(task, attempt, opened, fresh, cancel, early).await {
+        match self.execute_held(task, attempt, opened, start, cancel, early).await {
             Ok((result, held)) => (result, held),
             Err(failure) => (Err(failure), Batch::default()),
         }
@@ -821,7 +822,7 @@ impl Worker {
         task: &Task,
         attempt: u32,
         opened: Opened,
-        fresh: bool,
+        start: Start,
         cancel: CancellationToken,
         early: Option<&Early>,
     ) -> Result<(Result<(String, Usage), (Failure, Usage)>, Batch), (Failure, Usage)> {
@@ -831,7 +832,12 @@ impl Worker {
         if task.worker == flower_model::job::COMMAND_TASK {
             return Ok((self.run_command(task, attempt, &dir, cancel).await, Batch::default()));
         }
-        let mut run = self.build_session(task, job, spec, &dir, fresh, cancel).await.map_err(|f| (f, none))?;
+        let mut run = self.build_session(task, job, spec, &dir, start.fresh, cancel).await.map_err(|f| (f, none))?;
+        // Only a shape's first child is waited for by staggered siblings:
+        // the other tasks send no notice of their stream.
+        if start.stream_notice {
+            run.agent = run.agent.with_observer(self.first_stream_observer(task));
+        }
         if let Some(early) = early {
             run.agent = run.agent.with_gate(early.gate.clone());
         }
@@ -960,13 +966,9 @@ impl Worker {
             &spec.model,
             job.created_at,
         );
-        let mut agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel)
+        let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel)
             .with_held_answer()
             .with_limits(limits);
-        // Only staggered siblings wait for a first stream (one notice less per task otherwise).
-        if spec.runtime.fanout_stagger {
-            agent = agent.with_observer(self.first_stream_observer(task));
-        }
         Ok(WorkerRun { agent, history, input, mcp })
     }
 
@@ -1218,6 +1220,16 @@ type Opened = Result<(Arc<(Job, JobSpec)>, TaskDir), (Failure, Usage)>;
 struct Running {
     beat: tokio::task::JoinHandle<()>,
     started: std::time::Instant,
+}
+
+/// How an attempt's run starts: `fresh`, the claim opened the task's
+/// session (no stored history to take up); `stream_notice`, its message
+/// asks for the first model response's stream to be announced (the first
+/// child of a staggered shape, [`flower_bus::TaskMessage::stream_notice`]).
+#[derive(Clone, Copy)]
+struct Start {
+    fresh: bool,
+    stream_notice: bool,
 }
 
 /// A built worker agent, what it starts from, and the MCP servers to close after it.

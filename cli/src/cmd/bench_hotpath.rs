@@ -70,6 +70,7 @@ async fn run(tasks: usize, fan_out: usize) -> anyhow::Result<usize> {
                 trace: None,
                 body: flower_bus::TaskBody::of(task),
                 republish: 0,
+                stream_notice: false,
             };
             bus.publish(message).await?;
         }

@@ -79,8 +79,9 @@ impl Tool for AgentTool {
         self.dispatcher.row_committed(task, created);
     }
     fn row_staged(&self, task: &Task) {
-        // A staggered sibling's message waits for its shape's first child.
-        if !self.shapes.contains_key(&task.worker) {
+        // A staggered sibling's message waits for its shape's first child,
+        // until that child's stream has begun.
+        if self.shapes.get(&task.worker).is_none_or(|shape| self.dispatcher.shape_released(shape)) {
             self.dispatcher.row_staged(task);
         }
     }
