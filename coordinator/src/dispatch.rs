@@ -608,11 +608,18 @@ impl Dispatcher {
     /// [`Sweep::stale_after`] lost its message (its worker died and the queue
     /// stopped redelivering). Requeue it as its next attempts, or fail it once
     /// its attempts are spent — through the same claim a worker makes, so a
-    /// late report of an older attempt is still refused.
+    /// late report of an older attempt is still refused. A task still queued
+    /// that long may have lost its message too ([`Dispatcher::sweep_queued`]).
     async fn sweep(&self, task: &Task, requeued: &mut Option<tokio::time::Instant>) -> Result<(), DispatchError> {
         let stale = flower_model::now_ms() - task.updated_at > self.sweep.stale_after.as_millis() as i64;
         let recently = requeued.is_some_and(|at| at.elapsed() < self.sweep.stale_after);
-        if task.state != flower_model::TaskState::Running || !stale || recently {
+        if !stale || recently {
+            return Ok(());
+        }
+        if task.state == flower_model::TaskState::Queued {
+            return self.sweep_queued(task, requeued).await;
+        }
+        if task.state != flower_model::TaskState::Running {
             return Ok(());
         }
         let store = self.journal.store();
@@ -630,6 +637,32 @@ impl Dispatcher {
         }
         tracing::warn!(task = %task.id, attempt = task.attempt, "no heartbeat from the task's worker; requeued");
         self.publish(TaskMessage { base_attempt: task.attempt, body: None, ..self.first_message(task) }).await?;
+        *requeued = Some(tokio::time::Instant::now());
+        Ok(())
+    }
+
+    /// A task queued for longer than [`Sweep::stale_after`] while the queue
+    /// holds no message at all (none waiting, none in flight) lost its
+    /// message outright — the queue's store was lost or purged, which no
+    /// dead letter reports: it is published again, under a dedupe id of its
+    /// own. A queue that still holds messages may hold this one (a backlog
+    /// waiting for workers): nothing is published then.
+    async fn sweep_queued(
+        &self,
+        task: &Task,
+        requeued: &mut Option<tokio::time::Instant>,
+    ) -> Result<(), DispatchError> {
+        match self.queue.lag().await {
+            Ok(0) => {}
+            Ok(_) => return Ok(()),
+            // Unreachable now: the next recheck asks again.
+            Err(e) => {
+                tracing::debug!(task = %task.id, error = %e, "queue lag unknown; a lost message is looked for later");
+                return Ok(());
+            }
+        }
+        tracing::warn!(task = %task.id, "task queued with no message in the queue; published again");
+        self.publish(TaskMessage { base_attempt: task.attempt, republish: 1, ..self.first_message(task) }).await?;
         *requeued = Some(tokio::time::Instant::now());
         Ok(())
     }

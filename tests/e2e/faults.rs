@@ -95,6 +95,42 @@ async fn the_sweeper_requeues_a_task_whose_message_is_gone() {
     c.stop().await;
 }
 
+/// A queued task whose message is gone before any worker took it (the
+/// queue's store purged: no delivery, no dead letter): once it has been
+/// queued longer than the sweeper's wait with nothing at all in the queue,
+/// its coordinator publishes it again, and it runs as its first attempt.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_queued_task_whose_message_is_gone_is_published_again() {
+    let mut c = Cluster::start(Options { workers: 0, ack_wait: "1s", max_attempts: 1, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/distributed/slow.yaml"));
+    let nats = async_nats::connect(crate::cluster::nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let config = flower_bus::NatsConfig::new(crate::cluster::nats_url(), c.prefix.clone());
+    let mut stream = js.get_stream(config.stream_name()).await.unwrap();
+    let probe = stream.clone();
+    let messages = |n: u64, what: &'static str| {
+        let mut stream = probe.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while stream.info().await.unwrap().state.messages != n {
+                assert!(tokio::time::Instant::now() < deadline, "{what}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    messages(1, "the task's message never reached the queue").await;
+    stream.purge().await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 0, "no message left for the task");
+    messages(1, "the queued task was not published again").await;
+    c.add_worker();
+    c.wait_job(&job, "succeeded").await;
+    let pg = c.pg().await;
+    let row = pg.query_one(&format!("SELECT attempt, report FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 1, "it ran as its first attempt");
+    assert_eq!(row.get::<_, String>(1).trim(), "rested");
+    c.stop().await;
+}
+
 /// A task whose message the queue gave up on before any worker claimed it
 /// (both deliveries given back, as a worker does when the store stays out
 /// longer than its claim retries) is published again by the coordinator,
