@@ -183,13 +183,13 @@ async fn slots_waiting_together_each_get_a_message() {
     };
     let (sent, got) =
         tokio::join!(publish, tokio::time::timeout(Duration::from_secs(5), futures::future::join_all(waits)));
-    let mut got: Vec<_> = got.expect("every waiting slot served").into_iter().map(|d| d.unwrap()).collect();
+    let got: Vec<_> = got.expect("every waiting slot served").into_iter().map(|d| d.unwrap()).collect();
     let mut ids: Vec<_> = got.iter().map(|d| d.message().task_id).collect();
     let mut want: Vec<_> = sent.iter().map(|m| m.task_id).collect();
     ids.sort();
     want.sort();
     assert_eq!(ids, want);
-    for d in got.drain(..) {
+    for d in got {
         d.ack().await.unwrap();
     }
     bus.destroy().await;
