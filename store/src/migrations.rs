@@ -16,6 +16,7 @@ pub const POSTGRES: &[Migration] = &[
     (3, include_str!("../migrations/postgres/0003_continuations.sql")),
     (4, include_str!("../migrations/postgres/0004_entry_chunks.sql")),
     (5, include_str!("../migrations/postgres/0005_counted_parents.sql")),
+    (6, include_str!("../migrations/postgres/0006_unflushed_events.sql")),
 ];
 
 /// The SQLite schema, in order. Version 1 is the schema shipped before

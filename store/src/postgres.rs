@@ -293,7 +293,7 @@ impl PostgresStore {
                     let jobs = events[start..].iter().map(|(job, _)| *job).collect();
                     planned.push(Planned::Taken { task: change.task, jobs, claimed, end });
                 }
-                let (events, ending) = write_events_ending(tx, events, usages).await?;
+                let (events, ending) = write_events_ending(tx, events, usages, false).await?;
                 // Numbered per job in the list's order: each claim takes its
                 // events from the front of its jobs' queues.
                 let mut numbered: std::collections::HashMap<JobId, std::collections::VecDeque<Event>> =
@@ -718,19 +718,69 @@ async fn write_events(
     events: Vec<(JobId, EventKind)>,
     usage: impl IntoIterator<Item = (JobId, Usage)>,
 ) -> Result<Vec<Event>> {
-    Ok(write_events_then(tx, events, usage, false).await?.0)
+    Ok(write_events_then(tx, events, usage, false, false).await?.0)
 }
 
 /// [`write_events`] as a transaction's last statements, its `COMMIT` sent
 /// with the last one, in the same round trip: the job row is then held for
 /// one round trip and the WAL flush, not a second round trip from the
 /// client. Used through [`PostgresStore::tx_ending`].
+///
+/// `relaxed`: the commit does not wait for its WAL flush, and every job
+/// written is marked (`jobs.unflushed_seq`) until a synchronous write of its
+/// events, or a read that hands them out ([`flush_marked`]), makes it
+/// durable. Only for a write whose dependents all commit synchronously
+/// after it: see [`relaxed_turn`].
 async fn write_events_ending(
     tx: &Tx<'_>,
     events: Vec<(JobId, EventKind)>,
     usage: impl IntoIterator<Item = (JobId, Usage)>,
+    relaxed: bool,
 ) -> Result<(Vec<Event>, Ending)> {
-    write_events_then(tx, events, usage, true).await
+    write_events_then(tx, events, usage, true, relaxed).await
+}
+
+/// The transaction's commit returns once its record is written, before the
+/// WAL is flushed (Postgres's asynchronous commit: a server crash in the
+/// next few hundred milliseconds may lose it; nothing else can).
+const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit TO off";
+
+/// Whether a batch may commit relaxed: a coordinator's turn (fenced) that
+/// creates tasks, every row of it its own job's. Every write that depends on
+/// the turn is a task's claim, which waits for the turn's commit and then
+/// commits synchronously: a synchronous commit flushes the WAL up to its own
+/// record, so the turn's with it. Until then nothing outside Postgres has
+/// been told of the turn but task ids (a message whose task row a server
+/// crash took away is dropped by its claim, as after a coordinator that died
+/// before committing), and the reads that hand a job's events, tasks or
+/// transcript to clients flush first ([`flush_marked`]). So a Postgres crash
+/// can lose only a turn nobody has seen, which the coordinator then takes
+/// again from what is stored, as after its own crash.
+fn relaxed_turn(
+    fence: Option<Fence>,
+    tasks: &[(Task, bool)],
+    events: &[(JobId, EventKind)],
+    usage: Option<&(JobId, Usage)>,
+) -> bool {
+    let Some(fence) = fence else { return false };
+    tasks.iter().any(|(_, created)| *created)
+        && tasks.iter().all(|(t, _)| t.job_id == fence.job)
+        && events.iter().all(|(job, _)| *job == fence.job)
+        && usage.is_none_or(|(job, _)| *job == fence.job)
+}
+
+/// How long a read of a job's events holds back those of a relaxed commit
+/// before it flushes them itself (see `events`).
+const UNFLUSHED_HOLD: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Makes every write committed so far durable: a synchronous commit of a
+/// transaction that writes WAL (a transactional logical message, which
+/// takes no lock and needs no privilege) flushes the WAL through its own
+/// record. For a read about to hand out rows of a job marked with a relaxed
+/// commit's writes (`jobs.unflushed_seq`).
+async fn flush_marked(c: &ClientWrapper) -> Result<()> {
+    c.batch_execute("SELECT pg_logical_emit_message(true, 'flower.flush', '')").await?;
+    Ok(())
 }
 
 /// How a transaction's work left it: its `COMMIT` already sent (with its
@@ -749,6 +799,7 @@ async fn write_events_then(
     events: Vec<(JobId, EventKind)>,
     usage: impl IntoIterator<Item = (JobId, Usage)>,
     commit: bool,
+    relaxed: bool,
 ) -> Result<(Vec<Event>, Ending)> {
     let mut by_job: BTreeMap<JobId, Vec<EventKind>> = BTreeMap::new();
     let mut usages: BTreeMap<JobId, Usage> = BTreeMap::new();
@@ -782,7 +833,9 @@ async fn write_events_then(
                             'ephemeral_1h_input_tokens',
                                 COALESCE((usage->'cache_creation'->>'ephemeral_1h_input_tokens')::bigint, 0) + $10))
                         ELSE usage END,
-                    updated_at = CASE WHEN $4 THEN $3 ELSE updated_at END
+                    updated_at = CASE WHEN $4 THEN $3 ELSE updated_at END,
+                    unflushed_seq = CASE WHEN $13 THEN COALESCE(unflushed_seq, next_event_seq + 1) END,
+                    unflushed_since = CASE WHEN $13 THEN COALESCE(unflushed_since, now()) END
                 WHERE id = $1
                 RETURNING next_event_seq),
              inserted AS (
@@ -793,6 +846,15 @@ async fn write_events_then(
              SELECT next_event_seq, (SELECT count(*) FROM inserted) FROM counter",
         )
         .await?;
+    // Sent ahead of the job rows' statements, in the same flight; its answer
+    // is read after them.
+    let mut relax = std::pin::pin!(async {
+        if relaxed {
+            tx.batch_execute(RELAXED_COMMIT).await?;
+        }
+        Ok::<_, StoreError>(())
+    });
+    let relax_sent = futures::poll!(relax.as_mut());
     let jobs = by_job.len();
     let mut out = Vec::new();
     for (i, (job, kinds)) in by_job.into_iter().enumerate() {
@@ -806,7 +868,7 @@ async fn write_events_then(
         let add = usages.get(&job);
         let u = add.copied().unwrap_or_default();
         let tokens = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
-        let params: [&(dyn ToSql + Sync); 12] = [
+        let params: [&(dyn ToSql + Sync); 13] = [
             &job.0,
             &n,
             &at,
@@ -819,6 +881,7 @@ async fn write_events_then(
             &tokens(u.cache_creation.ephemeral_1h_input_tokens),
             &names,
             &payloads,
+            &relaxed,
         ];
         // Both go out in one round trip, in this order (the statement is
         // prepared already: its first poll sends it).
@@ -836,6 +899,10 @@ async fn write_events_then(
         for (i, kind) in kinds.into_iter().enumerate() {
             out.push(Event { job_id: job, seq: last - n + 1 + i as i64, at, kind });
         }
+    }
+    match relax_sent {
+        std::task::Poll::Ready(set) => set?,
+        std::task::Poll::Pending => relax.await?,
     }
     out.sort_by_key(|e| (e.job_id, e.seq));
     Ok((out, if pipelined { Ending::Sent } else { Ending::Open }))
@@ -1420,7 +1487,8 @@ impl Store for PostgresStore {
                     write_entries(tx, batch.entries),
                     check_required(tx, &batch.requires)
                 )?;
-                let (events, ending) = write_events_ending(tx, events, batch.usage).await?;
+                let relaxed = relaxed_turn(batch.fence, &tasks, &events, batch.usage.as_ref());
+                let (events, ending) = write_events_ending(tx, events, batch.usage, relaxed).await?;
                 Ok((Written { events, entry_seqs, tasks }, ending))
             })
         })
@@ -1434,14 +1502,20 @@ impl Store for PostgresStore {
         let upto = after_seq.saturating_add(i64::from(limit));
         let client = self.pool.get().await?;
         // Both bounds on the key: the chunks holding (after_seq, upto].
+        // With the mark of the session's job (see `events`).
         let rows = db_query(
             &client,
-            "SELECT first_seq, bodies FROM entry_chunks
+            "SELECT first_seq, bodies,
+                (SELECT j.unflushed_seq FROM sessions s JOIN jobs j ON j.id = s.job_id WHERE s.id = $1)
+             FROM entry_chunks
              WHERE session_id = $1 AND first_seq > $2 AND first_seq <= $3 AND last_seq > $4
              ORDER BY first_seq",
             &[&session.0, &after_seq.saturating_sub(CHUNK_ENTRIES), &upto, &after_seq],
         )
         .await?;
+        if rows.first().is_some_and(|r| r.get::<_, Option<i64>>(2).is_some()) {
+            flush_marked(&client).await?;
+        }
         let mut out = Vec::new();
         for row in &rows {
             let first: i64 = row.get(0);
@@ -1465,7 +1539,7 @@ impl Store for PostgresStore {
                 fence_and_lock(tx, fence, &tasks).await?;
                 let mut events = Vec::new();
                 let out = insert_tasks(tx, &tasks, &mut events).await?;
-                let (events, ending) = write_events_ending(tx, events, None).await?;
+                let (events, ending) = write_events_ending(tx, events, None, false).await?;
                 Ok(((out, written(events)), ending))
             })
         })
@@ -1492,10 +1566,17 @@ impl Store for PostgresStore {
         let client = self.pool.get().await?;
         let rows = db_query(
             &client,
-            &format!("SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 ORDER BY created_at, id"),
+            &format!(
+                "SELECT {TASK_COLS}, (SELECT unflushed_seq FROM jobs WHERE id = $1) AS unflushed
+                 FROM tasks WHERE job_id = $1 ORDER BY created_at, id"
+            ),
             &[&job.0],
         )
         .await?;
+        // With the job's mark (see `events`).
+        if rows.first().is_some_and(|r| r.get::<_, Option<i64>>("unflushed").is_some()) {
+            flush_marked(&client).await?;
+        }
         rows.iter().map(decode_task).collect()
     }
 
@@ -1546,7 +1627,7 @@ impl Store for PostgresStore {
                     insert_tasks(tx, &batch.tasks, &mut events)
                 )?;
                 events.push((change.task.job_id, change.event));
-                let (events, ending) = write_events_ending(tx, events, batch.usage).await?;
+                let (events, ending) = write_events_ending(tx, events, batch.usage, false).await?;
                 Ok(((change.task, Written { events, entry_seqs, tasks }), ending))
             })
         })
@@ -1683,12 +1764,33 @@ impl Store for PostgresStore {
 
     async fn events(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<Event>> {
         let client = self.pool.get().await?;
+        // With the job's mark of writes not yet known flushed, read in the
+        // same snapshot: no reader sees an event a server crash could take
+        // back. A page reaching the mark stops before it while the mark is
+        // young (the claim that flushes it comes within milliseconds, and
+        // its notice wakes the watchers again); past `UNFLUSHED_HOLD`, the
+        // read flushes, then hands out the whole page.
         let rows = db_query(
             &client,
-            "SELECT seq, at, payload FROM events WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-            &[&job.0, &after_seq, &(limit as i64)],
+            "SELECT e.seq, e.at, e.payload, mark.seq, mark.young
+             FROM events e LEFT JOIN (
+                SELECT unflushed_seq AS seq, now() - unflushed_since < make_interval(secs => $4) AS young
+                FROM jobs WHERE id = $1) AS mark ON true
+             WHERE e.job_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3",
+            &[&job.0, &after_seq, &(limit as i64), &UNFLUSHED_HOLD.as_secs_f64()],
         )
         .await?;
+        let mut rows = rows.as_slice();
+        if let Some(last) = rows.last()
+            && let Some(mark) = last.get::<_, Option<i64>>(3)
+            && last.get::<_, i64>(0) >= mark
+        {
+            if last.get::<_, Option<bool>>(4).unwrap_or(false) {
+                rows = &rows[..rows.partition_point(|r| r.get::<_, i64>(0) < mark)];
+            } else {
+                flush_marked(&client).await?;
+            }
+        }
         rows.iter()
             .map(|r| Ok(Event { job_id: job, seq: r.get(0), at: r.get(1), kind: from_json(r.get(2))? }))
             .collect()

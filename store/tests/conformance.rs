@@ -173,3 +173,97 @@ async fn postgres_work_dropped_midway_leaves_no_transaction_open() {
     drop(other);
     db.drop_now().await.unwrap();
 }
+
+/// A coordinator's turn that creates tasks commits without waiting for its
+/// WAL flush, and marks its job; a read of the job's events holds them back
+/// while the mark is young, and past that flushes first (a transactional
+/// logical message, seen in the WAL with `pg_walinspect`); the task's claim (a synchronous commit, which flushes
+/// the turn with it) clears the mark. Writes that are not such a turn leave
+/// nothing marked.
+#[tokio::test]
+async fn postgres_a_turn_creating_tasks_is_flushed_before_anyone_reads_it() {
+    use flower_store::{Batch, NewJob, Store};
+    let db = ScratchDatabase::create(&pg_admin_url()).await.unwrap();
+    let store = PostgresStore::connect(&db.url, 2).await.unwrap();
+    let (raw, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    raw.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect").await.unwrap();
+    let mark = |job: flower_model::JobId| {
+        let raw = &raw;
+        async move {
+            raw.query_one("SELECT unflushed_seq FROM jobs WHERE id = $1", &[&job.0])
+                .await
+                .unwrap()
+                .get::<_, Option<i64>>(0)
+        }
+    };
+    let lsn = || {
+        let raw = &raw;
+        async move { raw.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await.unwrap().get::<_, String>(0) }
+    };
+    // The flushes' messages written between two positions of the WAL.
+    let flushes = |from: String, to: String| {
+        let raw = &raw;
+        async move {
+            raw.query_one(
+                "SELECT count(*) FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+                 WHERE resource_manager = 'LogicalMessage' AND description LIKE '%flower.flush%'",
+                &[&from, &to],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+        }
+    };
+    let job = flower_model::JobId::random();
+    let new = NewJob { id: job, name: "j".into(), spec: serde_json::json!({}), idempotency_key: None, continues: None };
+    store.create_job(new).await.unwrap();
+    assert_eq!(mark(job).await, None, "a job's creation is synchronous");
+    let lease = store.acquire_lease(job, "coordinator", 60_000).await.unwrap().unwrap();
+    let session = flower_model::SessionId::random();
+
+    // Unfenced, a batch creating a task is synchronous.
+    let first = flower_model::Task::queued(job, session, "toolu_1", "w", "d", "m");
+    store.append(Batch { tasks: vec![first], ..Default::default() }).await.unwrap();
+    assert_eq!(mark(job).await, None, "an unfenced batch commits synchronously");
+
+    let before: i64 = raw.query_one("SELECT next_event_seq FROM jobs WHERE id = $1", &[&job.0]).await.unwrap().get(0);
+    let task = flower_model::Task::queued(job, session, "toolu_2", "w", "d", "m");
+    let turn = Batch { tasks: vec![task.clone()], fence: Some(lease.fence()), ..Default::default() };
+    let written = store.append(turn).await.unwrap();
+    assert_eq!(written.events.first().map(|e| e.seq), Some(before + 1));
+    assert_eq!(mark(job).await, Some(before + 1), "the turn marks its first event");
+
+    // The mark's age is set from here, without a flush of this test's own.
+    raw.batch_execute("SET synchronous_commit TO off").await.unwrap();
+    let age = |by: &'static str| {
+        let raw = &raw;
+        async move {
+            let sql = format!("UPDATE jobs SET unflushed_since = now() - interval '{by}' WHERE id = $1");
+            raw.execute(&sql, &[&job.0]).await.unwrap();
+        }
+    };
+    // While the mark is young, a page stops before it (the claim that
+    // flushes it is on its way); the events before it are read as ever.
+    age("-1 hour").await;
+    assert!(store.events(job, before, 100).await.unwrap().is_empty(), "a young mark holds its events back");
+    assert_eq!(store.events(job, 0, 100).await.unwrap().last().map(|e| e.seq), Some(before));
+    // Past the hold, the read flushes, then hands the page out.
+    age("1 hour").await;
+    let from = lsn().await;
+    let page = store.events(job, before, 100).await.unwrap();
+    let to: String = raw.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).await.unwrap().get(0);
+    assert_eq!(page.first().map(|e| e.seq), Some(before + 1));
+    let durable: bool =
+        raw.query_one("SELECT $1::text::pg_lsn >= $2::text::pg_lsn", &[&to, &from]).await.unwrap().get(0);
+    assert!(durable, "the turn is flushed before its events are handed out");
+    assert!(flushes(from, to).await >= 1, "the read flushed the WAL");
+
+    // The claim commits synchronously and clears the mark.
+    store.claim_task(task.id, 1, "w1").await.unwrap();
+    assert_eq!(mark(job).await, None, "a synchronous write of the job's events clears the mark");
+    assert_eq!(store.tasks(job).await.unwrap().len(), 2);
+    drop(store);
+    drop(raw);
+    db.drop_now().await.unwrap();
+}
