@@ -56,6 +56,20 @@ pub enum DispatchError {
     HandedOver,
 }
 
+/// A task a run waits for is one it stored, or read from the store: a row
+/// gone since is a write the store took back — a Postgres crash before the
+/// turn that created it was flushed (docs/design.md, "A turn that creates
+/// tasks, flushed by its claims"). The run resumes from what is stored,
+/// as after an outage, instead of failing the job.
+fn taken_back(e: StoreError) -> DispatchError {
+    match e {
+        StoreError::NotFound(what) => DispatchError::Store(StoreError::Backend(format!(
+            "{what}: the store no longer has it (a crash took back the write that created it)"
+        ))),
+        e => e.into(),
+    }
+}
+
 /// A delegation that cannot go on ends the coordinator's session, its cause
 /// kept typed: a fenced store write is a lost lease, not a failed job.
 impl From<DispatchError> for flower_agent::ToolError {
@@ -578,10 +592,13 @@ impl Dispatcher {
             }
             let mut read = match std::mem::take(&mut unread) {
                 true => None,
-                false => Some(match std::mem::take(&mut settled) {
-                    true => self.journal.store().settled_task(id).await?,
-                    false => self.journal.store().get_task(id).await?,
-                }),
+                false => Some(
+                    match std::mem::take(&mut settled) {
+                        true => self.journal.store().settled_task(id).await,
+                        false => self.journal.store().get_task(id).await,
+                    }
+                    .map_err(taken_back)?,
+                ),
             };
             if let Some(task) = read.take_if(|t| t.state.is_terminal()) {
                 return Ok(Delegated { task, requires: None, changeset: true, workbench: true });
@@ -704,7 +721,7 @@ impl Dispatcher {
         }
         let Some(cs) = self.workspace.changeset(task.id, task.attempt).await? else { return Ok(0) };
         if let Some(end) = &ended.requires {
-            let stored = self.journal.store().settled_task(task.id).await?;
+            let stored = self.journal.store().settled_task(task.id).await.map_err(taken_back)?;
             if !flower_store::rules::ended_as(&stored, end) {
                 return Err(flower_store::rules::unconfirmed(end).into());
             }

@@ -132,6 +132,9 @@ pub struct Options {
     pub metrics: bool,
     /// Coordinators serve the web console on a free port each ([`Proc::console_url`]).
     pub console: bool,
+    /// A Postgres server of the cluster's own ([`PostgresServer`]) that the
+    /// test may crash and start again; else the shared one.
+    pub private_postgres: bool,
 }
 
 impl Default for Options {
@@ -148,6 +151,7 @@ impl Default for Options {
             max_request_bytes: None,
             tls: false,
             pg_gate: false,
+            private_postgres: false,
             private_nats: false,
             metrics: false,
             console: false,
@@ -170,6 +174,8 @@ pub struct Cluster {
     pub nats: Option<NatsServer>,
     opts: Options,
     pub db: ScratchDatabase,
+    /// After `db`: the scratch database is dropped while its server runs.
+    pub postgres: Option<PostgresServer>,
 }
 
 pub fn admin_url() -> String {
@@ -182,7 +188,9 @@ pub fn nats_url() -> String {
 
 impl Cluster {
     pub async fn start(opts: Options) -> Self {
-        let db = ScratchDatabase::create(&admin_url()).await.expect("Postgres (see scripts/test)");
+        let postgres = opts.private_postgres.then(PostgresServer::start);
+        let admin = postgres.as_ref().map_or_else(admin_url, PostgresServer::admin_url);
+        let db = ScratchDatabase::create(&admin).await.expect("Postgres (see scripts/test)");
         let prefix = format!("flowertest_{}", uuid::Uuid::new_v4().simple());
         let objects_dir = tempfile::tempdir().unwrap();
         let s3 = if opts.s3 { Some(S3TestServer::start("flower-e2e").await.unwrap()) } else { None };
@@ -260,6 +268,7 @@ impl Cluster {
             .collect();
         let mut cluster = Self {
             db,
+            postgres,
             prefix,
             env,
             sims: vec![sim, demo_sim],
@@ -387,6 +396,96 @@ impl Cluster {
         }
         self.nats = None;
         self.db.drop_now().await.unwrap();
+    }
+}
+
+/// A Postgres server for one cluster: Debian's binaries run from a data
+/// directory of its own (as the `postgres` user when the tests run as root),
+/// on its own port, so a trial may crash it — `pg_ctl stop -m immediate`, no
+/// shutdown checkpoint, WAL not yet flushed lost — and start it again (crash
+/// recovery). Its WAL writer waits 10 s between rounds: a commit that did
+/// not wait for its flush is lost by a crash unless a synchronous commit
+/// after it flushed it.
+pub struct PostgresServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    bin: std::path::PathBuf,
+}
+
+impl PostgresServer {
+    pub fn start() -> Self {
+        let mut versions: Vec<std::path::PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("Postgres's server binaries under /usr/lib/postgresql (see scripts/test)")
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .filter(|b| b.join("pg_ctl").exists())
+            .collect();
+        versions.sort();
+        let bin = versions.pop().expect("pg_ctl under /usr/lib/postgresql/*/bin");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let server = Self { port, dir, bin };
+        if server.as_root() {
+            let status = Command::new("chown").args(["-R", "postgres"]).arg(server.dir.path()).status().unwrap();
+            assert!(status.success(), "chown of the server's directory");
+        }
+        let data = server.data();
+        server.run("initdb", &["-D", &data, "-A", "trust", "-U", "postgres", "--no-sync"]);
+        server.restart();
+        server
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn as_root(&self) -> bool {
+        Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+    }
+
+    /// One of the server's programs, as the `postgres` user when root.
+    fn run(&self, program: &str, args: &[&str]) {
+        let path = self.bin.join(program);
+        let out = if self.as_root() {
+            Command::new("runuser").args(["-u", "postgres", "--"]).arg(&path).args(args).output()
+        } else {
+            Command::new(&path).args(args).output()
+        }
+        .unwrap();
+        assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Start it (again) on the same port and data; returns once it accepts
+    /// connections (after crash recovery, when it crashed).
+    pub fn restart(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c wal_writer_delay=10000ms",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("server.log").display().to_string();
+        self.run("pg_ctl", &["-D", &self.data(), "-l", &log, "-o", &options, "-w", "start"]);
+    }
+
+    /// A crash: every process of the server stops at once, nothing written.
+    pub fn crash(&self) {
+        self.run("pg_ctl", &["-D", &self.data(), "-m", "immediate", "-w", "stop"]);
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        let path = self.bin.join("pg_ctl");
+        let data = self.data();
+        let args = ["-D", data.as_str(), "-m", "immediate", "-w", "stop"];
+        let _ = if self.as_root() {
+            Command::new("runuser").args(["-u", "postgres", "--"]).arg(&path).args(args).output()
+        } else {
+            Command::new(&path).args(args).output()
+        };
     }
 }
 
