@@ -740,11 +740,6 @@ async fn write_events_ending(
     write_events_then(tx, events, usage, true, relaxed).await
 }
 
-/// The transaction's commit returns once its record is written, before the
-/// WAL is flushed (Postgres's asynchronous commit: a server crash in the
-/// next few hundred milliseconds may lose it; nothing else can).
-const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit TO off";
-
 /// Whether a batch may commit relaxed: a coordinator's turn (fenced) that
 /// creates tasks, every row of it its own job's. Every write that depends on
 /// the turn is a task's claim, which waits for the turn's commit and then
@@ -842,19 +837,11 @@ async fn write_events_then(
                 INSERT INTO events (job_id, seq, at, kind, payload)
                 SELECT $1, (SELECT next_event_seq FROM counter) - $2 + e.ord, $3, e.kind, e.payload
                 FROM UNNEST($11::text[], $12::jsonb[]) WITH ORDINALITY AS e(kind, payload, ord)
-                RETURNING 1)
-             SELECT next_event_seq, (SELECT count(*) FROM inserted) FROM counter",
+                RETURNING 1),
+             relaxed AS (SELECT set_config('synchronous_commit', 'off', true) WHERE $13)
+             SELECT next_event_seq, (SELECT count(*) FROM inserted), (SELECT count(*) FROM relaxed) FROM counter",
         )
         .await?;
-    // Sent ahead of the job rows' statements, in the same flight; its answer
-    // is read after them.
-    let mut relax = std::pin::pin!(async {
-        if relaxed {
-            tx.batch_execute(RELAXED_COMMIT).await?;
-        }
-        Ok::<_, StoreError>(())
-    });
-    let relax_sent = futures::poll!(relax.as_mut());
     let jobs = by_job.len();
     let mut out = Vec::new();
     for (i, (job, kinds)) in by_job.into_iter().enumerate() {
@@ -899,10 +886,6 @@ async fn write_events_then(
         for (i, kind) in kinds.into_iter().enumerate() {
             out.push(Event { job_id: job, seq: last - n + 1 + i as i64, at, kind });
         }
-    }
-    match relax_sent {
-        std::task::Poll::Ready(set) => set?,
-        std::task::Poll::Pending => relax.await?,
     }
     out.sort_by_key(|e| (e.job_id, e.seq));
     Ok((out, if pipelined { Ending::Sent } else { Ending::Open }))
