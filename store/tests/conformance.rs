@@ -12,6 +12,16 @@ fn pg_admin_url() -> String {
     std::env::var("FLOWER_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
+/// A scratch database, the store on it (`connections` pooled), and a
+/// connection of the test's own beside the store's.
+async fn pg_with_raw(connections: usize) -> (ScratchDatabase, PostgresStore, tokio_postgres::Client) {
+    let db = ScratchDatabase::create(&pg_admin_url()).await.unwrap();
+    let store = PostgresStore::connect(&db.url, connections).await.unwrap();
+    let (raw, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    (db, store, raw)
+}
+
 mod sqlite_in_memory {
     async fn store() -> (flower_store::SqliteStore, ()) {
         (super::SqliteStore::in_memory().unwrap(), ())
@@ -90,10 +100,7 @@ async fn stored_entries_cannot_be_rewritten() {
 
 #[tokio::test]
 async fn postgres_entries_cannot_be_rewritten() {
-    let db = ScratchDatabase::create(&pg_admin_url()).await.unwrap();
-    let _store = PostgresStore::connect(&db.url, 1).await.unwrap();
-    let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
+    let (db, _store, client) = pg_with_raw(1).await;
     client
         .batch_execute(
             "INSERT INTO jobs (id, name, state, spec, usage, created_at, updated_at)
@@ -177,16 +184,13 @@ async fn postgres_work_dropped_midway_leaves_no_transaction_open() {
 /// A coordinator's turn that creates tasks commits without waiting for its
 /// WAL flush, and marks its job; a read of the job's events holds them back
 /// while the mark is young, and past that flushes first (a transactional
-/// logical message, seen in the WAL with `pg_walinspect`); the task's claim (a synchronous commit, which flushes
-/// the turn with it) clears the mark. Writes that are not such a turn leave
-/// nothing marked.
+/// logical message, seen in the WAL with `pg_walinspect`); the task's claim
+/// (a synchronous commit, which flushes the turn with it) clears the mark.
+/// Writes that are not such a turn leave nothing marked.
 #[tokio::test]
 async fn postgres_a_turn_creating_tasks_is_flushed_before_anyone_reads_it() {
     use flower_store::{Batch, NewJob, Store};
-    let db = ScratchDatabase::create(&pg_admin_url()).await.unwrap();
-    let store = PostgresStore::connect(&db.url, 2).await.unwrap();
-    let (raw, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
+    let (db, store, raw) = pg_with_raw(2).await;
     raw.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect").await.unwrap();
     let mark = |job: flower_model::JobId| {
         let raw = &raw;

@@ -410,6 +410,8 @@ pub struct PostgresServer {
     port: u16,
     dir: tempfile::TempDir,
     bin: std::path::PathBuf,
+    /// The tests run as root: the server's programs run as `postgres`.
+    as_root: bool,
 }
 
 impl PostgresServer {
@@ -423,8 +425,9 @@ impl PostgresServer {
         let bin = versions.pop().expect("pg_ctl under /usr/lib/postgresql/*/bin");
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let dir = tempfile::tempdir().unwrap();
-        let server = Self { port, dir, bin };
-        if server.as_root() {
+        let as_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+        let server = Self { port, dir, bin, as_root };
+        if server.as_root {
             let status = Command::new("chown").args(["-R", "postgres"]).arg(server.dir.path()).status().unwrap();
             assert!(status.success(), "chown of the server's directory");
         }
@@ -442,19 +445,22 @@ impl PostgresServer {
         self.dir.path().join("data").display().to_string()
     }
 
-    fn as_root(&self) -> bool {
-        Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+    /// One of the server's programs, as the `postgres` user when root.
+    fn command(&self, program: &str, args: &[&str]) -> Command {
+        let path = self.bin.join(program);
+        let mut command = if self.as_root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(path);
+            c
+        } else {
+            Command::new(path)
+        };
+        command.args(args);
+        command
     }
 
-    /// One of the server's programs, as the `postgres` user when root.
     fn run(&self, program: &str, args: &[&str]) {
-        let path = self.bin.join(program);
-        let out = if self.as_root() {
-            Command::new("runuser").args(["-u", "postgres", "--"]).arg(&path).args(args).output()
-        } else {
-            Command::new(&path).args(args).output()
-        }
-        .unwrap();
+        let out = self.command(program, args).output().unwrap();
         assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
@@ -478,14 +484,8 @@ impl PostgresServer {
 
 impl Drop for PostgresServer {
     fn drop(&mut self) {
-        let path = self.bin.join("pg_ctl");
         let data = self.data();
-        let args = ["-D", data.as_str(), "-m", "immediate", "-w", "stop"];
-        let _ = if self.as_root() {
-            Command::new("runuser").args(["-u", "postgres", "--"]).arg(&path).args(args).output()
-        } else {
-            Command::new(&path).args(args).output()
-        };
+        let _ = self.command("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]).output();
     }
 }
 
