@@ -100,7 +100,7 @@ async fn stored_entries_cannot_be_rewritten() {
 
 #[tokio::test]
 async fn postgres_entries_cannot_be_rewritten() {
-    let (db, _store, client) = pg_with_raw(1).await;
+    let (_db, _store, client) = pg_with_raw(1).await;
     client
         .batch_execute(
             "INSERT INTO jobs (id, name, state, spec, usage, created_at, updated_at)
