@@ -87,6 +87,10 @@ pub struct Metrics {
     pub tool_denials: Family<KindLabel, Counter>,
     /// Pruning passes over a stored transcript fed back to a resumed session.
     pub prunes: Counter,
+    /// Claims that found no task row yet and were made again (a task's
+    /// message may reach a worker before its creator's first statement
+    /// reaches the store).
+    pub claims_early: Counter,
     /// Dollars spent on model calls, priced as the job's budget prices them
     /// (its `prices`, else the built-in table); models with no price add nothing.
     pub model_cost: Family<ProviderModelLabels, Counter<f64, AtomicU64>>,
@@ -123,6 +127,7 @@ impl Metrics {
             spills: Counter::default(),
             tool_denials: Family::default(),
             prunes: Counter::default(),
+            claims_early: Counter::default(),
             model_cost: Family::default(),
             queue_lag: Gauge::default(),
             dispatch: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
@@ -191,6 +196,11 @@ impl Metrics {
             "flower_prunes",
             "Pruning passes over a stored transcript when a session resumes",
             m.prunes.clone(),
+        );
+        registry.register(
+            "flower_claims_early",
+            "Claims that found no task row yet (the message came before its creator's first statement) and were made again",
+            m.claims_early.clone(),
         );
         registry.register(
             "flower_model_cost_dollars",

@@ -460,10 +460,12 @@ impl Dispatcher {
         rows.entry(task.id).or_insert_with(|| tokio::sync::watch::channel(None).0);
     }
 
-    /// A call's row is staged in its turn's transaction, which holds the
-    /// row's creation lock (docs/design.md section 3): the message goes out
-    /// now, during the commit. A worker's claim waits for the transaction;
-    /// if it never commits, the claim finds no row and drops the message.
+    /// A call's row is staged in its turn's transaction, whose first
+    /// statement takes the row's creation lock (docs/design.md section 3):
+    /// the message goes out now, during the commit. A worker's claim waits
+    /// for the transaction (or, come before the lock, is made again until
+    /// the row is there); if it never commits, the claim finds no row and
+    /// drops the message.
     pub fn row_staged(&self, task: &Task) {
         self.waiters.expect(self.journal.notifier(), task.id, true);
         let msg = self.first_message(task);

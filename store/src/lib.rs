@@ -180,10 +180,12 @@ pub struct TaskEnd {
 }
 
 /// A callback run when a batch's transaction is *staged*: on Postgres,
-/// after the transaction took the advisory locks of the task rows it creates
-/// (a claim takes the same lock, shared, before it reads the row, so it
-/// waits for this transaction's end and then sees the row or its absence),
-/// or, for a task's end, after the row lock and the end's rules passed (a
+/// once the statement taking the advisory locks of the task rows it creates
+/// is queued on the connection (a claim takes the same lock, shared, before
+/// it reads the row, so it waits for this transaction's end and then sees
+/// the row or its absence; a claim that reached the server before the lock
+/// finds no row and is made again, by the worker, for a while), or, for a
+/// task's end, after the row lock and the end's rules passed (a
 /// batch that [`Batch::requires`] the end reads the row under a share lock,
 /// so it waits for this transaction too). So a message may be published while
 /// the commit is still being flushed: whoever acts on it waits for the

@@ -1436,13 +1436,15 @@ impl Store for PostgresStore {
                 // Every statement before the events' goes out in one flight,
                 // in this order: each is prepared first (a statement not yet
                 // prepared on the connection goes out after its preparation,
-                // out of order). The messages of new tasks are released once
-                // their creation locks are held; the writes after the locks
-                // in the flight do not wait for that. The required ends are
-                // read last: that read waits for their writers' commits, and
-                // the writes before it are done meanwhile (none of them takes
-                // a lock such a writer waits for: the job's row is updated
-                // with the events, after it).
+                // out of order). The messages of new tasks are released with
+                // the flight, whose first statement takes their creation
+                // locks: a claim that reaches the server before it finds no
+                // row and is made again (docs/design.md section 3, "A task's
+                // message, with its creator's first flight"). The required
+                // ends are read last: that read waits for their writers'
+                // commits, and the writes before it are done meanwhile (none
+                // of them takes a lock such a writer waits for: the job's row
+                // is updated with the events, after it).
                 let mut first: Vec<&str> = fence_and_lock_statements(batch.fence, &batch.tasks).to_vec();
                 if !batch.tasks.is_empty() {
                     first.push(INSERT_TASKS.as_str());
@@ -1454,8 +1456,9 @@ impl Store for PostgresStore {
                     first.push(&REQUIRED);
                 }
                 prepare_all(tx, &first).await?;
-                let locked = async {
-                    fence_and_lock(tx, batch.fence, &batch.tasks).await?;
+                // Polled last, once the flight's statements are queued on
+                // the connection ahead of the messages.
+                let release = async {
                     if !batch.tasks.is_empty()
                         && let Some(staged) = &batch.staged
                     {
@@ -1464,11 +1467,12 @@ impl Store for PostgresStore {
                     Ok::<_, StoreError>(())
                 };
                 let mut events = batch.events;
-                let (_, tasks, entry_seqs, _) = futures::try_join!(
-                    locked,
+                let (_, tasks, entry_seqs, _, _) = futures::try_join!(
+                    fence_and_lock(tx, batch.fence, &batch.tasks),
                     insert_tasks(tx, &batch.tasks, &mut events),
                     write_entries(tx, batch.entries),
-                    check_required(tx, &batch.requires)
+                    check_required(tx, &batch.requires),
+                    release
                 )?;
                 let relaxed = relaxed_turn(batch.fence, &tasks, &events, batch.usage.as_ref());
                 let (events, ending) = write_events_ending(tx, events, batch.usage, relaxed).await?;

@@ -570,6 +570,89 @@ async fn a_cancel_ends_the_running_job_and_its_owner_lets_it_go() {
     c.stop().await;
 }
 
+/// A task's message goes out with the first statements of the write that
+/// creates its row, so a worker may claim it before the row's creation lock
+/// is taken: the claim finds no row and is made again until the write
+/// commits. Here the test writes a task the way a coordinator's turn does
+/// (fenced, with the lease's epoch, the message staged) while it holds the
+/// job's lease row, so the write waits at its first statement with the
+/// message already out; once the worker counts a claim made early, the hold
+/// ends, and the task runs as its first attempt.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_that_comes_before_its_task_row_is_made_again() {
+    let mut c = Cluster::start(Options { workers: 1, metrics: true, ..Default::default() }).await;
+    // A job whose coordinator waits for its user: nothing else runs.
+    let job = c.submit(&repo().join("tests/fixtures/distributed/ask.yaml"));
+    c.wait_job(&job, "waiting_for_user").await;
+    let mut pg = c.pg().await;
+    let lease = pg.query_one(&format!("SELECT epoch FROM leases WHERE job_id = '{job}'"), &[]).await.unwrap();
+    let session = pg
+        .query_one(&format!("SELECT id FROM sessions WHERE job_id = '{job}' AND role = 'coordinator'"), &[])
+        .await
+        .unwrap();
+    let job_id: flower_model::JobId = job.parse().unwrap();
+    let fence = flower_store::Fence { job: job_id, epoch: lease.get(0) };
+    let parent = flower_model::SessionId(session.get(0));
+    let task = flower_model::Task::queued(job_id, parent, "toolu_early", "scribe", "write the report", "Write it.");
+
+    let config = flower_bus::NatsConfig::new(crate::cluster::nats_url(), c.prefix.clone());
+    let queue: std::sync::Arc<dyn flower_bus::TaskQueue> =
+        std::sync::Arc::new(flower_bus::NatsBus::connect(config).await.unwrap());
+    let message = flower_bus::TaskMessage {
+        job_id,
+        task_id: task.id,
+        worker: task.worker.clone(),
+        epoch: fence.epoch,
+        base_attempt: 0,
+        trace: None,
+        body: None,
+        republish: 0,
+        stream_notice: false,
+    };
+    let (published_tx, published) = tokio::sync::oneshot::channel();
+    let published_tx = std::sync::Mutex::new(Some(published_tx));
+    let staged = flower_store::Staged::new(move || {
+        let (queue, message) = (queue.clone(), message.clone());
+        let done = published_tx.lock().unwrap().take();
+        tokio::spawn(async move {
+            let took = queue.publish(message).await.unwrap();
+            if let Some(done) = done {
+                let _ = done.send(took);
+            }
+        });
+    });
+
+    let hold = pg.transaction().await.unwrap();
+    hold.execute(&format!("SELECT 1 FROM leases WHERE job_id = '{job}' FOR UPDATE"), &[]).await.unwrap();
+    let store = flower_store::PostgresStore::connect(&c.db.url, 1).await.unwrap();
+    let write = tokio::spawn(async move {
+        let batch =
+            flower_store::Batch { tasks: vec![task], fence: Some(fence), staged: Some(staged), ..Default::default() };
+        store.append(batch).await
+    });
+    let published = tokio::time::timeout(Duration::from_secs(30), published).await;
+    assert!(published.expect("no message went out while its write waited").unwrap(), "taken as new");
+    let metrics = c.workers[0].metrics_url();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while crate::metrics::value(&crate::metrics::scrape(&metrics).await, "flower_claims_early_total") < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "no claim came before its row");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rows: i64 =
+        hold.query_one(&format!("SELECT count(*) FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap().get(0);
+    assert_eq!(rows, 0, "the write is still held");
+    assert!(!write.is_finished(), "the write waits for the lease row");
+    hold.rollback().await.unwrap();
+    let written = write.await.unwrap().unwrap();
+    assert!(matches!(written.tasks.as_slice(), [(_, true)]), "{:?}", written.tasks);
+
+    c.wait_task(&job, "succeeded").await;
+    let row = pg.query_one(&format!("SELECT attempt, report FROM tasks WHERE job_id = '{job}'"), &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 1, "claimed by the first delivery's claim, made again");
+    assert_eq!(row.get::<_, String>(1).trim(), "report written");
+    c.stop().await;
+}
+
 /// Acceptance (human channel): the job asks, waits in `waiting_for_user`;
 /// the coordinator that asked is killed; the answer, sent over gRPC to the
 /// surviving replica meanwhile, is not lost: the new owner asks nothing again,

@@ -3,14 +3,14 @@
 use crate::cluster::{Cluster, Options};
 use crate::support::repo;
 
-async fn scrape(url: &str) -> String {
+pub(crate) async fn scrape(url: &str) -> String {
     let resp = reqwest::get(url).await.unwrap();
     assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
     resp.text().await.unwrap()
 }
 
 /// The value of the series line `name{labels}` (or `name` without labels).
-fn value(text: &str, series: &str) -> f64 {
+pub(crate) fn value(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
         .map(|v| v.trim().parse().unwrap())
@@ -75,6 +75,9 @@ async fn metrics_are_served_by_both_roles() {
     for text in std::iter::once(&coordinator).chain(&workers) {
         assert!(value(text, "flower_spills_total") >= 0.0);
         assert!(value(text, "flower_prunes_total") >= 0.0);
+    }
+    for text in &workers {
+        assert!(value(text, "flower_claims_early_total") >= 0.0);
     }
     // The demo's model has a built-in price: its calls cost something, on both sides.
     if flower_model::spec::builtin_price("claude-sonnet-4-5").is_some() {

@@ -178,6 +178,15 @@ async fn refresh_queue_lag(queue: Arc<dyn TaskQueue>, shutdown: CancellationToke
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// How long a claim that finds no task row is made again: a task's message
+/// goes out with its creator's first statements, and may reach the store
+/// before them (docs/design.md section 3, "A task's message, with its
+/// creator's first flight"). Past this, its creator did not commit.
+const UNKNOWN_FOR: Duration = Duration::from_secs(5);
+/// First and longest pause between claims of a task not stored yet.
+const UNKNOWN_FIRST: Duration = Duration::from_millis(1);
+const UNKNOWN_MAX: Duration = Duration::from_millis(250);
+
 impl Worker {
     pub fn new(
         opts: WorkerOptions,
@@ -494,8 +503,9 @@ impl Worker {
                 Some((task, fresh))
             }
             Err(StoreError::NotFound(_)) => {
-                // No row after its creator's transaction ended: it did not
-                // commit (a coordinator that republishes uses a new id).
+                // Still no row after its creator's transaction ended (see
+                // UNKNOWN_FOR): it did not commit (a coordinator that
+                // republishes uses a new id).
                 tracing::warn!(%task, "delivery for an unknown task, dropped");
                 let _ = delivery.term().await;
                 None
@@ -602,8 +612,10 @@ impl Worker {
             task_id: Some(task),
             created_at: now_ms(),
         });
-        let give_up = tokio::time::Instant::now() + self.opts.report_retry;
+        let started = tokio::time::Instant::now();
+        let give_up = started + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
+        let mut unknown_pause = UNKNOWN_FIRST;
         loop {
             let request = ClaimRequest {
                 task,
@@ -618,6 +630,14 @@ impl Worker {
                     let _ = delivery.progress().await;
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_MAX);
+                }
+                Err(StoreError::NotFound(_)) if started.elapsed() < UNKNOWN_FOR => {
+                    if unknown_pause == UNKNOWN_FIRST {
+                        tracing::info!(%task, attempt, "task not stored yet; claiming it again");
+                        flower_agent::metrics::metrics().claims_early.inc();
+                    }
+                    tokio::time::sleep(unknown_pause).await;
+                    unknown_pause = (unknown_pause * 2).min(UNKNOWN_MAX);
                 }
                 other => return other,
             }
