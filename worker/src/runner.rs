@@ -636,6 +636,8 @@ impl Worker {
                         tracing::info!(%task, attempt, "task not stored yet; claiming it again");
                         flower_agent::metrics::metrics().claims_early.inc();
                     }
+                    // Held meanwhile, as through a store outage.
+                    let _ = delivery.progress().await;
                     tokio::time::sleep(unknown_pause).await;
                     unknown_pause = (unknown_pause * 2).min(UNKNOWN_MAX);
                 }
