@@ -39,6 +39,7 @@ macro_rules! store_conformance_tests {
             leases_fence_writes,
             a_fan_out_is_created_in_one_write,
             a_turn_and_its_calls_tasks_commit_together,
+            a_fenced_turn_is_stored_whole_or_refused_whole,
             a_claim_waits_for_its_rows_commit,
             a_batch_commits_only_on_the_ends_it_requires,
             a_claim_opens_the_attempts_session,
@@ -698,6 +699,104 @@ pub async fn a_turn_and_its_calls_tasks_commit_together(store: &dyn Store) {
     let refused = store.append(Batch { tasks: vec![late.clone()], fence: Some(stale), ..Default::default() }).await;
     assert!(matches!(refused, Err(StoreError::Fenced { .. })), "{refused:?}");
     assert!(matches!(store.get_task(late.id).await, Err(StoreError::NotFound(_))));
+}
+
+/// A coordinator's turn that creates tasks — fenced, with an entry, an
+/// event, usage and the end of a task it was built on — is stored whole, or,
+/// on a stale epoch, an end not stored as required or an entry of a session
+/// that does not exist, not at all, with the error that says why; a row
+/// already there (a turn written again) is reported as it is and not queued
+/// again.
+pub async fn a_fenced_turn_is_stored_whole_or_refused_whole(store: &dyn Store) {
+    let job = new_job(store, None).await;
+    let lease = store.acquire_lease(job, "coordinator-a", 60_000).await.unwrap().expect("a free lease");
+    let session = coordinator_session(store, job).await;
+    let done = task(job, session, "toolu_done");
+    store.create_task(done.clone(), None).await.unwrap();
+    store.claim_task(done.id, 1, "w1").await.unwrap();
+    let report = TaskOutcome::Succeeded { report: "done".into() };
+    store.finish_task(done.id, 1, report, Usage::default()).await.unwrap();
+    let end = crate::TaskEnd { task: done.id, attempt: 1, state: TaskState::Succeeded };
+    let usage = Usage { input_tokens: 5, output_tokens: 2, ..Default::default() };
+    let turn = |fence: crate::Fence, tasks: Vec<Task>, requires: Vec<crate::TaskEnd>, session: SessionId| Batch {
+        entries: vec![Entry::new(job, session, None, EntryKind::Assistant, vec![ContentBlock::text("delegating")])],
+        events: vec![(job, EventKind::ToolCalled { session, tool: "Agent".into(), tool_use_id: "toolu_a".into() })],
+        usage: Some((job, usage)),
+        tasks,
+        fence: Some(fence),
+        requires,
+        staged: None,
+    };
+    let events_before = store.events(job, 0, 1000).await.unwrap();
+    let usage_before = store.get_job(job).await.unwrap().usage;
+    let stale = crate::Fence { job, epoch: lease.epoch + 1 };
+    let other_end = crate::TaskEnd { attempt: 2, ..end };
+    for (batch, why) in [
+        (turn(stale, vec![task(job, session, "toolu_a")], vec![end], session), "a stale epoch"),
+        (turn(lease.fence(), vec![task(job, session, "toolu_a")], vec![other_end], session), "another end"),
+        (turn(lease.fence(), vec![task(job, session, "toolu_a")], vec![end], SessionId::random()), "no session"),
+    ] {
+        let id = batch.tasks[0].id;
+        let refused = store.append(batch).await;
+        let said = match why {
+            "a stale epoch" => {
+                matches!(refused, Err(StoreError::Fenced { given, current, .. }) if given == current + 1)
+            }
+            "another end" => matches!(refused, Err(StoreError::Backend(_))),
+            _ => matches!(refused, Err(StoreError::NotFound(_))),
+        };
+        assert!(said, "{why}: {refused:?}");
+        assert!(matches!(store.get_task(id).await, Err(StoreError::NotFound(_))), "{why}: no task row");
+    }
+    assert_eq!(store.events(job, 0, 1000).await.unwrap().len(), events_before.len(), "no event of a refused turn");
+    assert!(store.entries(session, 0, 10).await.unwrap().is_empty(), "no entry of a refused turn");
+    assert_eq!(store.get_job(job).await.unwrap().usage, usage_before, "no usage of a refused turn");
+
+    let (first, second) = (task(job, session, "toolu_a"), task(job, session, "toolu_b"));
+    let written = store.append(turn(lease.fence(), vec![first.clone(), second.clone()], vec![end], session)).await;
+    let written = written.unwrap();
+    assert_eq!(written.entry_seqs, vec![1]);
+    assert_eq!(
+        written.tasks.iter().map(|(t, created)| (t.id, t.state, *created)).collect::<Vec<_>>(),
+        vec![(first.id, TaskState::Queued, true), (second.id, TaskState::Queued, true)]
+    );
+    let last = events_before.last().map_or(0, |e| e.seq);
+    let kinds = |written: &crate::Written| -> Vec<(i64, String)> {
+        written
+            .events
+            .iter()
+            .map(|e| match &e.kind {
+                EventKind::ToolCalled { .. } => (e.seq, "called".to_string()),
+                EventKind::TaskQueued { task, .. } => (e.seq, format!("queued {task}")),
+                other => panic!("unexpected event {other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(
+        kinds(&written),
+        vec![
+            (last + 1, "called".to_string()),
+            (last + 2, format!("queued {}", first.id)),
+            (last + 3, format!("queued {}", second.id))
+        ]
+    );
+    let total = store.get_job(job).await.unwrap().usage;
+    assert_eq!(
+        (total.input_tokens, total.output_tokens),
+        (usage_before.input_tokens + 5, usage_before.output_tokens + 2)
+    );
+
+    // Written again with one more call: the row already there is reported
+    // as it is and not queued again.
+    let third = task(job, session, "toolu_c");
+    let again = store.append(turn(lease.fence(), vec![first.clone(), third.clone()], vec![], session)).await.unwrap();
+    assert_eq!(
+        again.tasks.iter().map(|(t, created)| (t.id, *created)).collect::<Vec<_>>(),
+        vec![(first.id, false), (third.id, true)]
+    );
+    assert_eq!(kinds(&again), vec![(last + 4, "called".to_string()), (last + 5, format!("queued {}", third.id))]);
+    assert_eq!(again.entry_seqs, vec![2]);
+    assert_eq!(store.tasks(job).await.unwrap().len(), 4);
 }
 
 /// A signal for a batch's [`crate::Staged`] callback, and its receiver: it
