@@ -280,7 +280,18 @@ async fn a_delegation_during_a_queue_outage_waits_for_the_queue() {
     let mut c = Cluster::start(Options { workers: 2, concurrency: 2, private_nats: true, ..Default::default() }).await;
     let job = c.submit(&repo().join("examples/long-horizon/job.yaml"));
     let tasks = format!("SELECT count(*) FROM tasks WHERE job_id = '{job}'");
-    c.wait_for("a first delegation", Duration::from_secs(120), &format!("SELECT ({tasks}) > 0")).await;
+    // Every task so far in a worker's hands (none queued: each message
+    // delivered and claimed) before the queue stops, so the run can go on
+    // without it; a task whose message the outage held back would keep its
+    // delegation waiting for the queue, and no turn would come after it.
+    c.wait_for(
+        "a first delegation, every task claimed",
+        Duration::from_secs(120),
+        &format!(
+            "SELECT ({tasks}) > 0 AND NOT EXISTS (SELECT 1 FROM tasks WHERE job_id = '{job}' AND state = 'queued')"
+        ),
+    )
+    .await;
     c.nats.as_mut().unwrap().stop();
     let before: i64 = c.pg().await.query_one(&tasks, &[]).await.unwrap().get(0);
     // A turn after the stop delegates: its row is committed, its message owed.
