@@ -616,6 +616,8 @@ impl Worker {
         let give_up = started + self.opts.report_retry;
         let mut pause = RETRY_FIRST;
         let mut unknown_pause = UNKNOWN_FIRST;
+        // When the message was last held: its delivery, then each in-progress ack.
+        let mut held = started;
         loop {
             let request = ClaimRequest {
                 task,
@@ -627,7 +629,7 @@ impl Worker {
             match self.claims.claim(request).await {
                 Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(%task, attempt, error = %e, "claim not recorded yet; retrying");
-                    let _ = delivery.progress().await;
+                    self.hold(delivery, &mut held, pause).await;
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_MAX);
                 }
@@ -637,12 +639,24 @@ impl Worker {
                         flower_agent::metrics::metrics().claims_early.inc();
                     }
                     // Held meanwhile, as through a store outage.
-                    let _ = delivery.progress().await;
+                    self.hold(delivery, &mut held, unknown_pause).await;
                     tokio::time::sleep(unknown_pause).await;
                     unknown_pause = (unknown_pause * 2).min(UNKNOWN_MAX);
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// Keep a message held through a pause of its claim's retries: an
+    /// in-progress ack when, by the pause's end, a heartbeat's time will have
+    /// passed since it was last held (`held`), not one per retry — retries a
+    /// millisecond apart would send hundreds. Between acks there is never
+    /// more than a heartbeat or the pause, whichever is longer.
+    async fn hold(&self, delivery: &dyn Delivery, held: &mut tokio::time::Instant, pause: Duration) {
+        if held.elapsed() + pause >= self.opts.heartbeat {
+            let _ = delivery.progress().await;
+            *held = tokio::time::Instant::now();
         }
     }
 
