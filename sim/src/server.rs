@@ -181,6 +181,12 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
         });
         return axum::Json(body).into_response();
     }
+    if let Some(whole) = whole_stream(&planned, latency) {
+        // The request (a long history, maybe) is freed after the answer is
+        // written: a task spawned here runs on this thread once it yields.
+        tokio::spawn(async move { drop(body) });
+        return event_response(Body::from(whole));
+    }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(stream_message(planned, latency, tx));
     event_stream(rx)
@@ -188,7 +194,12 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
 
 /// A `text/event-stream` response of what the channel carries.
 fn event_stream(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Response {
-    let mut resp = Body::from_stream(tokio_stream_from(rx)).into_response();
+    event_response(Body::from_stream(tokio_stream_from(rx)))
+}
+
+/// A `text/event-stream` response of `body`.
+fn event_response(body: Body) -> Response {
+    let mut resp = body.into_response();
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
@@ -294,25 +305,29 @@ fn chunks(s: &str, n: usize) -> Vec<&str> {
     out
 }
 
-async fn stream_message(
-    p: Planned,
-    latency: Latency,
-    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
-) -> Result<(), Infallible> {
-    sleep_ms(latency.ttft_ms).await;
+/// One server-sent event of a Messages stream, with the pause before it
+/// (ms, at the scenario's pace).
+struct Frame {
+    event: &'static str,
+    data: Value,
+    pause_ms: u64,
+}
+
+/// The stream's frames in order, and whether it is cut after the last one
+/// (`drop_stream`: at the first delta).
+fn message_frames(p: &Planned, latency: Latency) -> (Vec<Frame>, bool) {
     let pace = |piece: &str| {
         let tokens = piece.len().div_ceil(4) as u64;
         (tokens * 1000).checked_div(latency.tokens_per_sec).unwrap_or(0)
     };
-    // Frames ready at once go out together (one write, not one per event);
-    // a pause sends what is ready first.
-    let mut out = Outbox { tx, ready: Vec::new() };
+    let mut frames = Vec::new();
+    let mut push = |event: &'static str, data: Value, pause_ms: u64| frames.push(Frame { event, data, pause_ms });
     let start = json!({"type": "message_start", "message": {
         "id": p.id, "type": "message", "role": "assistant", "model": p.model, "content": [],
-        "stop_reason": null, "stop_sequence": null, "usage": usage(&p, 1),
+        "stop_reason": null, "stop_sequence": null, "usage": usage(p, 1),
     }});
-    out.push("message_start", &start);
-    out.push("ping", &json!({"type": "ping"}));
+    push("message_start", start, 0);
+    push("ping", json!({"type": "ping"}), 0);
     for (i, block) in p.content.iter().enumerate() {
         let (start_block, pieces, delta_kind, field) = match block["type"].as_str() {
             Some("tool_use") => (
@@ -328,38 +343,75 @@ async fn stream_message(
                 "text",
             ),
         };
-        out.push(
+        push(
             "content_block_start",
-            &json!({"type": "content_block_start", "index": i, "content_block": start_block}),
+            json!({"type": "content_block_start", "index": i, "content_block": start_block}),
+            0,
         );
         for piece in chunks(&pieces, 48) {
-            let pause = pace(piece);
-            if pause > 0 {
-                if !out.flush().await {
-                    return Ok(());
-                }
-                sleep_ms(pause).await;
-            }
             let delta = json!({"type": "content_block_delta", "index": i, "delta": {"type": delta_kind, field: piece}});
-            out.push("content_block_delta", &delta);
+            push("content_block_delta", delta, pace(piece));
             if p.drop_stream {
-                // Cut the connection mid-stream: the body ends in an error, not a clean close.
-                if out.flush().await {
-                    let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "simulated drop");
-                    let _ = out.tx.send(Err(reset)).await;
-                }
-                return Ok(());
+                return (frames, true);
             }
         }
-        out.push("content_block_stop", &json!({"type": "content_block_stop", "index": i}));
+        push("content_block_stop", json!({"type": "content_block_stop", "index": i}), 0);
     }
     let delta = json!({
         "type": "message_delta",
         "delta": {"stop_reason": p.stop_reason, "stop_sequence": null},
-        "usage": usage(&p, p.output_tokens),
+        "usage": usage(p, p.output_tokens),
     });
-    out.push("message_delta", &delta);
-    out.push("message_stop", &json!({"type": "message_stop"}));
+    push("message_delta", delta, 0);
+    push("message_stop", json!({"type": "message_stop"}), 0);
+    (frames, false)
+}
+
+/// A stream with nothing to wait for (no first-token delay, no pacing, no
+/// cut) as one body, written at once: no task and no channel between the
+/// answer and its first write.
+fn whole_stream(p: &Planned, latency: Latency) -> Option<Vec<u8>> {
+    if latency.ttft_ms > 0 {
+        return None;
+    }
+    let (frames, cut) = message_frames(p, latency);
+    if cut || frames.iter().any(|f| f.pause_ms > 0) {
+        return None;
+    }
+    let mut body = Vec::new();
+    for f in &frames {
+        body.extend_from_slice(&frame(f.event, &f.data));
+    }
+    Some(body)
+}
+
+async fn stream_message(
+    p: Planned,
+    latency: Latency,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+) -> Result<(), Infallible> {
+    sleep_ms(latency.ttft_ms).await;
+    // Frames ready at once go out together (one write, not one per event);
+    // a pause sends what is ready first.
+    let mut out = Outbox { tx, ready: Vec::new() };
+    let (frames, cut) = message_frames(&p, latency);
+    for f in frames {
+        if f.pause_ms > 0 {
+            if !out.flush().await {
+                return Ok(());
+            }
+            sleep_ms(f.pause_ms).await;
+        }
+        out.push(f.event, &f.data);
+    }
+    if cut {
+        // Cut the connection mid-stream: the body ends in an error, not a clean close.
+        if out.flush().await {
+            let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "simulated drop");
+            let _ = out.tx.send(Err(reset)).await;
+        }
+        return Ok(());
+    }
     out.flush().await;
     Ok(())
 }

@@ -123,3 +123,31 @@ async fn cache_fields_follow_the_providers_rules_over_http() {
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["message"], "A maximum of 4 blocks with cache_control may be provided. Found 5.");
 }
+
+/// The event names of a Messages stream, in order, and whether the response
+/// said its length up front (one body) rather than streaming in chunks.
+async fn stream_shape(scenario_latency: &str) -> (Vec<String>, bool) {
+    let s = flower_sim::Scenario::parse(&format!(
+        "{scenario_latency}roles:\n  - name: t\n    match: {{system: tooler}}\n    steps:\n      - id: a\n        text: hello there, a text long enough for two pieces of the stream at least\n        tool_calls: [{{name: Read, input: {{file_path: x}}}}]\n"
+    ))
+    .unwrap();
+    let sim = flower_sim::start(s, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let resp = post(&sim.base_url(), body(true)).await;
+    let whole = resp.headers().contains_key("content-length");
+    let text = resp.text().await.unwrap();
+    let names =
+        text.split("\n\n").filter_map(|f| f.strip_prefix("event: ")).map(|f| f.lines().next().unwrap().to_string());
+    (names.collect(), whole)
+}
+
+#[tokio::test]
+async fn a_stream_with_nothing_to_wait_for_is_written_whole_and_a_paced_one_in_pieces() {
+    let (instant, instant_whole) = stream_shape("").await;
+    let (paced, paced_whole) = stream_shape("latency: {tokens_per_sec: 2000}\n").await;
+    let (late, late_whole) = stream_shape("latency: {ttft_ms: 5}\n").await;
+    assert!(instant_whole, "no delay, no pacing: one body of known length");
+    assert!(!paced_whole && !late_whole, "a paced or delayed answer streams");
+    assert!(instant.iter().filter(|e| *e == "content_block_delta").count() >= 3, "{instant:?}");
+    assert_eq!(instant, paced, "the same events either way");
+    assert_eq!(instant, late);
+}
