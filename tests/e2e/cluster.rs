@@ -93,6 +93,12 @@ impl Proc {
         self.child.id()
     }
 
+    /// Send the process a signal by name (`STOP`, `CONT`, …).
+    pub fn signal(&self, name: &str) {
+        let sent = std::process::Command::new("kill").arg(format!("-{name}")).arg(self.pid().to_string()).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -{name} {}", self.pid());
+    }
+
     /// Wait for the process to exit on its own.
     pub fn wait(&mut self) -> std::process::ExitStatus {
         self.child.wait().unwrap()

@@ -284,15 +284,24 @@ async fn a_delegation_during_a_queue_outage_waits_for_the_queue() {
     // delivered and claimed) before the queue stops, so the run can go on
     // without it; a task whose message the outage held back would keep its
     // delegation waiting for the queue, and no turn would come after it.
-    c.wait_for(
-        "a first delegation, every task claimed",
-        Duration::from_secs(120),
-        &format!(
-            "SELECT ({tasks}) > 0 AND NOT EXISTS (SELECT 1 FROM tasks WHERE job_id = '{job}' AND state = 'queued')"
-        ),
-    )
-    .await;
-    c.nats.as_mut().unwrap().stop();
+    // The coordinator is paused from that check to the stop: no turn of it
+    // creates a task in between (one that had, found queued, lets it run on
+    // and the check is made again).
+    let none_queued = format!(
+        "SELECT ({tasks}) > 0 AND NOT EXISTS (SELECT 1 FROM tasks WHERE job_id = '{job}' AND state = 'queued')"
+    );
+    loop {
+        c.wait_for("a first delegation, every task claimed", Duration::from_secs(120), &none_queued).await;
+        c.coordinators[0].signal("STOP");
+        let still: bool = c.pg().await.query_one(&none_queued, &[]).await.unwrap().get(0);
+        if still {
+            c.nats.as_mut().unwrap().stop();
+        }
+        c.coordinators[0].signal("CONT");
+        if still {
+            break;
+        }
+    }
     let before: i64 = c.pg().await.query_one(&tasks, &[]).await.unwrap().get(0);
     // A turn after the stop delegates: its row is committed, its message owed.
     c.wait_for(
