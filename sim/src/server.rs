@@ -242,36 +242,58 @@ async fn chat_completions(State(engine): State<Arc<Engine>>, headers: HeaderMap,
         sleep_ms(latency.ttft_ms).await;
         return axum::Json(crate::chat::completion(&planned)).into_response();
     }
+    let frames = chat_frames(&planned, include_usage, latency);
+    if latency.ttft_ms == 0 && !planned.drop_stream && frames.iter().all(|(_, pause)| *pause == 0) {
+        // Nothing to wait for: one body, as a Messages stream is ([`whole_stream`]).
+        let mut whole: Vec<u8> = frames.into_iter().flat_map(|(line, _)| line.into_bytes()).collect();
+        whole.extend_from_slice(CHAT_DONE);
+        tokio::spawn(async move { drop(body) });
+        return event_response(Body::from(whole));
+    }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    tokio::spawn(stream_chat(planned, latency, include_usage, tx));
+    tokio::spawn(stream_chat(frames, planned.drop_stream, latency, tx));
     event_stream(rx)
 }
 
-/// The chunks of a streamed chat completion, paced like the Messages stream.
+/// The last line of a streamed chat completion.
+const CHAT_DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// The lines of a streamed chat completion, each with the pause before it
+/// (ms, paced like the Messages stream).
+fn chat_frames(p: &Planned, include_usage: bool, latency: Latency) -> Vec<(String, u64)> {
+    let chunks = crate::chat::chunks(p, include_usage, |s| chunks(s, 48).into_iter().map(str::to_string).collect());
+    chunks
+        .iter()
+        .map(|c| {
+            let piece = c["choices"][0]["delta"]["content"]
+                .as_str()
+                .or_else(|| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+                .unwrap_or_default();
+            let ms = (piece.len().div_ceil(4) as u64 * 1000).checked_div(latency.tokens_per_sec).unwrap_or(0);
+            (format!("data: {c}\n\n"), ms)
+        })
+        .collect()
+}
+
+/// A streamed chat completion's lines, paced; with `drop_stream`, cut after the second.
 async fn stream_chat(
-    p: Planned,
+    frames: Vec<(String, u64)>,
+    drop_stream: bool,
     latency: Latency,
-    include_usage: bool,
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
 ) {
     sleep_ms(latency.ttft_ms).await;
-    let chunks = crate::chat::chunks(&p, include_usage, |s| chunks(s, 48).into_iter().map(str::to_string).collect());
-    for (i, c) in chunks.iter().enumerate() {
-        let piece = c["choices"][0]["delta"]["content"]
-            .as_str()
-            .or_else(|| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
-            .unwrap_or_default();
-        let ms = (piece.len().div_ceil(4) as u64 * 1000).checked_div(latency.tokens_per_sec).unwrap_or(0);
-        sleep_ms(ms).await;
-        if tx.send(Ok(Bytes::from(format!("data: {c}\n\n")))).await.is_err() {
+    for (i, (line, pause)) in frames.into_iter().enumerate() {
+        sleep_ms(pause).await;
+        if tx.send(Ok(Bytes::from(line))).await.is_err() {
             return;
         }
-        if p.drop_stream && i >= 1 {
+        if drop_stream && i >= 1 {
             let _ = tx.send(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "simulated drop"))).await;
             return;
         }
     }
-    let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+    let _ = tx.send(Ok(Bytes::from_static(CHAT_DONE))).await;
 }
 
 fn tokio_stream_from(

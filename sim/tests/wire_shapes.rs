@@ -151,3 +151,31 @@ async fn a_stream_with_nothing_to_wait_for_is_written_whole_and_a_paced_one_in_p
     assert_eq!(instant, paced, "the same events either way");
     assert_eq!(instant, late);
 }
+
+#[tokio::test]
+async fn a_chat_stream_with_nothing_to_wait_for_is_written_whole_and_a_paced_one_in_pieces() {
+    async fn shape(latency: &str) -> (usize, bool, String) {
+        let s = flower_sim::Scenario::parse(&format!(
+            "{latency}roles:\n  - name: t\n    match: {{system: tooler}}\n    steps:\n      - id: a\n        text: hello there, a text long enough for two pieces of the stream at least\n"
+        ))
+        .unwrap();
+        let sim = flower_sim::start(s, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let resp = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", sim.base_url()))
+            .json(&json!({"model": "gpt-4o", "stream": true, "messages": [
+                {"role": "system", "content": "you are tooler"}, {"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        let whole = resp.headers().contains_key("content-length");
+        let text = resp.text().await.unwrap();
+        let lines: Vec<&str> = text.split("\n\n").filter(|l| !l.is_empty()).collect();
+        (lines.len(), whole, lines.last().unwrap().to_string())
+    }
+    let (instant, instant_whole, instant_last) = shape("").await;
+    let (paced, paced_whole, paced_last) = shape("latency: {tokens_per_sec: 2000}\n").await;
+    assert!(instant_whole && !paced_whole, "one body without pacing, pieces with it");
+    assert!(instant >= 4, "{instant} lines");
+    assert_eq!(instant, paced, "the same lines either way");
+    assert_eq!((instant_last.as_str(), paced_last.as_str()), ("data: [DONE]", "data: [DONE]"));
+}
