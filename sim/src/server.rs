@@ -181,15 +181,35 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
         });
         return axum::Json(body).into_response();
     }
-    if let Some(whole) = whole_stream(&planned, latency) {
-        // The request (a long history, maybe) is freed after the answer is
-        // written: a task spawned here runs on this thread once it yields.
-        tokio::spawn(async move { drop(body) });
-        return event_response(Body::from(whole));
+    let (frames, cut) = message_frames(&planned, latency);
+    if let Some(whole) = written_whole(&frames, cut, latency, b"", body) {
+        return whole;
     }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    tokio::spawn(stream_message(planned, latency, tx));
+    tokio::spawn(stream_message(frames, cut, latency, tx));
     event_stream(rx)
+}
+
+/// A stream's frames, each rendered with the pause before it (ms, at the
+/// scenario's pace).
+type Frames = Vec<(Bytes, u64)>;
+
+/// A stream with nothing to wait for (no first-token delay, no pacing, no
+/// cut) as one response of known length, `tail` after its frames: no task
+/// and no channel between the answer and its first write. The request (a
+/// long history, maybe) is freed after the answer is written: a task
+/// spawned here runs on this thread once it yields. `None`: it streams.
+fn written_whole(frames: &Frames, cut: bool, latency: Latency, tail: &[u8], request: Value) -> Option<Response> {
+    if latency.ttft_ms > 0 || cut || frames.iter().any(|(_, pause)| *pause > 0) {
+        return None;
+    }
+    let mut whole = Vec::with_capacity(frames.iter().map(|(f, _)| f.len()).sum::<usize>() + tail.len());
+    for (f, _) in frames {
+        whole.extend_from_slice(f);
+    }
+    whole.extend_from_slice(tail);
+    tokio::spawn(async move { drop(request) });
+    Some(event_response(Body::from(whole)))
 }
 
 /// A `text/event-stream` response of what the channel carries.
@@ -243,12 +263,8 @@ async fn chat_completions(State(engine): State<Arc<Engine>>, headers: HeaderMap,
         return axum::Json(crate::chat::completion(&planned)).into_response();
     }
     let frames = chat_frames(&planned, include_usage, latency);
-    if latency.ttft_ms == 0 && !planned.drop_stream && frames.iter().all(|(_, pause)| *pause == 0) {
-        // Nothing to wait for: one body, as a Messages stream is ([`whole_stream`]).
-        let mut whole: Vec<u8> = frames.into_iter().flat_map(|(line, _)| line.into_bytes()).collect();
-        whole.extend_from_slice(CHAT_DONE);
-        tokio::spawn(async move { drop(body) });
-        return event_response(Body::from(whole));
+    if let Some(whole) = written_whole(&frames, planned.drop_stream, latency, CHAT_DONE, body) {
+        return whole;
     }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(stream_chat(frames, planned.drop_stream, latency, tx));
@@ -260,7 +276,7 @@ const CHAT_DONE: &[u8] = b"data: [DONE]\n\n";
 
 /// The lines of a streamed chat completion, each with the pause before it
 /// (ms, paced like the Messages stream).
-fn chat_frames(p: &Planned, include_usage: bool, latency: Latency) -> Vec<(String, u64)> {
+fn chat_frames(p: &Planned, include_usage: bool, latency: Latency) -> Frames {
     let chunks = crate::chat::chunks(p, include_usage, |s| chunks(s, 48).into_iter().map(str::to_string).collect());
     chunks
         .iter()
@@ -270,14 +286,14 @@ fn chat_frames(p: &Planned, include_usage: bool, latency: Latency) -> Vec<(Strin
                 .or_else(|| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
                 .unwrap_or_default();
             let ms = (piece.len().div_ceil(4) as u64 * 1000).checked_div(latency.tokens_per_sec).unwrap_or(0);
-            (format!("data: {c}\n\n"), ms)
+            (Bytes::from(format!("data: {c}\n\n")), ms)
         })
         .collect()
 }
 
 /// A streamed chat completion's lines, paced; with `drop_stream`, cut after the second.
 async fn stream_chat(
-    frames: Vec<(String, u64)>,
+    frames: Frames,
     drop_stream: bool,
     latency: Latency,
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
@@ -285,7 +301,7 @@ async fn stream_chat(
     sleep_ms(latency.ttft_ms).await;
     for (i, (line, pause)) in frames.into_iter().enumerate() {
         sleep_ms(pause).await;
-        if tx.send(Ok(Bytes::from(line))).await.is_err() {
+        if tx.send(Ok(line)).await.is_err() {
             return;
         }
         if drop_stream && i >= 1 {
@@ -327,23 +343,15 @@ fn chunks(s: &str, n: usize) -> Vec<&str> {
     out
 }
 
-/// One server-sent event of a Messages stream, with the pause before it
-/// (ms, at the scenario's pace).
-struct Frame {
-    event: &'static str,
-    data: Value,
-    pause_ms: u64,
-}
-
-/// The stream's frames in order, and whether it is cut after the last one
-/// (`drop_stream`: at the first delta).
-fn message_frames(p: &Planned, latency: Latency) -> (Vec<Frame>, bool) {
+/// A Messages stream's frames in order, and whether it is cut after the
+/// last one (`drop_stream`: at the first delta).
+fn message_frames(p: &Planned, latency: Latency) -> (Frames, bool) {
     let pace = |piece: &str| {
         let tokens = piece.len().div_ceil(4) as u64;
         (tokens * 1000).checked_div(latency.tokens_per_sec).unwrap_or(0)
     };
     let mut frames = Vec::new();
-    let mut push = |event: &'static str, data: Value, pause_ms: u64| frames.push(Frame { event, data, pause_ms });
+    let mut push = |event: &str, data: Value, pause_ms: u64| frames.push((frame(event, &data), pause_ms));
     let start = json!({"type": "message_start", "message": {
         "id": p.id, "type": "message", "role": "assistant", "model": p.model, "content": [],
         "stop_reason": null, "stop_sequence": null, "usage": usage(p, 1),
@@ -389,26 +397,9 @@ fn message_frames(p: &Planned, latency: Latency) -> (Vec<Frame>, bool) {
     (frames, false)
 }
 
-/// A stream with nothing to wait for (no first-token delay, no pacing, no
-/// cut) as one body, written at once: no task and no channel between the
-/// answer and its first write.
-fn whole_stream(p: &Planned, latency: Latency) -> Option<Vec<u8>> {
-    if latency.ttft_ms > 0 {
-        return None;
-    }
-    let (frames, cut) = message_frames(p, latency);
-    if cut || frames.iter().any(|f| f.pause_ms > 0) {
-        return None;
-    }
-    let mut body = Vec::new();
-    for f in &frames {
-        body.extend_from_slice(&frame(f.event, &f.data));
-    }
-    Some(body)
-}
-
 async fn stream_message(
-    p: Planned,
+    frames: Frames,
+    cut: bool,
     latency: Latency,
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
 ) -> Result<(), Infallible> {
@@ -416,15 +407,14 @@ async fn stream_message(
     // Frames ready at once go out together (one write, not one per event);
     // a pause sends what is ready first.
     let mut out = Outbox { tx, ready: Vec::new() };
-    let (frames, cut) = message_frames(&p, latency);
-    for f in frames {
-        if f.pause_ms > 0 {
+    for (f, pause) in frames {
+        if pause > 0 {
             if !out.flush().await {
                 return Ok(());
             }
-            sleep_ms(f.pause_ms).await;
+            sleep_ms(pause).await;
         }
-        out.push(f.event, &f.data);
+        out.ready.extend_from_slice(&f);
     }
     if cut {
         // Cut the connection mid-stream: the body ends in an error, not a clean close.
@@ -445,10 +435,6 @@ struct Outbox {
 }
 
 impl Outbox {
-    fn push(&mut self, event: &str, data: &Value) {
-        self.ready.extend_from_slice(&frame(event, data));
-    }
-
     /// Send what is ready; `false` when the client went away.
     async fn flush(&mut self) -> bool {
         if self.ready.is_empty() {
