@@ -949,6 +949,29 @@ pub async fn a_claim_opens_the_attempts_session(store: &dyn Store) {
         Claim::Superseded { current_attempt: 2 }
     );
     assert!(matches!(store.get_session(stale.id).await, Err(StoreError::NotFound(_))), "a refused claim opens nothing");
+
+    // A session stored before any claim of its task (flower opens one only
+    // with a claim, but a store may hold one): the first claim, ending too,
+    // finds it there and starts none.
+    let early = task(job, SessionId::random(), "toolu_c");
+    store.create_task(early.clone(), None).await.unwrap();
+    store.create_session(worker_session(&early)).await.unwrap();
+    let offer = EndOffer::default();
+    let entry = Entry::new(job, early.id.session(), None, EntryKind::Assistant, vec![ContentBlock::text("done")]);
+    let batch = Batch { entries: vec![entry], ..Default::default() };
+    assert!(offer.offer(OfferedEnd {
+        outcome: TaskOutcome::Succeeded { report: "done".into() },
+        usage: Usage::default(),
+        batch
+    }));
+    let (Claim::Claimed { events, .. }, Some((ended, written))) =
+        store.claim_task_ending(early.id, 1, "w", Some(worker_session(&early)), &offer).await.unwrap()
+    else {
+        panic!("the first claim of a task whose session is there")
+    };
+    assert_eq!(events.len(), 1, "the claim's event only: {events:?}");
+    assert_eq!((ended.state, written.entry_seqs.len()), (TaskState::Succeeded, 1));
+    assert_eq!(store.entries(early.id.session(), 0, 10).await.unwrap().len(), 1);
 }
 
 fn worker_session(t: &Task) -> Session {
