@@ -789,6 +789,17 @@ enum Ending {
 /// in the transaction it rolls it back, as a `ROLLBACK` would.
 const COMMIT_SENT: &str = "COMMIT";
 
+/// One job's part of [`write_events_then`]: its statement's arguments, owned.
+struct JobEvents {
+    job: JobId,
+    n: i64,
+    at: i64,
+    usage: bool,
+    added: [i64; 6],
+    names: Vec<String>,
+    payloads: Vec<serde_json::Value>,
+}
+
 async fn write_events_then(
     tx: &Tx<'_>,
     events: Vec<(JobId, EventKind)>,
@@ -805,10 +816,11 @@ async fn write_events_then(
     for (job, kind) in events {
         by_job.entry(job).or_default().push(kind);
     }
-    // The COMMIT rides with the last statement only when that statement
-    // fails by itself whenever the write is wrong: with events, a missing
-    // job row leaves their `seq` null, which the table refuses.
-    let pipelined = commit && by_job.values().next_back().is_some_and(|kinds| !kinds.is_empty());
+    // Every job's statement goes out at once, in job order (the order every
+    // transaction locks job rows in). The COMMIT rides with them only when
+    // each fails by itself whenever the write is wrong: with events, a
+    // missing job row leaves their `seq` null, which the table refuses.
+    let pipelined = commit && by_job.values().all(|kinds| !kinds.is_empty());
     if by_job.is_empty() {
         return Ok((Vec::new(), Ending::Open));
     }
@@ -842,11 +854,9 @@ async fn write_events_then(
              SELECT next_event_seq, (SELECT count(*) FROM inserted), (SELECT count(*) FROM relaxed) FROM counter",
         )
         .await?;
-    let jobs = by_job.len();
-    let mut out = Vec::new();
-    for (i, (job, kinds)) in by_job.into_iter().enumerate() {
-        let n = kinds.len() as i64;
-        let at = now_ms();
+    let tokens = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+    let (mut writes, mut kinds_of) = (Vec::with_capacity(by_job.len()), Vec::with_capacity(by_job.len()));
+    for (job, kinds) in by_job {
         let (mut names, mut payloads) = (Vec::with_capacity(kinds.len()), Vec::with_capacity(kinds.len()));
         for kind in &kinds {
             names.push(kind.name().to_string());
@@ -854,37 +864,64 @@ async fn write_events_then(
         }
         let add = usages.get(&job);
         let u = add.copied().unwrap_or_default();
-        let tokens = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
-        let params: [&(dyn ToSql + Sync); 13] = [
-            &job.0,
-            &n,
-            &at,
-            &add.is_some(),
-            &tokens(u.input_tokens),
-            &tokens(u.output_tokens),
-            &tokens(u.cache_creation_input_tokens),
-            &tokens(u.cache_read_input_tokens),
-            &tokens(u.cache_creation.ephemeral_5m_input_tokens),
-            &tokens(u.cache_creation.ephemeral_1h_input_tokens),
-            &names,
-            &payloads,
-            &relaxed,
-        ];
-        // Both go out in one round trip, in this order (the statement is
-        // prepared already: its first poll sends it).
-        let row = if pipelined && i + 1 == jobs {
-            let (row, ()) = futures::try_join!(tx.query_opt(&statement, &params), tx.batch_execute(COMMIT_SENT))?;
-            row
-        } else {
-            tx.query_opt(&statement, &params).await?
+        let added = [
+            u.input_tokens,
+            u.output_tokens,
+            u.cache_creation_input_tokens,
+            u.cache_read_input_tokens,
+            u.cache_creation.ephemeral_5m_input_tokens,
+            u.cache_creation.ephemeral_1h_input_tokens,
+        ]
+        .map(tokens);
+        writes.push(JobEvents {
+            job,
+            n: kinds.len() as i64,
+            at: now_ms(),
+            usage: add.is_some(),
+            added,
+            names,
+            payloads,
+        });
+        kinds_of.push(kinds);
+    }
+    let params: Vec<[&(dyn ToSql + Sync); 13]> = writes
+        .iter()
+        .map(|w| {
+            let [a, b, c, d, e, f] = &w.added;
+            [&w.job.0 as &(dyn ToSql + Sync), &w.n, &w.at, &w.usage, a, b, c, d, e, f, &w.names, &w.payloads, &relaxed]
+        })
+        .collect();
+    // Each statement is sent by its first poll (it is prepared already):
+    // all of them now, in order, then the COMMIT; their answers after.
+    let mut sent: Vec<_> = params.iter().map(|p| Box::pin(tx.query_opt(&statement, p))).collect();
+    let mut first = Vec::with_capacity(sent.len());
+    for query in sent.iter_mut() {
+        first.push(futures::poll!(query.as_mut()));
+    }
+    let mut commit_sent = pipelined.then(|| Box::pin(tx.batch_execute(COMMIT_SENT)));
+    let commit_first = match commit_sent.as_mut() {
+        Some(c) => Some(futures::poll!(c.as_mut())),
+        None => None,
+    };
+    let mut out = Vec::new();
+    for (((w, kinds), query), polled) in writes.iter().zip(kinds_of).zip(sent).zip(first) {
+        let row = match polled {
+            std::task::Poll::Ready(row) => row?,
+            std::task::Poll::Pending => query.await?,
         };
-        let row = row.ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
+        let row = row.ok_or_else(|| StoreError::NotFound(format!("job {}", w.job)))?;
         let (last, inserted): (i64, i64) = (row.get(0), row.get(1));
-        if inserted != n {
-            return Err(StoreError::Backend(format!("job {job}: {inserted} of {n} events stored")));
+        if inserted != w.n {
+            return Err(StoreError::Backend(format!("job {}: {inserted} of {} events stored", w.job, w.n)));
         }
         for (i, kind) in kinds.into_iter().enumerate() {
-            out.push(Event { job_id: job, seq: last - n + 1 + i as i64, at, kind });
+            out.push(Event { job_id: w.job, seq: last - w.n + 1 + i as i64, at: w.at, kind });
+        }
+    }
+    if let (Some(commit), Some(polled)) = (commit_sent, commit_first) {
+        match polled {
+            std::task::Poll::Ready(done) => done?,
+            std::task::Poll::Pending => commit.await?,
         }
     }
     out.sort_by_key(|e| (e.job_id, e.seq));
