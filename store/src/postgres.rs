@@ -789,7 +789,8 @@ enum Ending {
 /// in the transaction it rolls it back, as a `ROLLBACK` would.
 const COMMIT_SENT: &str = "COMMIT";
 
-/// One job's part of [`write_events_then`]: its statement's arguments, owned.
+/// One job's part of [`write_events_then`]: its statement's arguments,
+/// owned, and the events they number.
 struct JobEvents {
     job: JobId,
     n: i64,
@@ -798,6 +799,7 @@ struct JobEvents {
     added: [i64; 6],
     names: Vec<String>,
     payloads: Vec<serde_json::Value>,
+    kinds: Vec<EventKind>,
 }
 
 async fn write_events_then(
@@ -855,7 +857,7 @@ async fn write_events_then(
         )
         .await?;
     let tokens = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
-    let (mut writes, mut kinds_of) = (Vec::with_capacity(by_job.len()), Vec::with_capacity(by_job.len()));
+    let mut writes = Vec::with_capacity(by_job.len());
     for (job, kinds) in by_job {
         let (mut names, mut payloads) = (Vec::with_capacity(kinds.len()), Vec::with_capacity(kinds.len()));
         for kind in &kinds {
@@ -873,16 +875,8 @@ async fn write_events_then(
             u.cache_creation.ephemeral_1h_input_tokens,
         ]
         .map(tokens);
-        writes.push(JobEvents {
-            job,
-            n: kinds.len() as i64,
-            at: now_ms(),
-            usage: add.is_some(),
-            added,
-            names,
-            payloads,
-        });
-        kinds_of.push(kinds);
+        let (n, at, usage) = (kinds.len() as i64, now_ms(), add.is_some());
+        writes.push(JobEvents { job, n, at, usage, added, names, payloads, kinds });
     }
     let params: Vec<[&(dyn ToSql + Sync); 13]> = writes
         .iter()
@@ -892,36 +886,18 @@ async fn write_events_then(
         })
         .collect();
     // Each statement is sent by its first poll (it is prepared already):
-    // all of them now, in order, then the COMMIT; their answers after.
-    let mut sent: Vec<_> = params.iter().map(|p| Box::pin(tx.query_opt(&statement, p))).collect();
-    let mut first = Vec::with_capacity(sent.len());
-    for query in sent.iter_mut() {
-        first.push(futures::poll!(query.as_mut()));
-    }
-    let mut commit_sent = pipelined.then(|| Box::pin(tx.batch_execute(COMMIT_SENT)));
-    let commit_first = match commit_sent.as_mut() {
-        Some(c) => Some(futures::poll!(c.as_mut())),
-        None => None,
-    };
+    // all of them in order, then the COMMIT, in one round trip.
+    let queries = futures::future::try_join_all(params.iter().map(|p| tx.query_opt(&statement, p)));
+    let rows = if pipelined { futures::try_join!(queries, tx.batch_execute(COMMIT_SENT))?.0 } else { queries.await? };
     let mut out = Vec::new();
-    for (((w, kinds), query), polled) in writes.iter().zip(kinds_of).zip(sent).zip(first) {
-        let row = match polled {
-            std::task::Poll::Ready(row) => row?,
-            std::task::Poll::Pending => query.await?,
-        };
+    for (w, row) in writes.into_iter().zip(rows) {
         let row = row.ok_or_else(|| StoreError::NotFound(format!("job {}", w.job)))?;
         let (last, inserted): (i64, i64) = (row.get(0), row.get(1));
         if inserted != w.n {
             return Err(StoreError::Backend(format!("job {}: {inserted} of {} events stored", w.job, w.n)));
         }
-        for (i, kind) in kinds.into_iter().enumerate() {
+        for (i, kind) in w.kinds.into_iter().enumerate() {
             out.push(Event { job_id: w.job, seq: last - w.n + 1 + i as i64, at: w.at, kind });
-        }
-    }
-    if let (Some(commit), Some(polled)) = (commit_sent, commit_first) {
-        match polled {
-            std::task::Poll::Ready(done) => done?,
-            std::task::Poll::Pending => commit.await?,
         }
     }
     out.sort_by_key(|e| (e.job_id, e.seq));
