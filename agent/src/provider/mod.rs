@@ -75,7 +75,16 @@ pub struct Request {
 /// may still be extended, and the next request marks it). A cache, not
 /// content: requests compare equal whatever it holds.
 #[derive(Clone, Debug, Default)]
-pub struct Encoded(std::sync::Arc<Vec<Box<serde_json::value::RawValue>>>);
+pub struct Encoded {
+    messages: std::sync::Arc<Vec<Box<serde_json::value::RawValue>>>,
+    /// Their encoded lengths, summed.
+    bytes: usize,
+    /// The length of the last body written with the session's encoded
+    /// messages (shared by the requests that carry them on): the next body's
+    /// buffer is allocated at its size at once, where a long history's body
+    /// would be copied again at every doubling of a growing buffer.
+    last_body: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
 
 impl PartialEq for Encoded {
     fn eq(&self, _: &Self) -> bool {
@@ -86,24 +95,35 @@ impl PartialEq for Encoded {
 impl Encoded {
     /// How many messages it holds.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.messages.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.messages.is_empty()
+    }
+
+    /// The buffer a body carrying these messages is written into: the size
+    /// of the last one written, or of the messages themselves, and room to
+    /// grow by a turn.
+    fn buffer(&self) -> Vec<u8> {
+        let size = self.bytes.max(self.last_body.load(std::sync::atomic::Ordering::Relaxed));
+        Vec::with_capacity(size + size / 8 + 1024)
     }
 
     /// This one, extended with `messages[self.len()..upto]` encoded
     /// unmarked (`messages` starting with the ones it holds).
     pub fn extended(mut self, messages: &[Message], upto: usize) -> Self {
         let upto = upto.min(messages.len());
-        if upto > self.0.len() {
-            let more = std::sync::Arc::make_mut(&mut self.0);
+        if upto > self.messages.len() {
+            let more = std::sync::Arc::make_mut(&mut self.messages);
             for message in &messages[more.len()..upto] {
                 let plain = MarkedMessage { message, marked: [None, None], mark: &serde_json::Value::Null };
                 // Into memory, of serializable values: nothing to fail.
                 match serde_json::value::to_raw_value(&plain) {
-                    Ok(raw) => more.push(raw),
+                    Ok(raw) => {
+                        self.bytes += raw.get().len();
+                        more.push(raw);
+                    }
                     Err(_) => break,
                 }
             }
@@ -165,8 +185,13 @@ impl Request {
     /// from the request: no value tree of the whole history is built (a long
     /// main thread's request is megabytes of blocks, most of them unmarked).
     pub fn body_bytes(&self) -> Vec<u8> {
+        let mut body = self.encoded.buffer();
         // Into memory, of serializable values: nothing to fail.
-        serde_json::to_vec(&Marked(self)).unwrap_or_default()
+        if serde_json::to_writer(&mut body, &Marked(self)).is_err() {
+            body.clear();
+        }
+        self.encoded.last_body.store(body.len(), std::sync::atomic::Ordering::Relaxed);
+        body
     }
 
     /// Where this request's tail is: the next request's `previous_tail`.
@@ -263,7 +288,7 @@ impl Serialize for Marked<'_> {
         }
         let messages = r.messages.iter().enumerate().map(|(i, message)| {
             let marked = tails.map(|t| t.filter(|(m, _)| *m == i).map(|(_, b)| b));
-            match r.encoded.0.get(i) {
+            match r.encoded.messages.get(i) {
                 Some(raw) if marked == [None, None] => Either::Encoded(raw),
                 _ => Either::Fresh(MarkedMessage { message, marked, mark: &five_min }),
             }
@@ -410,5 +435,36 @@ mod tests {
         let marked = Request { cache: plans[2], ..base };
         let body = marked.body();
         assert!(body["messages"][0]["content"][1]["cache_control"].is_object(), "the test covers markers");
+    }
+
+    #[test]
+    fn a_body_is_written_into_a_buffer_of_the_last_ones_size() {
+        let message = |i: usize| Message { role: "user".into(), content: vec![ContentBlock::text(format!("m{i}"))] };
+        let messages: Vec<Message> = (0..200).map(message).collect();
+        let encoded = Encoded::default().extended(&messages, 199);
+        let plain: usize = messages[..199]
+            .iter()
+            .map(|m| {
+                serde_json::to_vec(&MarkedMessage { message: m, marked: [None, None], mark: &serde_json::Value::Null })
+                    .unwrap()
+                    .len()
+            })
+            .sum();
+        assert_eq!(encoded.bytes, plain, "the encoded messages' lengths, summed");
+        let request = Request { model: "m".into(), max_tokens: 1, messages, encoded, ..Default::default() };
+        let planned = request.encoded.buffer().capacity();
+        let first = request.body_bytes();
+        assert_eq!(first.capacity(), planned, "written without growing its buffer ({} bytes)", first.len());
+        // The next request of the session (a turn more) starts from it.
+        let mut messages = request.messages.clone();
+        messages.push(message(200));
+        let encoded = request.encoded.clone().extended(&request.messages, 200);
+        let next = Request { messages, encoded, ..request };
+        let planned = next.encoded.buffer().capacity();
+        assert!(planned > first.len() + first.len() / 8, "sized from the last body");
+        let body = next.body_bytes();
+        assert_eq!(body.capacity(), planned);
+        let written: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(written["messages"].as_array().map(Vec::len), Some(201));
     }
 }
