@@ -79,6 +79,14 @@ pub enum SchemaPolicy {
     Leave,
 }
 
+/// The settings of every session of the store's pool: no sequential scan
+/// where an index serves. Each statement flower sends is keyed (a primary
+/// key, a job, a session); a pooled connection caches its generic plan after
+/// a few executions, and one cached while a table was nearly empty (a fresh
+/// database, before its first autoanalyze) scanned the whole table at every
+/// execution for the connection's life.
+const SESSION_OPTIONS: &str = "-c enable_seqscan=off";
+
 impl PostgresStore {
     /// Connect (`postgres://user@host:port/db`), with at most `max_connections`, and migrate.
     pub async fn connect(url: &str, max_connections: usize) -> Result<Self> {
@@ -87,8 +95,16 @@ impl PostgresStore {
 
     /// Connect; an older schema is migrated, or refused, as `policy` says.
     pub async fn connect_with(url: &str, max_connections: usize, policy: SchemaPolicy) -> Result<Self> {
-        let config: tokio_postgres::Config =
+        let mut config: tokio_postgres::Config =
             url.parse().map_err(|e| StoreError::Backend(format!("database URL `{url}`: {e}")))?;
+        // Every statement takes its index, whatever the planner's statistics
+        // say (docs/design.md section 3, "Keyed statements take their index");
+        // options in the URL come after, and win.
+        let options = match config.get_options() {
+            Some(theirs) if !theirs.is_empty() => format!("{SESSION_OPTIONS} {theirs}"),
+            _ => SESSION_OPTIONS.to_string(),
+        };
+        config.options(&options);
         let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         // The connection used last goes out first: a sequential chain of
         // writes keeps to one warm backend (its caches, its prepared
@@ -1867,6 +1883,53 @@ fn config_url(config: &tokio_postgres::Config, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The task writes of a claim and of a turn, and the read of a required
+    /// end, as a pooled connection caches them (the generic plan) on a fresh
+    /// database, its tables empty and never analyzed: keyed by the tasks'
+    /// primary key, not a scan of the table.
+    #[tokio::test]
+    async fn task_statements_are_keyed_on_a_fresh_database() {
+        let admin = std::env::var("FLOWER_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let db = ScratchDatabase::create(&admin).await.expect("Postgres for the test");
+        let store = PostgresStore::connect(&db.url, 1).await.unwrap();
+        let c = store.pool.get().await.unwrap();
+        c.batch_execute("SET plan_cache_mode = force_generic_plan").await.unwrap();
+        let id = "'{0190c3a0-0000-7000-8000-000000000001}'";
+        let statements = [
+            (
+                "write_tasks",
+                WRITE_TASKS.to_string(),
+                format!("({id}, '{{x}}', '{{1}}', '{{NULL}}', '{{NULL}}', '{{NULL}}', '{{\"{{}}\"}}', '{{0}}')"),
+            ),
+            (
+                "insert_tasks",
+                INSERT_TASKS.to_string(),
+                format!("({id}, {id}, {id}, '{{x}}', '{{x}}', '{{x}}', '{{x}}', '{{}}', 0)"),
+            ),
+            ("required", REQUIRED.to_string(), format!("({id})")),
+        ];
+        for (name, sql, args) in statements {
+            c.batch_execute(&format!("PREPARE {name} AS {sql}")).await.unwrap();
+            let plan: Vec<String> = c
+                .simple_query(&format!("EXPLAIN EXECUTE {name}{args}"))
+                .await
+                .unwrap()
+                .into_iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                    _ => None,
+                })
+                .collect();
+            let plan = plan.join("\n");
+            assert!(plan.contains("Index") && !plan.contains("Seq Scan on tasks"), "{name}:\n{plan}");
+        }
+        c.batch_execute("DEALLOCATE ALL; RESET plan_cache_mode").await.unwrap();
+        drop(c);
+        drop(store);
+        db.drop_now().await.unwrap();
+    }
 
     #[test]
     fn inserted_tasks_answer_the_task_columns_and_whether_created() {
