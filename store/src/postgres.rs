@@ -80,12 +80,15 @@ pub enum SchemaPolicy {
 }
 
 /// The settings of every session of the store's pool: no sequential scan
-/// where an index serves. Each statement flower sends is keyed (a primary
-/// key, a job, a session); a pooled connection caches its generic plan after
-/// a few executions, and one cached while a table was nearly empty (a fresh
-/// database, before its first autoanalyze) scanned the whole table at every
-/// execution for the connection's life.
-const SESSION_OPTIONS: &str = "-c enable_seqscan=off";
+/// where an index serves, and each prepared statement planned once. Each
+/// statement flower sends is keyed (a primary key, a job, a session); a
+/// pooled connection cached its generic plan after a few executions, and one
+/// cached while a table was nearly empty (a fresh database, before its first
+/// autoanalyze) scanned the whole table at every execution for the
+/// connection's life, while a statement taking an array of keys was planned
+/// again at every execution (its generic plan, costed for ten keys, never
+/// beat the plan for the one it was given).
+const SESSION_OPTIONS: &str = "-c enable_seqscan=off -c plan_cache_mode=force_generic_plan";
 
 impl PostgresStore {
     /// Connect (`postgres://user@host:port/db`), with at most `max_connections`, and migrate.
@@ -1885,9 +1888,10 @@ mod tests {
     use super::*;
 
     /// The task writes of a claim and of a turn, and the read of a required
-    /// end, as a pooled connection caches them (the generic plan) on a fresh
-    /// database, its tables empty and never analyzed: keyed by the tasks'
-    /// primary key, not a scan of the table.
+    /// end, on the store's own connection of a fresh database (its tables
+    /// empty, never analyzed): planned once, generic from the first
+    /// execution, and keyed by the tasks' primary key, not a scan of the
+    /// table.
     #[tokio::test]
     async fn task_statements_are_keyed_on_a_fresh_database() {
         let admin = std::env::var("FLOWER_TEST_DATABASE_URL")
@@ -1895,7 +1899,6 @@ mod tests {
         let db = ScratchDatabase::create(&admin).await.expect("Postgres for the test");
         let store = PostgresStore::connect(&db.url, 1).await.unwrap();
         let c = store.pool.get().await.unwrap();
-        c.batch_execute("SET plan_cache_mode = force_generic_plan").await.unwrap();
         let id = "'{0190c3a0-0000-7000-8000-000000000001}'";
         let statements = [
             (
@@ -1924,8 +1927,14 @@ mod tests {
                 .collect();
             let plan = plan.join("\n");
             assert!(plan.contains("Index") && !plan.contains("Seq Scan on tasks"), "{name}:\n{plan}");
+            // Planned once, generic from its first execution on.
+            let planned = c
+                .query_one("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = $1", &[&name])
+                .await
+                .unwrap();
+            assert_eq!((planned.get::<_, i64>(0), planned.get::<_, i64>(1)), (1, 0), "{name}");
         }
-        c.batch_execute("DEALLOCATE ALL; RESET plan_cache_mode").await.unwrap();
+        c.batch_execute("DEALLOCATE ALL").await.unwrap();
         drop(c);
         drop(store);
         db.drop_now().await.unwrap();
