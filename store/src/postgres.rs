@@ -1891,6 +1891,21 @@ fn config_url(config: &tokio_postgres::Config, name: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The plan an `EXPLAIN …` prints, its lines joined.
+    async fn explained(c: &ClientWrapper, explain: &str) -> String {
+        let lines: Vec<String> = c
+            .simple_query(explain)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect();
+        lines.join("\n")
+    }
+
     /// The task writes of a claim and of a turn, and the read of a required
     /// end, on the store's own connection of a fresh database (its tables
     /// empty, never analyzed): planned once, generic from the first
@@ -1919,17 +1934,7 @@ mod tests {
         ];
         for (name, sql, args) in statements {
             c.batch_execute(&format!("PREPARE {name} AS {sql}")).await.unwrap();
-            let plan: Vec<String> = c
-                .simple_query(&format!("EXPLAIN EXECUTE {name}{args}"))
-                .await
-                .unwrap()
-                .into_iter()
-                .filter_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-                    _ => None,
-                })
-                .collect();
-            let plan = plan.join("\n");
+            let plan = explained(&c, &format!("EXPLAIN EXECUTE {name}{args}")).await;
             assert!(plan.contains("Index") && !plan.contains("Seq Scan on tasks"), "{name}:\n{plan}");
             // Planned once, generic from its first execution on.
             let planned = c
@@ -1940,17 +1945,7 @@ mod tests {
         }
         c.batch_execute("DEALLOCATE ALL").await.unwrap();
         // A statement with no index path still scans, and is not compiled.
-        let counts: Vec<String> = c
-            .simple_query("EXPLAIN (ANALYZE) SELECT state, count(*) FROM jobs GROUP BY state")
-            .await
-            .unwrap()
-            .into_iter()
-            .filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-                _ => None,
-            })
-            .collect();
-        let counts = counts.join("\n");
+        let counts = explained(&c, "EXPLAIN (ANALYZE) SELECT state, count(*) FROM jobs GROUP BY state").await;
         assert!(counts.contains("Seq Scan on jobs") && !counts.contains("JIT"), "{counts}");
         drop(c);
         drop(store);
