@@ -8,6 +8,7 @@
 //! - `cmd/status.rs`: `flower status`
 //! - `cmd/mcp_serve.rs`: `flower mcp-serve` (its flags and gRPC backend)
 //! - `cmd/isolation.rs`: tool isolation and spec policy flags; `flower tool-exec`, the tool launcher
+//! - `cpu_latency.rs`: `--cpu-latency-us`, the CPU latency request a process holds
 //! - `home.rs`: where the embedded mode keeps its state
 
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod cpu_latency;
 mod telemetry;
 
 /// mimalloc instead of the C library's allocator: a task's path allocates
@@ -41,6 +43,16 @@ struct Cli {
     #[arg(long, global = true, env = "FLOWER_THREADS", value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
+    /// Keep idle cores able to wake within this many µs while the process
+    /// runs (Linux's CPU latency request, /dev/cpu_dma_latency: needs write
+    /// access to it). At 0 idle cores poll instead of halting, and a message
+    /// between processes does not wait for a halted core to wake — on a
+    /// virtual machine, an exit to the hypervisor and back. Idle cores then
+    /// spin: more power, more of the host's CPU (docs/benchmarks.md, "Idle
+    /// cores that poll")
+    #[arg(long, global = true, env = "FLOWER_CPU_LATENCY_US", value_name = "MICROSECONDS",
+          value_parser = clap::value_parser!(u32).range(0..=2_000_000_000))]
+    cpu_latency_us: Option<u32>,
     #[command(subcommand)]
     command: Command,
 }
@@ -128,6 +140,15 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let _telemetry = telemetry::init(cli.command.name());
+    // Held until the process ends; a request that cannot be held is a
+    // warning, not a failure: the process runs as it would without it.
+    let _cpu_latency = cli.cpu_latency_us.and_then(|us| match cpu_latency::hold(us) {
+        Ok(held) => Some(held),
+        Err(e) => {
+            eprintln!("warning: --cpu-latency-us {us} not applied ({e}): idle cores keep their default wake-up");
+            None
+        }
+    });
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = cli.threads {
         builder.worker_threads(n.into());

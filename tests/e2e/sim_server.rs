@@ -108,3 +108,35 @@ fn a_serving_process_runs_the_threads_it_is_given() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--threads"), "{stderr}");
 }
+
+/// The kernel's CPU latency request in force now, in µs
+/// (`/dev/cpu_dma_latency` reads back the lowest request any process holds).
+fn cpu_latency_in_force() -> i32 {
+    let bytes = std::fs::read("/dev/cpu_dma_latency")
+        .expect("this test reads /dev/cpu_dma_latency: run it as a user who may (root, as CI does)");
+    i32::from_ne_bytes(bytes[..4].try_into().unwrap())
+}
+
+/// `--cpu-latency-us` (or `FLOWER_CPU_LATENCY_US`): the process holds the
+/// kernel's CPU latency request while it runs, says so, and the request ends
+/// with it; a value out of range is refused, naming the option.
+#[test]
+fn a_process_holds_its_cpu_latency_request_while_it_runs() {
+    let scenario = repo().join("tests/fixtures/parallel/scenario.yaml");
+    // A value nothing else on the machine asks for, so what reads back is ours.
+    let asked = 17;
+    assert_ne!(cpu_latency_in_force(), asked, "another process already holds {asked} µs");
+    let mut cmd = std::process::Command::new(FLOWER);
+    cmd.env("FLOWER_CPU_LATENCY_US", asked.to_string());
+    let (mut server, line) = spawn_sim(cmd, &scenario);
+    assert!(line.contains(&format!("CPU latency request {asked} µs held")), "{line}");
+    assert_eq!(cpu_latency_in_force(), asked);
+    let _ = server.0.kill();
+    let _ = server.0.wait();
+    assert_ne!(cpu_latency_in_force(), asked, "the request outlived its process");
+
+    let out = std::process::Command::new(FLOWER).args(["--cpu-latency-us", "3000000000", "sim"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--cpu-latency-us"), "{stderr}");
+}

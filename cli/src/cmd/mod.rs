@@ -97,10 +97,15 @@ fn cache_mode(s: &str) -> Result<flower_model::spec::CacheMode, String> {
 }
 
 /// The async runtime's threads, as a serving process announces them
-/// (`--threads`, or one per core).
+/// (`--threads`, or one per core), and the CPU latency request it holds
+/// (`--cpu-latency-us`), if any.
 pub fn runtime_threads() -> String {
-    match tokio::runtime::Handle::current().metrics().num_workers() {
+    let threads = match tokio::runtime::Handle::current().metrics().num_workers() {
         1 => "1 runtime thread".into(),
         n => format!("{n} runtime threads"),
+    };
+    match crate::cpu_latency::held_us() {
+        Some(us) => format!("{threads}, CPU latency request {us} µs held"),
+        None => threads,
     }
 }
