@@ -20,21 +20,20 @@ pub struct Held {
 }
 
 /// The value this process holds, once held (for the serving processes' start line).
-static HELD_US: OnceLock<u32> = OnceLock::new();
+static HELD_US: OnceLock<i32> = OnceLock::new();
 
-/// Hold a request of `us` microseconds. The file is opened close-on-exec:
-/// a tool's process never inherits it.
-pub fn hold(us: u32) -> io::Result<Held> {
-    let value = i32::try_from(us)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{us} µs is beyond the kernel's range")))?;
-    let mut file =
-        OpenOptions::new().write(true).open(DEVICE).map_err(|e| io::Error::new(e.kind(), format!("{DEVICE}: {e}")))?;
-    file.write_all(&value.to_ne_bytes()).map_err(|e| io::Error::new(e.kind(), format!("{DEVICE}: {e}")))?;
+/// Hold a request of `us` microseconds (the kernel's range: 0 to
+/// 2,000,000,000, which the option's parser enforces). The file is opened
+/// close-on-exec: a tool's process never inherits it.
+pub fn hold(us: i32) -> io::Result<Held> {
+    let named = |e: io::Error| io::Error::new(e.kind(), format!("{DEVICE}: {e}"));
+    let mut file = OpenOptions::new().write(true).open(DEVICE).map_err(named)?;
+    file.write_all(&us.to_ne_bytes()).map_err(named)?;
     let _ = HELD_US.set(us);
     Ok(Held { _file: file })
 }
 
 /// The request this process holds, if any.
-pub fn held_us() -> Option<u32> {
+pub fn held_us() -> Option<i32> {
     HELD_US.get().copied()
 }

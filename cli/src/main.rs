@@ -51,8 +51,8 @@ struct Cli {
     /// spin: more power, more of the host's CPU (docs/benchmarks.md, "Idle
     /// cores that poll")
     #[arg(long, global = true, env = "FLOWER_CPU_LATENCY_US", value_name = "MICROSECONDS",
-          value_parser = clap::value_parser!(u32).range(0..=2_000_000_000))]
-    cpu_latency_us: Option<u32>,
+          value_parser = clap::value_parser!(i32).range(0..=2_000_000_000))]
+    cpu_latency_us: Option<i32>,
     #[command(subcommand)]
     command: Command,
 }
