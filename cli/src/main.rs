@@ -38,8 +38,8 @@ struct Cli {
     home: Option<PathBuf>,
     /// Threads of the process's async runtime [default: the cores it may use].
     /// Processes that share cores (a coordinator and workers on one machine)
-    /// run best with fewer: one per core among them (docs/benchmarks.md,
-    /// "Runtime threads")
+    /// run best with fewer: one per core among them. At 1 the main thread
+    /// runs every task itself (docs/benchmarks.md, "Runtime threads")
     #[arg(long, global = true, env = "FLOWER_THREADS", value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
@@ -149,10 +149,18 @@ fn main() -> ExitCode {
             None
         }
     });
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = cli.threads {
-        builder.worker_threads(n.into());
-    }
+    // One thread: the main thread runs every task itself, with no worker
+    // thread to hand work to or wake.
+    let mut builder = match cli.threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        threads => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if let Some(n) = threads {
+                builder.worker_threads(n.into());
+            }
+            builder
+        }
+    };
     let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
