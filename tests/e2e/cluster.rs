@@ -141,6 +141,9 @@ pub struct Options {
     /// A Postgres server of the cluster's own ([`PostgresServer`]) that the
     /// test may crash and start again; else the shared one.
     pub private_postgres: bool,
+    /// Runtime threads of every coordinator and worker (`FLOWER_THREADS`);
+    /// else each its default (one per core).
+    pub threads: Option<u16>,
 }
 
 impl Default for Options {
@@ -161,6 +164,7 @@ impl Default for Options {
             private_nats: false,
             metrics: false,
             console: false,
+            threads: None,
         }
     }
 }
@@ -243,6 +247,9 @@ impl Cluster {
             // `sim` plays the demo; `anthropic` (an Anthropic-compatible endpoint) the test scenarios.
             ("FLOWER_PROVIDERS".into(), format!("sim={},anthropic={}", demo_sim.url(), sim.url())),
         ];
+        if let Some(n) = opts.threads {
+            env.push(("FLOWER_THREADS".into(), n.to_string()));
+        }
         match &s3 {
             Some(server) => {
                 env.push(("FLOWER_OBJECT_STORE".into(), server.url("cluster")));

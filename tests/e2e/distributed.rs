@@ -15,8 +15,15 @@ fn stdout(o: &std::process::Output) -> String {
 /// Acceptance: the demo over gRPC on 1 coordinator + 3 workers (concurrency 1),
 /// tasks on at least two processes, transcripts in Postgres, the artifact in
 /// object storage and downloadable.
+/// With local object storage every coordinator and worker runs one runtime
+/// thread (the current-thread scheduler: the main thread runs every task);
+/// with S3, each its default.
 async fn demo_on_a_cluster(s3: bool) {
-    let mut c = Cluster::start(Options { workers: 3, s3, ..Default::default() }).await;
+    let threads = (!s3).then_some(1);
+    let mut c = Cluster::start(Options { workers: 3, s3, threads, ..Default::default() }).await;
+    for p in c.coordinators.iter().chain(&c.workers).filter(|_| threads.is_some()) {
+        assert!(p.first_line.contains(" 1 runtime thread"), "{}", p.first_line);
+    }
     let out = c.flower(&["submit", repo().join("examples/demo/job.yaml").to_str().unwrap(), "--watch"]);
     let text = stdout(&out);
     assert!(out.status.success(), "submit --watch: {text}\n{}", String::from_utf8_lossy(&out.stderr));
