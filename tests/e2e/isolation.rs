@@ -1,17 +1,20 @@
-//! Tool isolation, from inside a job and checked on the host: a worker's
-//! `Bash` (and the coordinator's glance, which runs through it) cannot read
-//! the service's secrets through /proc or its environment, cannot read
-//! /etc/shadow, cannot write outside its task directory, cannot reach the
-//! service's Postgres, cannot kill its worker. And the spec policy: a job
-//! cannot make a worker start a program or hand out a variable the
-//! operator did not allow.
+//! Tool isolation, from inside a job and checked on the host (the escape
+//! suite): a worker's `Bash` (and the coordinator's glance, which runs
+//! through it) cannot read the service's secrets through /proc or its
+//! environment, cannot read /etc/shadow, cannot write outside its task
+//! directory, reaches nothing listening on the host by any socket (TCP,
+//! IPv6, UDP, MPTCP, SCTP, raw, abstract Unix, netlink), gains no privilege
+//! (unshare, mount, setuid programs, ptrace, /proc/1/root, keyrings),
+//! cannot kill its worker, and is stopped at its task's limits on
+//! processes, memory and file size; a killed worker leaves no tool process
+//! behind. And the spec policy: a job cannot make a worker start a program
+//! or hand out a variable the operator did not allow.
 //!
 //! As root (the tool user is `nobody`, namespaces and mounts as root); as
 //! another user the same checks hold through a user namespace and Landlock,
 //! or the test fails, saying what this host lacks.
 
-use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::path::Path;
 use std::time::Duration;
 
@@ -25,8 +28,12 @@ const SECRETS: &[(&str, &str)] = &[
     ("AWS_SECRET_ACCESS_KEY", "aws-do-not-leak-4242"),
 ];
 const PROBE: &str = "flower-isolation-probe";
-/// A port the tool may reach under the default `loopback-deny` (not a service's).
+/// A port listening on the host (TCP on 127.0.0.1 and ::1, UDP on the next
+/// one) that no tool may reach.
 const OPEN_PORT: u16 = 47321;
+/// The task's limits in this test (the operator's flags).
+const MAX_MEMORY: &str = "256MiB";
+const MAX_PROCESSES: &str = "200";
 
 fn uid() -> u32 {
     let out = std::process::Command::new("id").arg("-u").output().unwrap();
@@ -47,14 +54,21 @@ fn tools_cannot_see_the_service_secrets_nor_write_or_connect_outside() {
             Some(TcpListener::bind(("127.0.0.1", 5432)).expect("nothing on 127.0.0.1:5432 and cannot listen there"))
         }
     };
-    let open = TcpListener::bind(("127.0.0.1", OPEN_PORT)).unwrap_or_else(|e| panic!("127.0.0.1:{OPEN_PORT}: {e}"));
-    let accepted = std::thread::spawn(move || {
-        let (mut s, _) = open.accept().unwrap();
-        let mut buf = [0u8; 1];
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let _ = s.read(&mut buf);
-        true
-    });
+    // Listeners on the host a tool must not reach: TCP (v4 and v6), UDP, an
+    // abstract Unix socket. Each is read when the job has ended.
+    let tcp4 = TcpListener::bind(("127.0.0.1", OPEN_PORT)).unwrap_or_else(|e| panic!("127.0.0.1:{OPEN_PORT}: {e}"));
+    let tcp6 = TcpListener::bind(("::1", OPEN_PORT)).ok();
+    let udp = UdpSocket::bind(("127.0.0.1", OPEN_PORT + 1)).unwrap();
+    let abstract_addr = <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+        b"flower-escape-probe",
+    )
+    .unwrap();
+    let unix = std::os::unix::net::UnixListener::bind_addr(&abstract_addr).unwrap();
+    for l in [Some(&tcp4), tcp6.as_ref()].into_iter().flatten() {
+        l.set_nonblocking(true).unwrap();
+    }
+    udp.set_nonblocking(true).unwrap();
+    unix.set_nonblocking(true).unwrap();
 
     let home = Home::new();
     let mut env: Vec<(&str, &str)> = SECRETS.to_vec();
@@ -63,6 +77,7 @@ fn tools_cannot_see_the_service_secrets_nor_write_or_connect_outside() {
         .cmd()
         .envs(env)
         .args(["run", repo().join("tests/fixtures/isolation/job.yaml").to_str().unwrap(), "--json"])
+        .args(["--tool-max-memory", MAX_MEMORY, "--tool-max-processes", MAX_PROCESSES])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -74,8 +89,10 @@ fn tools_cannot_see_the_service_secrets_nor_write_or_connect_outside() {
     if root {
         assert!(
             line.contains("user nobody (65534:65534)")
-                && line.contains("pid, mount namespaces")
-                && line.contains("/proc fresh"),
+                && line.contains("pid, mount, network namespaces")
+                && line.contains("/proc fresh")
+                && line.contains("network: none (an empty network namespace)")
+                && line.contains("limits per task: 200 processes, 256.0 MiB memory (cgroup"),
             "as root, the full isolation is in force on this host: {line}"
         );
     } else {
@@ -122,19 +139,57 @@ fn tools_cannot_see_the_service_secrets_nor_write_or_connect_outside() {
     }
     assert!(find(home.dir.path(), PROBE).is_empty(), "nothing written beside the task directory");
 
-    // The service's Postgres: refused; another port: reached.
+    // The service's Postgres, and any other port: no network at all.
     let (pg, is_error) = &results[4];
-    assert!(*is_error && !pg.contains("CONNECTED") && pg.contains("Permission denied"), "{pg}");
+    assert!(*is_error && !pg.contains("CONNECTED") && pg.contains("Network is unreachable"), "{pg}");
     let (port, is_error) = &results[5];
-    assert!(!is_error && port.contains(&format!("CONNECTED-{OPEN_PORT}")), "loopback-deny is not `none`: {port}");
-    assert!(accepted.join().unwrap());
+    assert!(*is_error && !port.contains("CONNECTED") && port.contains("Network is unreachable"), "{port}");
+    // Every other socket: refused, and nothing arrived on the host.
+    let (sockets, _) = &results[6];
+    assert!(!sockets.contains("REACHED"), "{sockets}");
+    for probe in ["tcp4", "tcp6", "mptcp", "mptcp-pg", "nats", "udp", "raw", "sctp", "abstract", "lo-up"] {
+        assert!(sockets.contains(&format!("{probe} refused:")), "{probe}: {sockets}");
+    }
+    for l in [Some(&tcp4), tcp6.as_ref()].into_iter().flatten() {
+        assert!(l.accept().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock), "a connection reached the host");
+    }
+    let mut buf = [0u8; 16];
+    assert!(udp.recv_from(&mut buf).is_err(), "a datagram reached the host");
+    assert!(unix.accept().is_err(), "the abstract socket was reached");
+
+    // No privilege to gain: no namespace, mount, setuid, ptrace, keyring or link out.
+    let (privileges, _) = &results[7];
+    for refused in ["unshare-n refused", "mount refused", "hard-link refused"] {
+        assert!(privileges.contains(refused), "{refused}: {privileges}");
+    }
+    assert!(privileges.contains("/proc/1/root/': Permission denied"), "{privileges}");
+    assert!(!privileges.contains("uid=0"), "su gave root: {privileges}");
+    assert!(privileges.contains("ptrace-1 -1 1\n"), "ptrace of pid 1 refused (EPERM): {privileges}");
+    assert!(!privileges.contains("root:"), "the link read /etc/shadow: {privileges}");
+    assert!(privileges.contains("add_key -1 1\n"), "the keyrings refused (EPERM): {privileges}");
+
+    // The task's limits: processes, memory, file size.
+    let (processes, is_error) = &results[8];
+    assert!(
+        !is_error
+            && processes.contains("forks stopped after")
+            && processes.contains(&format!("process limit ({MAX_PROCESSES}) was reached")),
+        "{processes}"
+    );
+    let (memory, is_error) = &results[9];
+    assert!(
+        *is_error && !memory.contains("allocated") && memory.contains("memory limit (256.0 MiB) was reached"),
+        "{memory}"
+    );
+    let (disk, _) = &results[10];
+    assert!(disk.lines().any(|l| l == (8 << 20).to_string()), "the file stopped at the workspace limit: {disk}");
 
     // Its worker (and pid 1 of its namespace) out of reach.
-    let (parent, _) = &results[6];
+    let (parent, _) = &results[11];
     assert!(parent.contains(&format!("{me}\nstill here")), "{parent}");
 
     // A timeout kills the whole namespace, a process that left the group too.
-    let (timeout, is_error) = &results[7];
+    let (timeout, is_error) = &results[12];
     assert!(*is_error && timeout.contains("[timed out after 1500 ms"), "{timeout}");
     let left = std::process::Command::new("pgrep").args(["-f", "sleep 77"]).output().unwrap();
     assert!(left.stdout.is_empty(), "left running: {}", String::from_utf8_lossy(&left.stdout));
@@ -175,7 +230,7 @@ fn the_launcher_confines_an_unprivileged_worker_through_a_user_namespace() {
     );
     let out = std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", crate::support::FLOWER, "tool-exec"])
-        .args(["--network", "loopback-deny", "--deny-port", "5432", "--confine"])
+        .args(["--network", "none", "--confine"])
         .arg(&task)
         .args(["--", "bash", "-c", &script])
         .current_dir(&task)
@@ -190,6 +245,52 @@ fn the_launcher_confines_an_unprivileged_worker_through_a_user_namespace() {
     assert!(lines[1].parse::<u32>().unwrap() < 10, "a PID namespace of its own: {text}");
     assert!(text.contains("inside-ok") && text.contains("pg-refused"), "{text}");
     assert!(!dir.path().join("outside").exists() && task.join("inside").exists());
+}
+
+/// A worker killed with SIGKILL while a command runs takes the command
+/// along: the launcher dies with it, its namespace's pid 1 with the
+/// launcher, and with pid 1 everything in the namespace — a process that
+/// left its session included. Within 5 s, nothing of the job is left.
+#[test]
+fn a_killed_worker_leaves_no_tool_process_behind() {
+    let home = Home::new();
+    let dir = home.dir.path().join("job");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("scenario.yaml"),
+        "roles:\n  - name: coordinator\n    match: {system: \"flower coordinator\"}\n    steps:\n      - id: go\n        tool_calls:\n          - name: Agent\n            input: {subagent_type: sleeper, description: sleep, prompt: sleep}\n      - id: done\n        text: done\n  - name: sleeper\n    match: {system: \"You are worker `sleeper`\"}\n    steps:\n      - id: sleep\n        tool_calls:\n          - {name: Bash, input: {command: \"setsid sleep 593 & sleep 593\"}}\n      - id: report\n        text: slept\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("job.yaml"),
+        "name: sleeper\ngoal: sleep\nprovider: sim\nscenario: scenario.yaml\ncoordinator: {name: c}\nworkers:\n  sleeper: {description: sleeps, tools: [Bash]}\n",
+    )
+    .unwrap();
+    let mut run = home
+        .cmd()
+        .args(["run", dir.join("job.yaml").to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let sleeping = || {
+        let out = std::process::Command::new("pgrep").args(["-f", "^sleep 593$"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    let started = std::time::Instant::now();
+    while sleeping() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(60), "the command never started");
+        assert!(run.try_wait().unwrap().is_none(), "flower run ended before its command started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let killed = std::time::Instant::now();
+    while sleeping() > 0 {
+        assert!(killed.elapsed() < Duration::from_secs(5), "tool processes left running 5 s after the worker died");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("no tool process left {:?} after the worker was killed", killed.elapsed());
 }
 
 /// The worker checks the policy again before starting anything: a job the

@@ -4,8 +4,10 @@
 //!
 //! [`ToolIsolation::Launcher`] starts every command through `flower
 //! tool-exec` ([`crate::launch`]): another user when the worker is root,
-//! its own PID, mount and (per the network policy) network namespaces, the
-//! rest of the file tree read-only, Landlock where the kernel has it.
+//! its own PID, mount and network namespaces (no network unless the
+//! operator opened it), the rest of the file tree read-only, Landlock where
+//! the kernel has it, in a control group of its task ([`crate::cgroup`])
+//! with the task's limits.
 //! [`ToolIsolation::None`] runs commands directly as this process's user
 //! with only their environment cleaned; it is what a process gets when
 //! nothing was installed (tests running the worker in their own binary,
@@ -21,11 +23,8 @@ use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 use nix::unistd::{Gid, Uid};
 
-pub use crate::launch::{Applied, NetworkPolicy};
-
-/// TCP ports refused under `loopback-deny` whatever the configuration: the
-/// default Postgres and NATS ports (the service's own are added to them).
-pub const DEFAULT_DENY_PORTS: &[u16] = &[5432, 4222];
+pub use crate::cgroup::{Cgroups, Counters, Leaf, TaskGroup, TaskLimits};
+pub use crate::launch::{Applied, NetworkPolicy, Rlimits};
 
 /// Directories hidden from tools: where Postgres puts its Unix sockets.
 pub const DEFAULT_HIDE: &[&str] = &["/run/postgresql", "/var/run/postgresql"];
@@ -76,8 +75,11 @@ pub struct Launcher {
     /// Another user to run as (the worker must be root); `None`: the worker's.
     pub user: Option<ToolUser>,
     pub network: NetworkPolicy,
-    pub deny_ports: Vec<u16>,
     pub hide: Vec<PathBuf>,
+    /// This worker's control groups for tools; `None`: resource limits only.
+    pub cgroups: Option<Arc<Cgroups>>,
+    /// What each task's tools may use.
+    pub limits: TaskLimits,
 }
 
 /// How tools are started (see the module doc).
@@ -100,11 +102,20 @@ impl ToolIsolation {
 }
 
 impl Launcher {
-    fn options(&self, cwd: &Path, argv: Vec<OsString>, report: bool) -> crate::launch::LaunchOptions {
+    fn options(&self, cwd: &Path, argv: Vec<OsString>, report: bool, launch: &Launch) -> crate::launch::LaunchOptions {
+        // What no control group holds falls back to a resource limit.
+        let held = self.cgroups.as_ref().map(|c| c.enforces()).unwrap_or_default();
         crate::launch::LaunchOptions {
             user: self.user.as_ref().map(|u| (u.uid, u.gid)),
             network: self.network,
-            deny_ports: self.deny_ports.clone(),
+            cgroups: launch.leaf.map(Leaf::dirs).unwrap_or_default(),
+            parent: Some(std::process::id()),
+            rlimits: Rlimits {
+                file_size: launch.max_file_size,
+                processes: if held.processes.is_some() { None } else { self.limits.processes },
+                address_space: if held.memory.is_some() { None } else { self.limits.memory },
+            },
+            no_network_namespace: false,
             confine: cwd.to_path_buf(),
             hide: self.hide.clone(),
             report,
@@ -115,10 +126,18 @@ impl Launcher {
 
     /// `argv` run through the launcher in `cwd` (the caller sets the
     /// environment and stdio; the launcher passes them on).
-    pub fn command(&self, cwd: &Path, argv: Vec<OsString>) -> tokio::process::Command {
+    pub fn command(&self, cwd: &Path, argv: Vec<OsString>, launch: &Launch) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(&self.program);
-        c.arg("tool-exec").args(self.options(cwd, argv, false).to_args()).current_dir(cwd);
+        c.arg("tool-exec").args(self.options(cwd, argv, false, launch).to_args()).current_dir(cwd);
         c
+    }
+
+    /// A task's control group with this worker's limits, when it has groups.
+    pub fn task_group(&self, name: &str) -> std::io::Result<Option<Arc<TaskGroup>>> {
+        match &self.cgroups {
+            Some(c) => Ok(Some(Arc::new(c.task_group(name, &self.limits)?))),
+            None => Ok(None),
+        }
     }
 
     /// The tool user's name, when tools run as another user.
@@ -153,7 +172,7 @@ impl Launcher {
             }
             let out = std::process::Command::new(&self.program)
                 .arg("tool-exec")
-                .args(self.options(&scratch, vec!["true".into()], true).to_args())
+                .args(self.options(&scratch, vec!["true".into()], true, &Launch::default()).to_args())
                 .current_dir(&scratch)
                 .env_clear()
                 .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -227,8 +246,24 @@ impl Launcher {
             missing.push("Landlock not in force".into());
         }
         parts.push(format!("network: {}", a.network));
-        if a.network.starts_with("open (") {
+        if a.network.starts_with("open (none") {
             missing.push(format!("network policy {} not enforced", self.network));
+        }
+        if a.seccomp_net {
+            missing.push("no network namespace: a seccomp filter leaves tools Unix sockets only".into());
+        }
+        match &self.cgroups {
+            Some(c) => parts.push(format!("limits per task: {} ({})", describe_limits(&self.limits), c.describe())),
+            None => {
+                parts.push(format!("limits per task: {} (resource limits per process)", describe_limits(&self.limits)));
+                missing.push(
+                    "no control groups for tools: limits are per-process resource limits, and a launch that left its process group outlives it unless its PID namespace ends"
+                        .into(),
+                );
+            }
+        }
+        if !a.dies_with_worker {
+            missing.push("the launcher does not die with the worker".into());
         }
         for n in &a.notes {
             if !missing.contains(n) {
@@ -237,6 +272,30 @@ impl Launcher {
         }
         (parts.join("; "), missing)
     }
+}
+
+/// What one launch adds to the launcher's options.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Launch<'a> {
+    /// The launch's control group, joined first.
+    pub leaf: Option<&'a Leaf>,
+    /// The largest file the command may write (the task's workspace limit).
+    pub max_file_size: Option<u64>,
+}
+
+/// `512 processes, 2.0 GiB memory, 1.5 CPU` (what is set).
+pub fn describe_limits(l: &TaskLimits) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = l.processes {
+        parts.push(format!("{n} processes"));
+    }
+    if let Some(m) = l.memory {
+        parts.push(format!("{} memory", bytesize::ByteSize::b(m)));
+    }
+    if let Some(c) = l.cpu_millis {
+        parts.push(format!("{} CPU", c as f64 / 1000.0));
+    }
+    if parts.is_empty() { "none".into() } else { parts.join(", ") }
 }
 
 /// Change the owner of `root` and everything beneath it, through file

@@ -4,9 +4,13 @@
 //!
 //! In order, each step degrading (and saying so) where the host refuses it:
 //!
-//! 1. New namespaces: mount, PID and — for `--network none`, or for
-//!    `loopback-deny` without Landlock network rules — network. As root
-//!    directly; otherwise inside a new user namespace (the same uid mapped).
+//! 0. The launcher dies with the worker thread that started it (parent-death
+//!    signal; a worker already gone ends it at once) and joins the launch's
+//!    control groups ([`crate::cgroup`]) before anything else runs, so every
+//!    process it leads to is counted, limited and killed with them.
+//! 1. New namespaces: mount, PID and — unless the operator opened the
+//!    network — network. As root directly; otherwise inside a new user
+//!    namespace (the same uid mapped).
 //! 2. With a PID namespace the launcher starts itself again as the
 //!    namespace's pid 1, which reaps and exits with the command's status;
 //!    when it ends, the kernel kills everything left in the namespace.
@@ -20,10 +24,15 @@
 //!    user; in a user namespace, a nested one drops the capabilities.
 //!    `no_new_privs` in both.
 //! 5. Landlock, where the kernel has it: writes only beneath the task
-//!    directory, the fresh temporary directories and a few devices;
-//!    `loopback-deny` as TCP connect rules (every port but the denied ones);
-//!    no signals or abstract sockets outside the sandbox.
-//! 6. The command replaces the launcher (or is pid 1's child).
+//!    directory, the fresh temporary directories and a few devices; no
+//!    signals or abstract sockets outside the sandbox.
+//! 6. Seccomp: the kernel's keyrings refused; without a network namespace
+//!    where one was wanted, every socket but Unix ones (and io_uring, which
+//!    could make them), so no network is left rather than some.
+//! 7. Resource limits (`setrlimit`): the largest file (the task's
+//!    workspace limit), and processes and memory where no control group
+//!    holds them.
+//! 8. The command replaces the launcher (or is pid 1's child).
 //!
 //! With `--report`, the last step prints what is in force, as JSON, instead.
 
@@ -46,12 +55,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NetworkPolicy {
-    /// An empty network namespace: no interface up, nothing reachable.
+    /// No network at all: an empty network namespace (or, where none can be
+    /// made, a seccomp filter leaving Unix sockets only).
     None,
-    /// TCP connections to the denied ports (the service's database and bus)
-    /// refused on every address; the rest open.
-    LoopbackDeny,
-    /// No restriction.
+    /// The host's network, unfiltered: for trials on a machine of one's own.
     Open,
 }
 
@@ -60,9 +67,12 @@ impl std::str::FromStr for NetworkPolicy {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "none" => Ok(Self::None),
-            "loopback-deny" => Ok(Self::LoopbackDeny),
             "open" => Ok(Self::Open),
-            _ => Err(format!("`{s}`: expected none, loopback-deny or open")),
+            "loopback-deny" => Err(
+                "`loopback-deny` is gone: a list of refused ports left every other door open; tools get no network (`none`)"
+                    .into(),
+            ),
+            _ => Err(format!("`{s}`: expected none or open")),
         }
     }
 }
@@ -71,10 +81,20 @@ impl std::fmt::Display for NetworkPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::None => "none",
-            Self::LoopbackDeny => "loopback-deny",
             Self::Open => "open",
         })
     }
+}
+
+/// Resource limits (`setrlimit`) of the command and everything it starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rlimits {
+    /// Largest file it may write, in bytes (`RLIMIT_FSIZE`).
+    pub file_size: Option<u64>,
+    /// Processes of its user (`RLIMIT_NPROC`): only where no control group counts them.
+    pub processes: Option<u64>,
+    /// Address space of each process (`RLIMIT_AS`): only where no control group holds memory.
+    pub address_space: Option<u64>,
 }
 
 /// What the launcher is asked to do (its command line).
@@ -83,8 +103,13 @@ pub struct LaunchOptions {
     /// Run as this uid:gid (the launcher must be root); `None`: as the launcher's user.
     pub user: Option<(u32, u32)>,
     pub network: NetworkPolicy,
-    /// TCP ports refused under `loopback-deny`.
-    pub deny_ports: Vec<u16>,
+    /// Control group directories to join first (one per hierarchy).
+    pub cgroups: Vec<PathBuf>,
+    /// The worker's pid: the launcher ends at once if its parent is another.
+    pub parent: Option<u32>,
+    pub rlimits: Rlimits,
+    /// Make no network namespace (the seccomp path, for tests of it).
+    pub no_network_namespace: bool,
     /// The task directory: the working directory, the only place writable.
     pub confine: PathBuf,
     /// Directories hidden behind an empty tmpfs (e.g. a database's socket directory).
@@ -105,8 +130,24 @@ impl LaunchOptions {
             a.extend(["--user".into(), format!("{u}:{g}").into()]);
         }
         a.extend(["--network".into(), self.network.to_string().into()]);
-        for p in &self.deny_ports {
-            a.extend(["--deny-port".into(), p.to_string().into()]);
+        for c in &self.cgroups {
+            a.extend(["--cgroup".into(), c.clone().into_os_string()]);
+        }
+        if let Some(p) = self.parent {
+            a.extend(["--parent".into(), p.to_string().into()]);
+        }
+        let r = &self.rlimits;
+        for (flag, v) in [
+            ("--max-file-size", r.file_size),
+            ("--max-processes", r.processes),
+            ("--max-address-space", r.address_space),
+        ] {
+            if let Some(v) = v {
+                a.extend([flag.into(), v.to_string().into()]);
+            }
+        }
+        if self.no_network_namespace {
+            a.push("--no-network-namespace".into());
         }
         a.extend(["--confine".into(), self.confine.clone().into_os_string()]);
         for h in &self.hide {
@@ -127,8 +168,11 @@ impl LaunchOptions {
     pub fn parse(args: &[OsString]) -> Result<Self, String> {
         let mut o = LaunchOptions {
             user: None,
-            network: NetworkPolicy::LoopbackDeny,
-            deny_ports: Vec::new(),
+            network: NetworkPolicy::None,
+            cgroups: Vec::new(),
+            parent: None,
+            rlimits: Rlimits::default(),
+            no_network_namespace: false,
             confine: PathBuf::new(),
             hide: Vec::new(),
             report: false,
@@ -147,12 +191,19 @@ impl LaunchOptions {
                     o.user = Some((num(u)?, num(g)?));
                 }
                 Some("--network") => o.network = value("--network")?.to_string_lossy().parse()?,
-                Some("--deny-port") => o.deny_ports.push(
-                    value("--deny-port")?
-                        .to_string_lossy()
-                        .parse()
-                        .map_err(|_| "--deny-port: not a port".to_string())?,
-                ),
+                Some("--cgroup") => o.cgroups.push(PathBuf::from(value("--cgroup")?)),
+                Some("--parent") => {
+                    o.parent = Some(value("--parent")?.to_string_lossy().parse().map_err(|_| "--parent: not a pid")?)
+                }
+                Some(flag @ ("--max-file-size" | "--max-processes" | "--max-address-space")) => {
+                    let v: u64 = value(flag)?.to_string_lossy().parse().map_err(|_| format!("{flag}: not a number"))?;
+                    match flag {
+                        "--max-file-size" => o.rlimits.file_size = Some(v),
+                        "--max-processes" => o.rlimits.processes = Some(v),
+                        _ => o.rlimits.address_space = Some(v),
+                    }
+                }
+                Some("--no-network-namespace") => o.no_network_namespace = true,
                 Some("--confine") => o.confine = PathBuf::from(value("--confine")?),
                 Some("--hide") => o.hide.push(PathBuf::from(value("--hide")?)),
                 Some("--report") => o.report = true,
@@ -202,8 +253,23 @@ pub struct Applied {
     pub landlock_net: bool,
     pub landlock_scopes: bool,
     pub no_new_privs: bool,
+    /// The seccomp filter leaving Unix sockets only is in force.
+    #[serde(default)]
+    pub seccomp_net: bool,
+    /// The seccomp filter refusing the kernel's keyrings is in force.
+    #[serde(default)]
+    pub seccomp_keyrings: bool,
+    /// Control groups joined (one per hierarchy).
+    #[serde(default)]
+    pub cgroups: usize,
+    /// The launcher dies with the worker (parent-death signal).
+    #[serde(default)]
+    pub dies_with_worker: bool,
     /// What the network policy became.
     pub network: String,
+    /// Resource limits set (`setrlimit`), as `what value`.
+    #[serde(default)]
+    pub rlimits: Vec<String>,
     /// What could not be put in force, and why.
     pub notes: Vec<String>,
 }
@@ -228,16 +294,25 @@ pub fn run(opts: LaunchOptions) -> i32 {
 
 fn first_stage(opts: &LaunchOptions) -> Result<i32, String> {
     let mut a = Applied { outer: (Uid::current().as_raw(), Gid::current().as_raw()), ..Default::default() };
+    // Dying with the worker comes first: a worker killed from here on takes
+    // the launcher (and through pid 1's own signal, the namespace) along.
+    if let Some(parent) = opts.parent {
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+            .map_err(|e| format!("parent-death signal: {e}"))?;
+        if nix::unistd::getppid().as_raw() as u32 != parent {
+            return Err("the worker that started this launch is gone".into());
+        }
+        a.dies_with_worker = true;
+    }
+    for dir in &opts.cgroups {
+        std::fs::write(dir.join("cgroup.procs"), "0").map_err(|e| format!("joining {}: {e}", dir.display()))?;
+        a.cgroups += 1;
+    }
     let root = Uid::effective().is_root();
     if opts.user.is_some() && !root {
         return Err("--user needs root".into());
     }
-    let landlock_net = landlock_net_supported();
-    let want_netns = match opts.network {
-        NetworkPolicy::None => true,
-        NetworkPolicy::LoopbackDeny => !landlock_net,
-        NetworkPolicy::Open => false,
-    };
+    let want_netns = opts.network == NetworkPolicy::None && !opts.no_network_namespace;
     let mut base = CloneFlags::CLONE_NEWNS;
     if want_netns {
         base |= CloneFlags::CLONE_NEWNET;
@@ -317,12 +392,27 @@ fn final_stage(opts: &LaunchOptions, mut a: Applied, pid1: bool) -> Result<i32, 
         // namespace, the worker's uid inside.
         enter_nested_user_namespace(a.outer)?;
     }
-    if pid1 {
+    if pid1 || a.dies_with_worker {
         // Set again: a change of credentials clears it.
         let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
     }
     a.no_new_privs = nix::sys::prctl::set_no_new_privs().is_ok();
     apply_landlock(opts, &mut a);
+    match crate::seccomp::no_keyrings() {
+        Ok(()) => a.seccomp_keyrings = true,
+        Err(e) => a.notes.push(format!("seccomp: {e} (the kernel's keyrings stay open to tools)")),
+    }
+    if opts.network == NetworkPolicy::None && !a.network_namespace {
+        match crate::seccomp::unix_sockets_only() {
+            Ok(()) => a.seccomp_net = true,
+            Err(e) => {
+                return Err(format!(
+                    "no network namespace and no seccomp filter ({e}): refusing to run with a network"
+                ));
+            }
+        }
+    }
+    apply_rlimits(&opts.rlimits, &mut a)?;
     a.network = describe_network(opts, &a);
     if opts.report {
         println!("{}", serde_json::to_string(&a).map_err(|e| e.to_string())?);
@@ -590,33 +680,20 @@ fn unescape(s: &str) -> OsString {
 /// The Landlock ABI the rules are written for (all of its rights are used).
 const LANDLOCK_ABI: landlock::ABI = landlock::ABI::V6;
 
-/// Whether this kernel can restrict TCP connections by port.
-pub fn landlock_net_supported() -> bool {
-    use landlock::{AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr};
-    Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessNet::ConnectTcp)
-        .and_then(|r| r.create())
-        .is_ok()
-}
-
 fn apply_landlock(opts: &LaunchOptions, a: &mut Applied) {
     use landlock::{
-        AccessFs, AccessNet, NetPort, PathBeneath, PathFd, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+        Access, AccessFs, AccessNet, PathBeneath, PathFd, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
     };
     let write = AccessFs::from_write(LANDLOCK_ABI);
     let file_write = AccessFs::from_file(LANDLOCK_ABI) & write;
-    let net_supported = landlock_net_supported();
-    let net_rules = match opts.network {
-        NetworkPolicy::LoopbackDeny if !a.network_namespace => Some(true),
-        // `none` without a network namespace: no TCP at all.
-        NetworkPolicy::None if !a.network_namespace => Some(false),
-        _ => None,
-    };
+    // `none` without a network namespace: no TCP connect or bind either
+    // (the seccomp filter that follows closes every other family).
+    let net_rules = opts.network == NetworkPolicy::None && !a.network_namespace;
     let result = (|| -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
         let mut ruleset = landlock::Ruleset::default().handle_access(write)?;
-        if net_rules.is_some() {
-            ruleset = ruleset.handle_access(AccessNet::ConnectTcp)?;
+        if net_rules {
+            // Best effort: a kernel without network rules leaves it to seccomp.
+            ruleset = ruleset.handle_access(AccessNet::from_all(LANDLOCK_ABI))?;
         }
         ruleset = ruleset.scope(Scope::AbstractUnixSocket | Scope::Signal)?;
         let mut created = ruleset.create()?;
@@ -632,13 +709,6 @@ fn apply_landlock(opts: &LaunchOptions, a: &mut Applied) {
         for dev in ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"] {
             if let Ok(fd) = PathFd::new(dev) {
                 created = created.add_rule(PathBeneath::new(fd, file_write))?;
-            }
-        }
-        if net_rules == Some(true) {
-            for port in 1..=u16::MAX {
-                if !opts.deny_ports.contains(&port) {
-                    created = created.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
-                }
             }
         }
         created.restrict_self()
@@ -659,7 +729,7 @@ fn apply_landlock(opts: &LaunchOptions, a: &mut Applied) {
             };
             a.landlock = Some(format!("{abi} {how}"));
             a.landlock_fs = enforced;
-            a.landlock_net = enforced && net_rules.is_some() && net_supported;
+            a.landlock_net = enforced && net_rules;
             a.landlock_scopes = status.ruleset == RulesetStatus::FullyEnforced;
             a.no_new_privs |= status.no_new_privs;
             if !enforced {
@@ -673,16 +743,27 @@ fn apply_landlock(opts: &LaunchOptions, a: &mut Applied) {
 }
 
 fn describe_network(opts: &LaunchOptions, a: &Applied) -> String {
-    let ports = |p: &[u16]| p.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
-    match (opts.network, a.network_namespace, a.landlock_net) {
-        (NetworkPolicy::Open, _, _) => "open".into(),
-        (_, true, _) => "none (an empty network namespace)".into(),
-        (NetworkPolicy::LoopbackDeny, false, true) => {
-            format!("loopback-deny (TCP to ports {} refused on every address, by Landlock)", ports(&opts.deny_ports))
-        }
-        (NetworkPolicy::None, false, true) => "none for TCP (Landlock); UDP open".into(),
-        (p, false, false) => format!("open ({p} could not be enforced)"),
+    match (opts.network, a.network_namespace, a.seccomp_net) {
+        (NetworkPolicy::Open, _, _) => "open (the host's network, unfiltered)".into(),
+        (NetworkPolicy::None, true, _) => "none (an empty network namespace)".into(),
+        (NetworkPolicy::None, false, true) => "none (seccomp: Unix sockets only; no network namespace)".into(),
+        (NetworkPolicy::None, false, false) => "open (none could not be enforced)".into(),
     }
+}
+
+fn apply_rlimits(r: &Rlimits, a: &mut Applied) -> Result<(), String> {
+    use nix::sys::resource::{Resource, setrlimit};
+    for (res, v, name) in [
+        (Resource::RLIMIT_FSIZE, r.file_size, "largest file"),
+        (Resource::RLIMIT_NPROC, r.processes, "processes"),
+        (Resource::RLIMIT_AS, r.address_space, "address space"),
+    ] {
+        if let Some(v) = v {
+            setrlimit(res, v, v).map_err(|e| format!("limit on the {name}: {e}"))?;
+            a.rlimits.push(format!("{name} {v}"));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -694,7 +775,10 @@ mod tests {
         let o = LaunchOptions {
             user: Some((65534, 65534)),
             network: NetworkPolicy::None,
-            deny_ports: vec![5432, 4222],
+            cgroups: vec!["/sys/fs/cgroup/x/l0".into()],
+            parent: Some(4242),
+            rlimits: Rlimits { file_size: Some(1 << 20), processes: None, address_space: Some(1 << 30) },
+            no_network_namespace: true,
             confine: "/tmp/task".into(),
             hide: vec!["/run/postgresql".into()],
             report: true,

@@ -9,7 +9,9 @@
 //! - [`prompts`]: the worker role's base system prompt
 //! - [`mcp`]: MCP client connections; each server's tools as `mcp__<server>__<tool>`
 //! - [`isolation`]: how tools start (through the launcher, or directly) and the spec policy
-//! - [`launch`]: the launcher (`flower tool-exec`): namespaces, mounts, another user, Landlock
+//! - [`launch`]: the launcher (`flower tool-exec`): namespaces, mounts, another user, Landlock,
+//!   seccomp where there is no network namespace, resource limits
+//! - [`cgroup`]: a control group per task and per launch: limits, and ending a launch whole
 //!
 //! It owns the task consumer, the worker agent, the sandboxed tools and the
 //! tool launcher (docs/design.md section 1). A worker never writes another
@@ -17,6 +19,7 @@
 //! the store's claim decides. It never depends on the coordinator or the
 //! simulator.
 
+pub mod cgroup;
 mod claims;
 pub mod isolation;
 pub mod launch;
@@ -24,6 +27,7 @@ pub mod mcp;
 pub mod prompts;
 pub mod runner;
 pub mod sandbox;
+mod seccomp;
 pub mod tools;
 
 pub use runner::{Worker, WorkerOptions};

@@ -80,6 +80,8 @@ impl Tool for McpTool {
 #[derive(Default)]
 pub struct McpClients {
     running: Vec<RunningService<RoleClient, ClientConfig>>,
+    /// The stdio servers' control groups, ended after their servers.
+    leaves: Vec<crate::cgroup::Leaf>,
 }
 
 impl McpClients {
@@ -87,6 +89,9 @@ impl McpClients {
         for r in self.running {
             let _ = r.cancel().await;
         }
+        let leaves = self.leaves;
+        let _ = tokio::task::spawn_blocking(move || leaves.into_iter().map(crate::cgroup::Leaf::close).sum::<usize>())
+            .await;
     }
 }
 
@@ -105,7 +110,15 @@ pub async fn connect(
     let mut clients = McpClients::default();
     let mut tools = Vec::new();
     for (server, spec) in servers {
-        let connected = tokio::time::timeout(CONNECT_TIMEOUT, connect_one(spec, cwd, &limits.isolation)).await;
+        let leaf = match (limits.isolation.launcher(), &limits.group, spec.command.is_empty()) {
+            (Some(_), Some(g), false) => {
+                Some(g.leaf().map_err(|e| format!("MCP server `{server}`: its control group: {e}"))?)
+            }
+            _ => None,
+        };
+        let launch = crate::isolation::Launch { leaf: leaf.as_ref(), max_file_size: limits.max_file_size };
+        let connected = tokio::time::timeout(CONNECT_TIMEOUT, connect_one(spec, cwd, &limits.isolation, &launch)).await;
+        clients.leaves.extend(leaf);
         let running = match connected {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
@@ -157,6 +170,7 @@ async fn connect_one(
     spec: &McpServerSpec,
     cwd: &Path,
     isolation: &ToolIsolation,
+    launch: &crate::isolation::Launch<'_>,
 ) -> Result<RunningService<RoleClient, ClientConfig>, String> {
     if let Some(url) = &spec.url {
         let mut config =
@@ -202,7 +216,7 @@ async fn connect_one(
         Some(l) => {
             l.hand_over(cwd).await.map_err(|e| format!("handing the working directory over: {e}"))?;
             let argv = std::iter::once(program.clone().into_os_string()).chain(args.iter().map(Into::into)).collect();
-            l.command(cwd, argv)
+            l.command(cwd, argv, launch)
         }
     };
     let command = command.configure(|c| {

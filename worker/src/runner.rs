@@ -945,10 +945,19 @@ impl Worker {
         }
         let sandbox =
             Sandbox::open(&path).map_err(|e| Failure::fatal(format!("opening the working directory: {e}")))?;
+        let isolation = crate::isolation::installed();
+        let group = match isolation.launcher() {
+            Some(l) => l
+                .task_group(&format!("{task}-{attempt}"))
+                .map_err(|e| Failure::fatal(format!("making the task's control group: {e}")))?,
+            None => None,
+        };
         let limits = ToolLimits {
             bash_timeout: spec.runtime.bash_timeout,
             bash_output_limit: spec.runtime.bash_output_limit.as_u64() as usize,
-            isolation: crate::isolation::installed(),
+            isolation,
+            group,
+            max_file_size: Some(spec.runtime.workspace_limit.as_u64()),
         };
         let workbench = Workbench::new(self.objects.clone(), job);
         let sync = Arc::new(WorkbenchSync {

@@ -40,6 +40,8 @@ fn fixture(output_limit: usize) -> Fixture {
         bash_timeout: Duration::from_secs(20),
         bash_output_limit: output_limit,
         isolation: std::sync::Arc::new(flower_worker::isolation::ToolIsolation::None),
+        group: None,
+        max_file_size: None,
     };
     let tools = toolset(&names, &Sandbox::open(&root).unwrap(), &limits);
     Fixture { root: root.canonicalize().unwrap(), _dir: dir, tools }

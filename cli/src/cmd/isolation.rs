@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use flower_model::policy::{McpAllow, ToolPolicy};
 use flower_worker::isolation::{
-    DEFAULT_DENY_PORTS, DEFAULT_HIDE, Launcher, NetworkPolicy, ToolIsolation, ToolUser, install,
+    Cgroups, DEFAULT_HIDE, Launcher, NetworkPolicy, TaskLimits, ToolIsolation, ToolUser, install,
 };
 
 /// What job specs may make a worker start or hand out.
@@ -72,14 +72,23 @@ pub struct ToolArgs {
     /// [default: nobody]
     #[arg(long, env = "FLOWER_TOOL_USER")]
     pub tool_user: Option<String>,
-    /// Outbound network of tools: none (an empty network namespace),
-    /// loopback-deny (TCP to the service's database and bus ports refused), open
-    #[arg(long, env = "FLOWER_TOOL_NETWORK", default_value = "loopback-deny")]
+    /// Network of tools: none (no network at all: an empty network
+    /// namespace, or a seccomp filter leaving Unix sockets only where the
+    /// host refuses namespaces), or open (the host's network, unfiltered:
+    /// only for trials on a machine of your own)
+    #[arg(long, env = "FLOWER_TOOL_NETWORK", default_value = "none")]
     pub tool_network: NetworkPolicy,
-    /// More TCP ports tools may not connect to under loopback-deny (repeatable;
-    /// 5432, 4222 and the ports of --database-url and --nats-url always are)
-    #[arg(long = "tool-deny-port", env = "FLOWER_TOOL_DENY_PORTS", value_delimiter = ',')]
-    pub tool_deny_ports: Vec<u16>,
+    /// Processes and threads one task's tools may run at once (0: no limit)
+    #[arg(long, env = "FLOWER_TOOL_MAX_PROCESSES", default_value_t = 512)]
+    pub tool_max_processes: u64,
+    /// Memory one task's tools may use together, page cache and tmpfs
+    /// included (0: no limit)
+    #[arg(long, env = "FLOWER_TOOL_MAX_MEMORY", default_value = "2GiB")]
+    pub tool_max_memory: bytesize::ByteSize,
+    /// CPUs one task's tools may use together, e.g. 1.5 (0: no cap; tasks
+    /// then share the CPU evenly)
+    #[arg(long, env = "FLOWER_TOOL_CPUS", default_value_t = 0.0)]
+    pub tool_cpus: f64,
     /// The launcher executable (a `flower` binary) [default: this one]
     #[arg(long, env = "FLOWER_TOOL_LAUNCHER", hide = true)]
     pub tool_launcher: Option<PathBuf>,
@@ -134,20 +143,41 @@ impl ToolArgs {
         {
             tracing::warn!("--tool-user {}: tools run as root", u.name);
         }
-        let mut deny_ports: Vec<u16> = DEFAULT_DENY_PORTS.to_vec();
         let mut hide: Vec<PathBuf> = DEFAULT_HIDE.iter().map(PathBuf::from).collect();
         hide.push(work_root.to_path_buf());
         hide.extend(private.iter().cloned());
         for url in service_urls {
-            let (ports, sockets) = url_endpoints(url);
-            deny_ports.extend(ports);
-            hide.extend(sockets);
+            hide.extend(url_endpoints(url).1);
         }
-        deny_ports.extend(&self.tool_deny_ports);
-        deny_ports.sort_unstable();
-        deny_ports.dedup();
+        if self.tool_network == NetworkPolicy::Open {
+            tracing::warn!(
+                "--tool-network open: tools reach the host's network, the service's database, bus and API included"
+            );
+        }
+        anyhow::ensure!(
+            self.tool_cpus.is_finite() && self.tool_cpus >= 0.0,
+            "--tool-cpus {}: a number of CPUs, 0 or more",
+            self.tool_cpus
+        );
+        let limits = TaskLimits {
+            processes: Some(self.tool_max_processes).filter(|n| *n > 0),
+            memory: Some(self.tool_max_memory.as_u64()).filter(|n| *n > 0),
+            cpu_millis: Some((self.tool_cpus * 1000.0).round() as u64).filter(|n| *n > 0),
+        };
         std::fs::create_dir_all(work_root).with_context(|| format!("{}", work_root.display()))?;
-        let launcher = Launcher { program, user, network: self.tool_network, deny_ports, hide };
+        let cgroups = match Cgroups::setup(&work_root_tag(work_root)) {
+            Ok((c, ended)) => {
+                if ended > 0 {
+                    tracing::warn!(processes = ended, "ended tool processes a previous worker left running");
+                }
+                Some(std::sync::Arc::new(c))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no control groups for tools: limits fall back to per-process resource limits");
+                None
+            }
+        };
+        let launcher = Launcher { program, user, network: self.tool_network, hide, cgroups, limits };
         let scratch = work_root.join(format!(".tool-probe-{}", std::process::id()));
         let applied = launcher.probe(&scratch).map_err(|e| {
             anyhow::anyhow!("tool isolation could not start: {e} (--tool-isolation off runs tools without it)")
@@ -165,6 +195,14 @@ impl ToolArgs {
         install(ToolIsolation::Launcher(launcher), policy);
         Ok(line)
     }
+}
+
+/// A short name for `work_root`, unique on this host: the control groups
+/// of one worker's tools, found again by the next worker on the same root.
+fn work_root_tag(work_root: &Path) -> String {
+    use sha2::Digest;
+    let canonical = work_root.canonicalize().unwrap_or_else(|_| work_root.to_path_buf());
+    hex::encode(&sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes())[..6])
 }
 
 /// The directory of a `file://` object store URL (hidden from tools).

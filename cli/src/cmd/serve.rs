@@ -40,8 +40,31 @@ pub struct CoordinatorArgs {
     /// With --token, the console asks for it
     #[arg(long, env = "FLOWER_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// Serve the API or the console beyond loopback without a token (for
+    /// trials only: anyone who reaches the port may read and cancel every job)
+    #[arg(long, env = "FLOWER_INSECURE")]
+    pub insecure: bool,
     #[command(flatten)]
     pub backends: BackendArgs,
+}
+
+/// The API and the console beyond loopback need a token, or `--insecure`.
+fn check_exposure(args: &CoordinatorArgs, token: Option<&str>) -> anyhow::Result<()> {
+    if token.is_some() {
+        return Ok(());
+    }
+    for (flag, addr) in [("--listen", Some(args.listen)), ("--http-listen", args.http_listen)] {
+        let Some(addr) = addr else { continue };
+        if addr.ip().is_loopback() {
+            continue;
+        }
+        anyhow::ensure!(
+            args.insecure,
+            "{flag} {addr}: serving beyond loopback needs a token (--token or FLOWER_TOKEN); --insecure serves it open, for trials"
+        );
+        tracing::warn!(%addr, "{flag} beyond loopback without a token (--insecure): anyone who reaches it may read and cancel every job");
+    }
+    Ok(())
 }
 
 /// Bind the metrics endpoint before anything runs, so a taken port fails the
@@ -69,6 +92,7 @@ fn serve_metrics(
 
 pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.lease_ttl >= Duration::from_secs(1), "--lease-ttl: must be at least 1s");
+    check_exposure(&args, args.token.as_deref().filter(|t| !t.is_empty()))?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => Some((
             std::fs::read(c).with_context(|| format!("--tls-cert {}", c.display()))?,

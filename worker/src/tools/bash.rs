@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use crate::isolation::ToolIsolation;
+use crate::cgroup::{Counters, TaskGroup};
+use crate::isolation::{Launch, ToolIsolation};
 use crate::sandbox::Sandbox;
 use crate::tools::ToolLimits;
 
@@ -31,6 +32,8 @@ pub struct BashTool {
     timeout: Duration,
     output_limit: usize,
     isolation: Arc<ToolIsolation>,
+    group: Option<Arc<TaskGroup>>,
+    max_file_size: Option<u64>,
 }
 
 impl BashTool {
@@ -40,8 +43,30 @@ impl BashTool {
             timeout: limits.bash_timeout,
             output_limit: limits.bash_output_limit,
             isolation: limits.isolation.clone(),
+            group: limits.group.clone(),
+            max_file_size: limits.max_file_size,
         }
     }
+}
+
+/// What the kernel stopped during one command, as the note the model reads.
+pub fn limits_note(l: &crate::cgroup::TaskLimits, hit: Counters) -> String {
+    let mut note = String::new();
+    if hit.oom_kills > 0 {
+        let max = l.memory.map_or_else(String::new, |m| format!(" ({})", bytesize::ByteSize::b(m)));
+        note.push_str(&format!(
+            "\n[the task's memory limit{max} was reached: the kernel killed {} process(es)]",
+            hit.oom_kills
+        ));
+    }
+    if hit.forks_refused > 0 {
+        let max = l.processes.map_or_else(String::new, |n| format!(" ({n})"));
+        note.push_str(&format!(
+            "\n[the task's process limit{max} was reached: {} new process(es) refused]",
+            hit.forks_refused
+        ));
+    }
+    note
 }
 
 /// The environment a command gets: the allowlist, plus fixed values
@@ -125,6 +150,7 @@ impl Tool for BashTool {
         let command = str_field(&input, "command")?.to_string();
         let timeout = uint_field(&input, "timeout")?.map_or(self.timeout, Duration::from_millis).min(MAX_TIMEOUT);
         let root = self.sandbox.root().to_path_buf();
+        let mut leaf = None;
         let (mut cmd, user) = match &*self.isolation {
             ToolIsolation::None => {
                 let mut c = Command::new("bash");
@@ -135,7 +161,13 @@ impl Tool for BashTool {
                 l.hand_over(&root).await.map_err(|e| {
                     ToolError::RespondToModel(format!("could not hand the working directory to the command: {e}"))
                 })?;
-                (l.command(&root, vec!["bash".into(), "-c".into(), command.clone().into()]), l.user_name())
+                if let Some(g) = &self.group {
+                    leaf = Some(g.leaf().map_err(|e| {
+                        ToolError::RespondToModel(format!("could not make the command's control group: {e}"))
+                    })?);
+                }
+                let launch = Launch { leaf: leaf.as_ref(), max_file_size: self.max_file_size };
+                (l.command(&root, vec!["bash".into(), "-c".into(), command.clone().into()], &launch), l.user_name())
             }
         };
         let mut child = cmd
@@ -150,6 +182,7 @@ impl Tool for BashTool {
             .spawn()
             .map_err(|e| ToolError::RespondToModel(format!("could not start bash: {e}")))?;
         let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+        let before = self.group.as_ref().map(|g| g.counters()).unwrap_or_default();
         let captured = Arc::new(Mutex::new(Captured::default()));
         let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
@@ -170,6 +203,13 @@ impl Tool for BashTool {
             }
             let _ = child.wait().await;
         }
+        // Whatever the command left running (a `setsid` daemon included)
+        // ends with it: the launch's group is killed whole.
+        let mut hit = Counters::default();
+        if let (Some(leaf), Some(g)) = (leaf, &self.group) {
+            hit = Counters::of_launch(leaf.counters(), before, g.counters());
+            let _ = tokio::task::spawn_blocking(move || leaf.close()).await;
+        }
         for r in readers {
             // Background children that kept the pipes open: stop waiting after a moment.
             let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
@@ -188,6 +228,9 @@ impl Tool for BashTool {
             Ended::Cancelled => ("\n[cancelled; process group killed]".into(), true),
         };
         text.push_str(&suffix);
+        if let Some(g) = &self.group {
+            text.push_str(&limits_note(g.limits(), hit));
+        }
         if text.trim().is_empty() {
             text = "(no output)".into();
         }

@@ -23,6 +23,10 @@ pub struct ToolLimits {
     pub bash_output_limit: usize,
     /// How commands start: through the launcher, or directly (see [`crate::isolation`]).
     pub isolation: Arc<crate::isolation::ToolIsolation>,
+    /// The task's control group (every launch of the task a leaf in it).
+    pub group: Option<Arc<crate::cgroup::TaskGroup>>,
+    /// The largest file a command may write: the job's workspace limit.
+    pub max_file_size: Option<u64>,
 }
 
 /// The tools named in a worker spec (names validated with the spec).
