@@ -1361,7 +1361,12 @@ pub async fn workspace_snapshots_and_changesets(objects: Arc<dyn ObjectStore>) {
     std::fs::write(task_dir.path().join("d/a.txt"), "ALPHA").unwrap();
     std::fs::remove_file(task_dir.path().join("b.txt")).unwrap();
     std::fs::write(task_dir.path().join("c.txt"), "new").unwrap();
-    let cs = ws.diff(&base, task_dir.path()).await.unwrap();
+    let grown = ws.diff(&base, task_dir.path(), 5).await.unwrap_err();
+    assert!(
+        matches!(grown, StoreError::TooLarge { size: 8, limit: 5, setting: "runtime.workspace_limit", .. }),
+        "{grown}"
+    );
+    let cs = ws.diff(&base, task_dir.path(), 1 << 20).await.unwrap();
     assert_eq!(cs.changes.len(), 3);
     let task = flower_model::TaskId::random();
     ws.put_changeset(task, 1, &cs).await.unwrap();
@@ -1373,4 +1378,14 @@ pub async fn workspace_snapshots_and_changesets(objects: Arc<dyn ObjectStore>) {
     assert_eq!(&ws.read("d/a.txt").await.unwrap()[..], b"ALPHA", "new content travels by blob");
     assert_eq!(&ws.read("c.txt").await.unwrap()[..], b"new");
     assert!(matches!(ws.read("b.txt").await, Err(StoreError::NotFound(_))));
+
+    // A file larger than one upload part goes up in parts and comes back whole.
+    let big: Vec<u8> = (0..crate::objects::PART * 2 + 12_345).map(|i| (i % 251) as u8).collect();
+    std::fs::write(task_dir.path().join("big.bin"), &big).unwrap();
+    let current = ws.load().await.unwrap();
+    let cs = ws.diff(&current, task_dir.path(), 64 << 20).await.unwrap();
+    let mut after = current.clone();
+    apply(&mut after, &cs);
+    ws.save(&after).await.unwrap();
+    assert!(ws.read("big.bin").await.unwrap()[..] == big[..], "a large file travels whole");
 }

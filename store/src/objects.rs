@@ -3,13 +3,15 @@
 //! endpoint: `FLOWER_S3_ENDPOINT` or `AWS_ENDPOINT_URL`; credentials and region
 //! from the usual `AWS_*` variables, never from a job spec).
 
+use std::path::Path;
 use std::sync::Arc;
 
-use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::prefix::PrefixStore;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart, path::Path as ObjPath};
+use tokio::io::AsyncReadExt;
 
 use crate::{Result, StoreError};
 
@@ -71,6 +73,47 @@ pub fn open(url: &str, s3: &S3Options) -> Result<Arc<dyn ObjectStore>> {
     }
     let s3store = b.build().map_err(|e| bad(url, e))?;
     Ok(if prefix.is_empty() { Arc::new(s3store) } else { Arc::new(PrefixStore::new(s3store, prefix)) })
+}
+
+/// Files up to this size go up in one request; larger ones in parts of it.
+pub const PART: usize = 8 << 20;
+/// Parts in flight at once while a large file goes up.
+const PARTS_IN_FLIGHT: usize = 2;
+
+/// Upload the file at `path` to `key` with bounded memory: whole when small,
+/// else in parts of [`PART`] bytes (at most a few parts held at once), so a
+/// task's multi-gigabyte file never sits in a worker's memory.
+pub async fn put_file(store: &dyn ObjectStore, key: &ObjPath, path: &Path) -> Result<()> {
+    let io = |e: std::io::Error| StoreError::Backend(format!("{}: {e}", path.display()));
+    let mut file = tokio::fs::File::open(path).await.map_err(io)?;
+    let size = file.metadata().await.map_err(io)?.len();
+    if size <= PART as u64 {
+        let mut bytes = Vec::with_capacity(size as usize);
+        file.read_to_end(&mut bytes).await.map_err(io)?;
+        store.put(key, PutPayload::from(bytes)).await.map_err(crate::workbench::obj_err)?;
+        return Ok(());
+    }
+    let upload = store.put_multipart(key).await.map_err(crate::workbench::obj_err)?;
+    let mut writer = WriteMultipart::new_with_chunk_size(upload, PART);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = match file.read(&mut buf).await {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = writer.abort().await;
+                return Err(io(e));
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
+            return Err(crate::workbench::obj_err(e));
+        }
+        writer.write(&buf[..n]);
+    }
+    writer.finish().await.map_err(crate::workbench::obj_err)?;
+    Ok(())
 }
 
 #[cfg(test)]

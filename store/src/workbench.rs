@@ -245,9 +245,7 @@ impl Workbench {
         let mut report = SyncReport::default();
         for (rel, file) in &now {
             if base.get(rel) != Some(file) && !is_user_only(rel) {
-                let path = dir.join(rel);
-                let bytes = tokio::fs::read(&path).await.map_err(|e| StoreError::Backend(e.to_string()))?;
-                self.put(rel, bytes).await?;
+                crate::objects::put_file(self.store.as_ref(), &self.key(rel)?, &dir.join(rel)).await?;
                 report.uploaded.push(rel.clone());
             }
         }

@@ -125,8 +125,7 @@ impl Workspace {
             if self.store.head(&key).await.is_ok() {
                 continue;
             }
-            let bytes = tokio::fs::read(dir.join(rel)).await.map_err(|e| StoreError::Backend(e.to_string()))?;
-            self.store.put(&key, PutPayload::from(Bytes::from(bytes))).await.map_err(obj_err)?;
+            crate::objects::put_file(self.store.as_ref(), &key, &dir.join(rel)).await?;
         }
         Ok(())
     }
@@ -168,10 +167,16 @@ impl Workspace {
     }
 
     /// What the task in `dir` changed relative to `base`; new contents are
-    /// uploaded as blobs so the changeset can travel by reference.
-    pub async fn diff(&self, base: &Manifest, dir: &Path) -> Result<Changeset> {
+    /// uploaded as blobs (streamed, in parts when large) so the changeset
+    /// can travel by reference. A workspace that has grown past `limit`
+    /// bytes is refused before anything is uploaded.
+    pub async fn diff(&self, base: &Manifest, dir: &Path, limit: u64) -> Result<Changeset> {
         let d = dir.to_path_buf();
         let now = blocking(move || localfs::scan(&d, &[MOUNT])).await?;
+        let total: u64 = now.values().map(|f| f.size).sum();
+        if total > limit {
+            return Err(too_large(total, limit));
+        }
         let mut cs = Changeset::default();
         for (rel, file) in &now {
             if base.get(rel) != Some(file) {

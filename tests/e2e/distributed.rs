@@ -409,6 +409,15 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
     let first = api.submit(authed(good.clone(), token)).await.unwrap().into_inner();
     let again = api.submit(authed(good, token)).await.unwrap().into_inner();
     assert_eq!((again.job_id.as_str(), again.existing), (first.job_id.as_str(), true));
+    // The same key with another spec is refused, naming the key and the job it holds.
+    let other = pb::SubmitRequest {
+        spec: spec.replacen("name: ", "name: other-", 1),
+        idempotency_key: "k-1".into(),
+        ..Default::default()
+    };
+    let e = api.submit(authed(other, token)).await.unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    assert!(e.message().contains("idempotency_key `k-1`") && e.message().contains(&first.job_id), "{e:?}");
     let e = api
         .get_artifact(authed(
             pb::GetArtifactRequest { job_id: first.job_id.clone(), path: "../../etc/passwd".into() },

@@ -117,10 +117,17 @@ fn tools_cannot_see_the_service_secrets_nor_write_or_connect_outside() {
         .collect();
     assert!(pids.iter().all(|p| *p < 100), "only the tool's own processes are visible: {pids:?}\n{proc}");
     assert!(!proc.contains("FLOWER_") && !proc.contains("flower run"), "{proc}");
+    // The launcher (the namespace's pid 1) got its options out of sight: its
+    // command line names no hidden path.
+    assert!(proc.contains("flower\ntool-exec\n") && !proc.contains("--hide") && !proc.contains("objects"), "{proc}");
 
     // `env`: the allowlist only.
     let (env, _) = &results[1];
     assert!(env.contains("PATH=") && !env.contains("FLOWER_") && !env.contains("AWS_"), "{env}");
+    assert!(
+        env.lines().any(|l| l == "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        "the system's PATH, none of the service's directories: {env}"
+    );
 
     // /etc/shadow.
     let (shadow, is_error) = &results[2];

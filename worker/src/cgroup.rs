@@ -10,10 +10,13 @@
 //! `memory.max`, `cpu.max`), and on hosts that still mount v1 controllers
 //! beside an empty v2 hierarchy, v1's `pids`, `memory` and `cpu` for what
 //! v2 does not control. The base lives under this process's own group in
-//! each hierarchy, named after the work root, so two workers of one host
-//! never touch each other's tools. Nothing here runs unless the worker may
-//! create groups; otherwise [`Cgroups::setup`] says why and the launcher
-//! falls back to resource limits (`setrlimit`), which the worker logs.
+//! each hierarchy, named after this process (`flower-tools-PID-START`, its
+//! pid and start time), so workers of one host never touch each other's
+//! tools while they live, and a base whose process is gone is ended by the
+//! next worker that starts beside it. Nothing here runs unless the worker
+//! may create groups; otherwise [`Cgroups::setup`] says why and the
+//! launcher falls back to resource limits (`setrlimit`), which the worker
+//! logs.
 
 use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};
@@ -113,18 +116,23 @@ fn mkdir(p: &Path) -> io::Result<()> {
 }
 
 impl Cgroups {
-    /// The bases for this worker (`tag`: a name unique to its work root),
-    /// created under this process's groups, with what a predecessor left in
-    /// them ended. `Err`: why this host gives no group to tools.
-    pub fn setup(tag: &str) -> Result<(Self, usize), String> {
+    /// This worker's bases, created under this process's groups, with what
+    /// workers that died beside it left ended (how many processes).
+    /// `Err`: why this host gives no group to tools.
+    pub fn setup() -> Result<(Self, usize), String> {
+        let me = std::process::id();
+        let start = start_time(me).ok_or("/proc/self/stat: no start time")?;
+        Self::setup_named(&format!("{PREFIX}{me}-{start}"))
+    }
+
+    fn setup_named(name: &str) -> Result<(Self, usize), String> {
         let mounts = parse_mounts(&read(Path::new("/proc/self/mountinfo")).map_err(|e| format!("mountinfo: {e}"))?);
         let own = parse_self(&read(Path::new("/proc/self/cgroup")).map_err(|e| format!("/proc/self/cgroup: {e}"))?);
-        let name = format!("flower-tools-{tag}");
         let mut bases = Vec::new();
         let mut notes = Vec::new();
         let mut have = Controls::default();
         if let (Some(m), Some((_, path))) = (mounts.iter().find(|m| m.v2), own.iter().find(|(c, _)| c.is_empty())) {
-            match v2_base(&m.point, path, &name) {
+            match v2_base(&m.point, path, name) {
                 Ok(b) => {
                     have = b.controls;
                     bases.push(b);
@@ -141,7 +149,7 @@ impl Cgroups {
             if bases.iter().any(|b| b.dir.starts_with(&m.point)) {
                 continue;
             }
-            let dir = m.point.join(path.trim_start_matches('/')).join(&name);
+            let dir = m.point.join(path.trim_start_matches('/')).join(name);
             match mkdir(&dir) {
                 Ok(()) => {
                     let controls = Controls {
@@ -158,7 +166,7 @@ impl Cgroups {
             return Err(if notes.is_empty() { "no cgroup file system is mounted".into() } else { notes.join("; ") });
         }
         let cg = Self { bases };
-        let ended = cg.sweep();
+        let ended = cg.sweep_dead();
         Ok((cg, ended))
     }
 
@@ -217,18 +225,47 @@ impl Cgroups {
         Ok(group)
     }
 
-    /// End and remove every group left under the bases; how many processes were killed.
-    fn sweep(&self) -> usize {
+    /// End and remove the bases beside this one whose worker is gone, and
+    /// whatever is left in this one's (a base of the same name: a process
+    /// that had this pid and start time cannot be alive); how many
+    /// processes were found running.
+    fn sweep_dead(&self) -> usize {
         let mut killed = 0;
         for b in &self.bases {
-            let Ok(rd) = std::fs::read_dir(&b.dir) else { continue };
-            for group in rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
-                let g = Base { dir: group.path(), v2: b.v2, controls: b.controls };
-                killed += remove_tree(&g);
+            let Some(parent) = b.dir.parent() else { continue };
+            let Ok(rd) = std::fs::read_dir(parent) else { continue };
+            for sibling in rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+                let name = sibling.file_name();
+                let Some(owner) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else { continue };
+                let alive = owner
+                    .split_once('-')
+                    .and_then(|(pid, start)| Some((pid.parse::<u32>().ok()?, start.parse::<u64>().ok()?)))
+                    .is_some_and(|(pid, start)| start_time(pid) == Some(start));
+                let dir = sibling.path();
+                if dir == b.dir {
+                    if let Ok(groups) = std::fs::read_dir(&dir) {
+                        for g in groups.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+                            killed += remove_tree(&Base { dir: g.path(), v2: b.v2, controls: b.controls });
+                        }
+                    }
+                } else if !alive {
+                    killed += remove_tree(&Base { dir, v2: b.v2, controls: b.controls });
+                }
             }
         }
         killed
     }
+}
+
+/// Base directories are named `PREFIX` + the worker's pid and start time.
+const PREFIX: &str = "flower-tools-";
+
+/// A process's start time (clock ticks after boot, `/proc/PID/stat` field 22).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = read(Path::new(&format!("/proc/{pid}/stat"))).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its end.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// The v2 base under this process's own group `path` of the mount `point`.
@@ -481,9 +518,9 @@ mod tests {
     #[test]
     fn leaves_die_whole_and_a_new_worker_ends_what_the_last_one_left() {
         assert!(nix::unistd::Uid::effective().is_root(), "this test makes control groups: run the tests as root");
-        let tag = format!("test-{}", std::process::id());
-        let (cg, ended) = Cgroups::setup(&tag).unwrap();
-        assert_eq!(ended, 0);
+        // A base named as a worker that is gone: pid 0 never is one.
+        let name = format!("{PREFIX}0-{}", std::process::id());
+        let (cg, _) = Cgroups::setup_named(&name).unwrap();
         assert!(cg.kills_whole() || !cg.bases.is_empty(), "{}", cg.describe());
         let limits = TaskLimits { processes: Some(50), memory: Some(64 << 20), cpu_millis: Some(500) };
         let group = cg.task_group("task-1", &limits).unwrap();
@@ -520,13 +557,20 @@ mod tests {
         let mut orphan = spawn_into(&leaf);
         std::mem::forget(leaf);
         std::mem::forget(group);
-        let (again, ended) = Cgroups::setup(&tag).unwrap();
+        let left: Vec<PathBuf> = cg.bases.iter().map(|b| b.dir.clone()).collect();
+        let (next, ended) = Cgroups::setup().unwrap();
         assert!(ended >= 1, "the next worker ended what was left");
         assert!(orphan.wait().unwrap().signal().is_some());
-        for b in &again.bases {
-            assert_eq!(std::fs::read_dir(&b.dir).unwrap().flatten().filter(|e| e.path().is_dir()).count(), 0);
+        assert!(left.iter().all(|d| !d.exists()), "the dead worker's bases are removed");
+        for b in &next.bases {
             std::fs::remove_dir(&b.dir).unwrap();
         }
+    }
+
+    #[test]
+    fn start_times_are_read_past_odd_command_names() {
+        assert!(start_time(std::process::id()).is_some_and(|t| t > 0));
+        assert_eq!(start_time(0), None);
     }
 
     #[test]

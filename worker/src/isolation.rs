@@ -29,6 +29,10 @@ pub use crate::launch::{Applied, NetworkPolicy, Rlimits};
 /// Directories hidden from tools: where Postgres puts its Unix sockets.
 pub const DEFAULT_HIDE: &[&str] = &["/run/postgresql", "/var/run/postgresql"];
 
+/// `PATH` of a launched tool: the system's directories only, never one of
+/// the service's own (its home, a tool directory of its user's).
+pub const TOOL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// The user tools run as when the worker is root.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolUser {
@@ -124,11 +128,21 @@ impl Launcher {
         }
     }
 
-    /// `argv` run through the launcher in `cwd` (the caller sets the
-    /// environment and stdio; the launcher passes them on).
-    pub fn command(&self, cwd: &Path, argv: Vec<OsString>, launch: &Launch) -> tokio::process::Command {
+    /// `argv` run through the launcher in `cwd` with exactly `env` (the
+    /// caller sets stdio; the launcher passes it on).
+    pub fn command(
+        &self,
+        cwd: &Path,
+        argv: Vec<OsString>,
+        launch: &Launch,
+        env: Vec<(String, String)>,
+    ) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(&self.program);
-        c.arg("tool-exec").args(self.options(cwd, argv, false, launch).to_args()).current_dir(cwd);
+        c.arg("tool-exec")
+            .current_dir(cwd)
+            .env_clear()
+            .envs(env)
+            .env(crate::launch::OPTIONS_ENV, self.options(cwd, argv, false, launch).to_env());
         c
     }
 
@@ -172,10 +186,13 @@ impl Launcher {
             }
             let out = std::process::Command::new(&self.program)
                 .arg("tool-exec")
-                .args(self.options(&scratch, vec!["true".into()], true, &Launch::default()).to_args())
                 .current_dir(&scratch)
                 .env_clear()
-                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .env("PATH", TOOL_PATH)
+                .env(
+                    crate::launch::OPTIONS_ENV,
+                    self.options(&scratch, vec!["true".into()], true, &Launch::default()).to_env(),
+                )
                 .stdin(std::process::Stdio::null())
                 .output()
                 .map_err(|e| format!("starting {}: {e}", self.program.display()))?;

@@ -87,7 +87,7 @@ impl std::fmt::Display for NetworkPolicy {
 }
 
 /// Resource limits (`setrlimit`) of the command and everything it starts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rlimits {
     /// Largest file it may write, in bytes (`RLIMIT_FSIZE`).
     pub file_size: Option<u64>,
@@ -97,8 +97,14 @@ pub struct Rlimits {
     pub address_space: Option<u64>,
 }
 
-/// What the launcher is asked to do (its command line).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The variable a worker hands the launcher its options in (JSON), so that
+/// neither the launcher's command line nor its namespace's pid 1's — which
+/// a tool can read in `/proc` — shows the hidden paths; the command never
+/// gets it.
+pub const OPTIONS_ENV: &str = "FLOWER_TOOL_EXEC";
+
+/// What the launcher is asked to do (its command line, or [`OPTIONS_ENV`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchOptions {
     /// Run as this uid:gid (the launcher must be root); `None`: as the launcher's user.
     pub user: Option<(u32, u32)>,
@@ -123,6 +129,23 @@ pub struct LaunchOptions {
 }
 
 impl LaunchOptions {
+    /// The options as the value of [`OPTIONS_ENV`].
+    pub fn to_env(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Read [`LaunchOptions::to_env`]'s output.
+    pub fn from_env(value: &str) -> Result<Self, String> {
+        let o: Self = serde_json::from_str(value).map_err(|e| format!("{OPTIONS_ENV}: {e}"))?;
+        if !o.confine.is_absolute() {
+            return Err("confine: an absolute directory is required".into());
+        }
+        if o.argv.is_empty() && !o.report {
+            return Err("no command".into());
+        }
+        Ok(o)
+    }
+
     /// The launcher's arguments (after `tool-exec`).
     pub fn to_args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
@@ -342,6 +365,10 @@ fn first_stage(opts: &LaunchOptions) -> Result<i32, String> {
             "no user namespace (refused by this host): the command runs as this process's user in its namespaces".into()
         });
     }
+    // Its /proc entries (environment, memory) closed to the tool: after the
+    // user namespace's maps are written (a process that is not dumpable
+    // cannot write its own).
+    let _ = nix::sys::prctl::set_dumpable(false);
     if a.pid_namespace {
         // The command's pid 1: this binary again, inside the new PID namespace.
         let mut next = opts.clone();
@@ -349,7 +376,7 @@ fn first_stage(opts: &LaunchOptions) -> Result<i32, String> {
         let status = Command::new("/proc/self/exe")
             .arg0("flower")
             .arg("tool-exec")
-            .args(next.to_args())
+            .env(OPTIONS_ENV, next.to_env())
             .status()
             .map_err(|e| format!("starting the namespace's first process: {e}"))?;
         return Ok(exit_code(status));
@@ -392,6 +419,7 @@ fn final_stage(opts: &LaunchOptions, mut a: Applied, pid1: bool) -> Result<i32, 
         // namespace, the worker's uid inside.
         enter_nested_user_namespace(a.outer)?;
     }
+    let _ = nix::sys::prctl::set_dumpable(false);
     if pid1 || a.dies_with_worker {
         // Set again: a change of credentials clears it.
         let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
@@ -424,7 +452,7 @@ fn final_stage(opts: &LaunchOptions, mut a: Applied, pid1: bool) -> Result<i32, 
         _ => program.as_os_str(),
     };
     let mut cmd = Command::new(program);
-    cmd.args(args);
+    cmd.args(args).env_remove(OPTIONS_ENV);
     if !pid1 {
         let e = cmd.exec();
         return Err(format!("{}: {e}", program.to_string_lossy()));
@@ -786,6 +814,8 @@ mod tests {
             argv: vec!["bash".into(), "-c".into(), "echo --user".into()],
         };
         assert_eq!(LaunchOptions::parse(&o.to_args()).unwrap(), o);
+        assert_eq!(LaunchOptions::from_env(&o.to_env()).unwrap(), o);
+        assert!(LaunchOptions::from_env("{").unwrap_err().contains(OPTIONS_ENV));
         assert!(LaunchOptions::parse(&["--confine".into(), "rel".into(), "--".into(), "x".into()]).is_err());
         assert!(LaunchOptions::parse(&["--confine".into(), "/t".into()]).unwrap_err().contains("no command"));
     }

@@ -197,11 +197,12 @@ async fn connect_one(
     };
     // Launched, the server gets the working directory as its home (the
     // worker's is not its user's) and a private /tmp.
-    let passed: &[&str] = if launcher.is_some() { &["PATH", "LANG"] } else { &["PATH", "HOME", "LANG", "TMPDIR"] };
+    let passed: &[&str] = if launcher.is_some() { &["LANG"] } else { &["PATH", "HOME", "LANG", "TMPDIR"] };
     let mut env: Vec<(String, String)> =
         passed.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
     if launcher.is_some() {
         env.push(("HOME".into(), cwd.display().to_string()));
+        env.push(("PATH".into(), crate::isolation::TOOL_PATH.into()));
     }
     for (var, from) in &spec.env_from {
         let value = std::env::var(from).map_err(|_| format!("{from} (for {var}) is not set on this worker"))?;
@@ -210,17 +211,17 @@ async fn connect_one(
     let command = match launcher {
         None => {
             let mut c = tokio::process::Command::new(&program);
-            c.args(args);
+            c.args(args).env_clear().envs(env);
             c
         }
         Some(l) => {
             l.hand_over(cwd).await.map_err(|e| format!("handing the working directory over: {e}"))?;
             let argv = std::iter::once(program.clone().into_os_string()).chain(args.iter().map(Into::into)).collect();
-            l.command(cwd, argv, launch)
+            l.command(cwd, argv, launch, env)
         }
     };
     let command = command.configure(|c| {
-        c.env_clear().envs(env).current_dir(cwd).kill_on_drop(true);
+        c.current_dir(cwd).kill_on_drop(true);
     });
     let (transport, _) = TokioChildProcess::builder(command)
         .stderr(std::process::Stdio::inherit())

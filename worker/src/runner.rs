@@ -1153,7 +1153,7 @@ impl Worker {
     async fn collect(&self, task: &Task, attempt: u32, dir: &TaskDir) -> Result<(), StoreError> {
         let f = &dir.filler;
         f.sync.sync().await?;
-        let cs = f.workspace.diff(&f.base(), &dir.path).await?;
+        let cs = f.workspace.diff(&f.base(), &dir.path, dir.limits.max_file_size.unwrap_or(u64::MAX)).await?;
         if !cs.is_empty() {
             f.workspace.put_changeset(task.id, attempt, &cs).await?;
             self.changesets.lock().unwrap_or_else(|p| p.into_inner()).insert((task.id, attempt));

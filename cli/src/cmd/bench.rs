@@ -49,6 +49,9 @@ pub enum BenchCommand {
     /// From a coordinator's restart to its first resumed request: load the main
     /// thread from the store, prune it, build the request (SQLite and Postgres)
     Resume(ResumeArgs),
+    /// One tool launch through the launcher (control group, namespaces, mounts,
+    /// Landlock, seccomp, limits): its time, beside starting the command directly
+    Launch(super::bench_launch::LaunchArgs),
 }
 
 #[derive(Args)]
@@ -437,6 +440,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Hotpath(args) => super::bench_hotpath::hotpath(args).await,
         BenchCommand::Console(args) => super::bench_console::console(args).await,
         BenchCommand::Transcript(args) => super::bench_transcript::transcript(args).await,
+        BenchCommand::Launch(args) => super::bench_launch::launch(args).await,
     }
 }
 

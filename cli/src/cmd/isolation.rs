@@ -117,6 +117,20 @@ impl ToolArgs {
             install(ToolIsolation::None, policy);
             return Ok(line);
         }
+        let (launcher, summary) = self.launcher(work_root, private, service_urls)?;
+        let line = format!("tool isolation: {summary}; {described}");
+        install(ToolIsolation::Launcher(launcher), policy);
+        Ok(line)
+    }
+
+    /// The launcher these flags describe, probed once in `work_root`, and
+    /// what it puts in force (each missing part logged as a warning).
+    pub fn launcher(
+        &self,
+        work_root: &Path,
+        private: &[PathBuf],
+        service_urls: &[&str],
+    ) -> anyhow::Result<(Launcher, String)> {
         let program = match &self.tool_launcher {
             Some(p) => p.clone(),
             None => std::env::current_exe().context("locating this binary (the tool launcher)")?,
@@ -165,7 +179,7 @@ impl ToolArgs {
             cpu_millis: Some((self.tool_cpus * 1000.0).round() as u64).filter(|n| *n > 0),
         };
         std::fs::create_dir_all(work_root).with_context(|| format!("{}", work_root.display()))?;
-        let cgroups = match Cgroups::setup(&work_root_tag(work_root)) {
+        let cgroups = match Cgroups::setup() {
             Ok((c, ended)) => {
                 if ended > 0 {
                     tracing::warn!(processes = ended, "ended tool processes a previous worker left running");
@@ -186,23 +200,13 @@ impl ToolArgs {
         for m in &missing {
             tracing::warn!("tool isolation: {m}");
         }
-        let line = format!("tool isolation: {summary}; {described}");
         if missing.is_empty() {
-            tracing::info!("{line}");
+            tracing::info!("tool isolation: {summary}");
         } else {
-            tracing::warn!("{line}");
+            tracing::warn!("tool isolation: {summary}");
         }
-        install(ToolIsolation::Launcher(launcher), policy);
-        Ok(line)
+        Ok((launcher, summary))
     }
-}
-
-/// A short name for `work_root`, unique on this host: the control groups
-/// of one worker's tools, found again by the next worker on the same root.
-fn work_root_tag(work_root: &Path) -> String {
-    use sha2::Digest;
-    let canonical = work_root.canonicalize().unwrap_or_else(|_| work_root.to_path_buf());
-    hex::encode(&sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes())[..6])
 }
 
 /// The directory of a `file://` object store URL (hidden from tools).
@@ -250,9 +254,16 @@ pub fn url_endpoints(url: &str) -> (Vec<u16>, Vec<PathBuf>) {
 }
 
 /// `flower tool-exec …`: the launcher (arguments are read before the rest of
-/// the command line is parsed, and nothing from the environment is read).
+/// the command line is parsed). A worker passes no argument and its options
+/// in `FLOWER_TOOL_EXEC`; nothing else is read from the environment.
 pub fn tool_exec(args: Vec<OsString>) -> std::process::ExitCode {
-    let code = match flower_worker::launch::LaunchOptions::parse(&args) {
+    use flower_worker::launch::{LaunchOptions, OPTIONS_ENV};
+    let opts = match (args.is_empty(), std::env::var(OPTIONS_ENV)) {
+        (true, Ok(v)) => LaunchOptions::from_env(&v),
+        (true, Err(_)) => Err(format!("no options: give them as arguments or in {OPTIONS_ENV}")),
+        (false, _) => LaunchOptions::parse(&args),
+    };
+    let code = match opts {
         Ok(opts) => flower_worker::launch::run(opts),
         Err(e) => {
             eprintln!("flower tool-exec: {e}");

@@ -2,6 +2,7 @@ pub mod backends;
 pub mod bench;
 pub mod bench_console;
 pub mod bench_hotpath;
+pub mod bench_launch;
 pub mod bench_transcript;
 pub mod client;
 pub mod context;

@@ -176,6 +176,21 @@ pub struct WorkerArgs {
     pub backends: BackendArgs,
 }
 
+/// A worker's name is a plain name: it names its work folder and appears in
+/// claims, events and metrics.
+fn check_worker_id(id: &str) -> anyhow::Result<()> {
+    let bad = id.char_indices().find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')));
+    if let Some((at, c)) = bad {
+        anyhow::bail!(
+            "--worker-id `{}`: {c:?} at byte {at} is not allowed (letters, digits, '-', '_' and '.')",
+            id.escape_debug()
+        );
+    }
+    anyhow::ensure!(!id.is_empty() && id.len() <= 128, "--worker-id: 1 to 128 characters");
+    anyhow::ensure!(!id.starts_with('.'), "--worker-id `{id}`: may not start with '.'");
+    Ok(())
+}
+
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.concurrency >= 1, "--concurrency: must be at least 1");
     let metrics = bind_metrics(args.metrics_listen).await?;
@@ -184,6 +199,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let id = args.worker_id.unwrap_or_else(|| {
         format!("worker-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
     });
+    check_worker_id(&id)?;
     let work = args.work_dir.unwrap_or_else(|| std::env::temp_dir().join("flower-work").join(&id));
     std::fs::create_dir_all(&work).with_context(|| format!("--work-dir {}", work.display()))?;
     let isolation = args.tools.install(
@@ -207,4 +223,18 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     });
     worker.run(args.concurrency, shutdown).await;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn worker_ids_are_plain_names() {
+        assert!(super::check_worker_id("flower-worker-7c9f_2.a").is_ok());
+        let e = super::check_worker_id("../../etc").unwrap_err().to_string();
+        assert!(e.contains("'/' at byte 2"), "{e}");
+        assert!(super::check_worker_id("a b").unwrap_err().to_string().contains("' ' at byte 1"));
+        assert!(super::check_worker_id("..").unwrap_err().to_string().contains("start with '.'"));
+        assert!(super::check_worker_id("").is_err());
+        assert!(super::check_worker_id("w\n").unwrap_err().to_string().contains("'\\n' at byte 1"));
+    }
 }

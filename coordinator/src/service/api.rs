@@ -126,12 +126,19 @@ impl Flower for Api {
             .create_job(NewJob {
                 id: JobId::random(),
                 name: spec.name.clone(),
-                spec: value,
+                spec: value.clone(),
                 idempotency_key: key,
                 continues: None,
             })
             .await
             .map_err(from_store)?;
+        if !created && !same_spec(&job.spec, &value) {
+            return Err(Status::already_exists(format!(
+                "idempotency_key `{}`: job {} was submitted with this key and another spec; a retry sends the same spec, a new job a new key",
+                job.idempotency_key.as_deref().unwrap_or_default(),
+                job.id
+            )));
+        }
         if created && !files.is_empty() {
             let ws = Workspace::new(self.b.objects.clone(), job.id);
             if let Err(e) = ws.upload_files(files, spec.runtime.workspace_limit.as_u64()).await {
@@ -479,4 +486,17 @@ fn check_workspace_paths(files: &[pb::WorkspaceFile]) -> Result<(), Status> {
         }
     }
     Ok(())
+}
+
+/// Whether a stored spec and a submitted one are the same job spec (both
+/// read back through [`JobSpec`], so a store's own rendering of the JSON —
+/// key order, number forms — does not count as a difference).
+fn same_spec(stored: &serde_json::Value, submitted: &serde_json::Value) -> bool {
+    let normal = |v: &serde_json::Value| {
+        serde_json::from_value::<JobSpec>(v.clone()).ok().and_then(|s| serde_json::to_value(s).ok())
+    };
+    match (normal(stored), normal(submitted)) {
+        (Some(a), Some(b)) => a == b,
+        _ => stored == submitted,
+    }
 }

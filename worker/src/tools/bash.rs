@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
 use crate::cgroup::{Counters, TaskGroup};
-use crate::isolation::{Launch, ToolIsolation};
+use crate::isolation::{Launch, TOOL_PATH, ToolIsolation};
 use crate::sandbox::Sandbox;
 use crate::tools::ToolLimits;
 
@@ -71,10 +71,13 @@ pub fn limits_note(l: &crate::cgroup::TaskLimits, hit: Counters) -> String {
 
 /// The environment a command gets: the allowlist, plus fixed values
 /// (`USER`/`LOGNAME` name `user` when the command runs as another user).
-pub fn command_env(workdir: &std::path::Path, user: Option<&str>) -> Vec<(String, String)> {
+/// A launched command's `PATH` is the system's ([`TOOL_PATH`]), never the
+/// worker's, which may name the service's own directories.
+pub fn command_env(workdir: &std::path::Path, user: Option<&str>, launched: bool) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = PASS_THROUGH
         .iter()
         .filter(|k| user.is_none() || !matches!(**k, "USER" | "LOGNAME"))
+        .filter(|k| !launched || **k != "PATH")
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
         .collect();
     if let Some(u) = user {
@@ -82,7 +85,7 @@ pub fn command_env(workdir: &std::path::Path, user: Option<&str>) -> Vec<(String
         env.push(("LOGNAME".into(), u.to_string()));
     }
     if !env.iter().any(|(k, _)| k == "PATH") {
-        env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+        env.push(("PATH".into(), TOOL_PATH.into()));
     }
     env.push(("HOME".into(), workdir.display().to_string()));
     env.push(("PWD".into(), workdir.display().to_string()));
@@ -151,11 +154,11 @@ impl Tool for BashTool {
         let timeout = uint_field(&input, "timeout")?.map_or(self.timeout, Duration::from_millis).min(MAX_TIMEOUT);
         let root = self.sandbox.root().to_path_buf();
         let mut leaf = None;
-        let (mut cmd, user) = match &*self.isolation {
+        let mut cmd = match &*self.isolation {
             ToolIsolation::None => {
                 let mut c = Command::new("bash");
-                c.arg("-c").arg(&command);
-                (c, None)
+                c.arg("-c").arg(&command).env_clear().envs(command_env(&root, None, false));
+                c
             }
             ToolIsolation::Launcher(l) => {
                 l.hand_over(&root).await.map_err(|e| {
@@ -167,13 +170,12 @@ impl Tool for BashTool {
                     })?);
                 }
                 let launch = Launch { leaf: leaf.as_ref(), max_file_size: self.max_file_size };
-                (l.command(&root, vec!["bash".into(), "-c".into(), command.clone().into()], &launch), l.user_name())
+                let env = command_env(&root, l.user_name(), true);
+                l.command(&root, vec!["bash".into(), "-c".into(), command.clone().into()], &launch, env)
             }
         };
         let mut child = cmd
             .current_dir(&root)
-            .env_clear()
-            .envs(command_env(&root, user))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
