@@ -1,7 +1,9 @@
 //! What a job spec may make a worker start or hand out, decided by the
 //! operator, not by the spec: the MCP servers a job may start (stdio
 //! commands) and the worker environment variables a spec may name in
-//! `env_from` / `token_env`.
+//! `env_from` / `token_env`. A variable sent as a bearer token
+//! (`token_env`) is bound by the operator to the URL prefix it may be sent
+//! to (`--env-allow VAR=URL`): a spec cannot send it anywhere else.
 //!
 //! The same policy is checked when a job is submitted (the coordinator, or
 //! `flower run`) and again by the worker before it starts any server, so a
@@ -11,7 +13,7 @@
 //! `flower` as the first argument is compared as written and means the
 //! worker's own binary when the server starts.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use crate::spec::{JobSpec, McpServerSpec, SpecError};
 
@@ -63,35 +65,69 @@ pub enum PolicyError {
     Reserved(String),
     #[error("{0}: this process reads its own credentials from it; it is never handed to a tool")]
     ServiceCredential(String),
+    #[error("{0}: the URL a token may be sent to is an http(s) URL with a host, no user, query or fragment")]
+    BadUrl(String),
+}
+
+/// Whether `url` lies beneath `prefix`: same scheme, host and port, and a
+/// path that is the prefix's or continues it past a `/` (so
+/// `https://api.example.com/v1` admits `/v1/x` but not `/v10` nor
+/// `https://api.example.com.evil.net`). A URL with a user part is never within.
+pub fn url_within(url: &str, prefix: &url::Url) -> bool {
+    let Ok(u) = url::Url::parse(url) else { return false };
+    if !u.username().is_empty() || u.password().is_some() {
+        return false;
+    }
+    let (path, base) = (u.path(), prefix.path());
+    u.scheme() == prefix.scheme()
+        && u.host_str() == prefix.host_str()
+        && u.port_or_known_default() == prefix.port_or_known_default()
+        && (path == base || path.starts_with(base) && (base.ends_with('/') || path[base.len()..].starts_with('/')))
+}
+
+fn token_url(var: &str, text: &str) -> Result<url::Url, PolicyError> {
+    let bad = || PolicyError::BadUrl(format!("{var}={text}"));
+    let u = url::Url::parse(text.trim()).map_err(|_| bad())?;
+    let plain = u.username().is_empty() && u.password().is_none() && u.query().is_none() && u.fragment().is_none();
+    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() || !plain {
+        return Err(bad());
+    }
+    Ok(u)
 }
 
 /// The operator's policy over MCP servers and credentials (see the module doc).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolPolicy {
     mcp_allow: Vec<McpAllow>,
-    env_allow: BTreeSet<String>,
+    /// Variable → the URL prefix it may be sent to as a token (`None`: to
+    /// stdio servers' environments only).
+    env_allow: BTreeMap<String, Option<url::Url>>,
 }
 
 impl Default for ToolPolicy {
     /// The fixture server only; no variable.
     fn default() -> Self {
         let fixture = McpAllow { name: "fixture".into(), command: vec!["flower".into(), "mcp-fixture".into()] };
-        Self { mcp_allow: vec![fixture], env_allow: BTreeSet::new() }
+        Self { mcp_allow: vec![fixture], env_allow: BTreeMap::new() }
     }
 }
 
 impl ToolPolicy {
-    /// A policy allowing these servers and variables. `FLOWER_*` variables
-    /// and the names in `service_credentials` (those this process reads its
-    /// own secrets from) are refused.
+    /// A policy allowing these servers and variables (`VAR`, or `VAR=URL`
+    /// for a variable that may also be sent as a token to URLs beneath
+    /// URL). `FLOWER_*` variables and the names in `service_credentials`
+    /// (those this process reads its own secrets from) are refused.
     pub fn new(
         mcp_allow: Vec<McpAllow>,
         env_allow: impl IntoIterator<Item = String>,
         service_credentials: &[String],
     ) -> Result<Self, PolicyError> {
-        let mut allowed = BTreeSet::new();
-        for var in env_allow {
-            let var = var.trim().to_string();
+        let mut allowed = BTreeMap::new();
+        for entry in env_allow {
+            let (var, url) = match entry.split_once('=') {
+                Some((v, u)) => (v.trim().to_string(), Some(u.trim().to_string())),
+                None => (entry.trim().to_string(), None),
+            };
             if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
                 return Err(PolicyError::BadName(var));
             }
@@ -101,7 +137,8 @@ impl ToolPolicy {
             if service_credentials.iter().any(|c| c.eq_ignore_ascii_case(&var)) {
                 return Err(PolicyError::ServiceCredential(var));
             }
-            allowed.insert(var);
+            let url = url.map(|u| token_url(&var, &u)).transpose()?;
+            allowed.insert(var, url);
         }
         Ok(Self { mcp_allow, env_allow: allowed })
     }
@@ -111,7 +148,7 @@ impl ToolPolicy {
     }
 
     pub fn env_allowed(&self) -> impl Iterator<Item = &str> {
-        self.env_allow.iter().map(String::as_str)
+        self.env_allow.keys().map(String::as_str)
     }
 
     /// Every MCP server of `spec` against the policy; the first refusal names its field.
@@ -139,13 +176,34 @@ impl ToolPolicy {
             self.check_var(&format!("{at}.env_from.{var}"), from)?;
         }
         if let Some(var) = &server.token_env {
-            self.check_var(&format!("{at}.token_env"), var)?;
+            let field = format!("{at}.token_env");
+            self.check_var(&field, var)?;
+            let url = server.url.as_ref().map(ToString::to_string).unwrap_or_default();
+            match self.env_allow.get(var.as_str()) {
+                Some(Some(prefix)) if url_within(&url, prefix) => {}
+                Some(Some(prefix)) => {
+                    return Err(SpecError {
+                        field,
+                        message: format!(
+                            "`{var}` may be sent only to URLs beneath {prefix}, not to `{url}` (the operator binds it with --env-allow {var}=URL)"
+                        ),
+                    });
+                }
+                _ => {
+                    return Err(SpecError {
+                        field,
+                        message: format!(
+                            "`{var}` is not bound to a URL it may be sent to: the operator allows a token with --env-allow {var}=URL"
+                        ),
+                    });
+                }
+            }
         }
         Ok(())
     }
 
     fn check_var(&self, field: &str, var: &str) -> Result<(), SpecError> {
-        if self.env_allow.contains(var) && !var.to_ascii_uppercase().starts_with(RESERVED_PREFIX) {
+        if self.env_allow.contains_key(var) && !var.to_ascii_uppercase().starts_with(RESERVED_PREFIX) {
             return Ok(());
         }
         Err(SpecError {
@@ -168,7 +226,14 @@ impl ToolPolicy {
         if self.env_allow.is_empty() {
             return "none".into();
         }
-        self.env_allow.iter().cloned().collect::<Vec<_>>().join(", ")
+        self.env_allow
+            .iter()
+            .map(|(v, u)| match u {
+                Some(u) => format!("{v} (token to {u})"),
+                None => v.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// One line for logs: what this policy allows.
@@ -204,6 +269,33 @@ mod tests {
             &["AWS_SECRET_ACCESS_KEY".to_string()],
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_token_goes_only_beneath_the_url_it_is_bound_to() {
+        let p = policy(&[], &["GH_TOKEN=https://api.github.com/v3", "PLAIN"]);
+        let server = |url: &str, var: &str| spec(&format!("  gh:\n    url: {url}\n    token_env: {var}\n"));
+        assert_eq!(p.check(&server("https://api.github.com/v3", "GH_TOKEN")), Ok(()));
+        assert_eq!(p.check(&server("https://API.github.com/v3/mcp?x=1", "GH_TOKEN")), Ok(()));
+        for elsewhere in [
+            "https://api.github.com/v30",
+            "https://api.github.com.evil.net/v3",
+            "http://api.github.com/v3",
+            "https://api.github.com:8443/v3",
+            "https://user@api.github.com/v3",
+            "https://api.github.com/v3/../../x",
+            "http://127.0.0.1:5432/",
+        ] {
+            let e = p.check(&server(elsewhere, "GH_TOKEN")).unwrap_err();
+            assert_eq!(e.field, "mcp_servers.gh.token_env", "{elsewhere}");
+            assert!(e.message.contains("beneath https://api.github.com/v3"), "{elsewhere}: {e}");
+        }
+        let e = p.check(&server("https://api.github.com/v3", "PLAIN")).unwrap_err();
+        assert!(e.message.contains("not bound to a URL"), "{e}");
+        let new = |v: &str| ToolPolicy::new(vec![], [v.to_string()], &[]);
+        for bad in ["T=ftp://x/", "T=https://u:p@x/", "T=https://x/?q", "T=not a url"] {
+            assert!(matches!(new(bad), Err(PolicyError::BadUrl(_))), "{bad}");
+        }
     }
 
     #[test]
@@ -267,8 +359,11 @@ mod tests {
             .check(&spec("  web:\n    url: https://evil.example/mcp\n    token_env: FLOWER_DATABASE_URL\n"))
             .unwrap_err();
         assert_eq!(e.field, "mcp_servers.web.token_env");
-        let ok = spec("  web:\n    url: https://tickets.example/mcp\n    token_env: TICKETS_TOKEN\n");
-        assert_eq!(p.check(&ok), Ok(()));
+        // A variable allowed without a URL goes to stdio servers' environments only.
+        let web = spec("  web:\n    url: https://tickets.example/mcp\n    token_env: TICKETS_TOKEN\n");
+        assert_eq!(p.check(&web).unwrap_err().field, "mcp_servers.web.token_env");
+        let bound = policy(&[], &["TICKETS_TOKEN=https://tickets.example/"]);
+        assert_eq!(bound.check(&web), Ok(()));
         // An HTTP server without a token needs no allowlist entry.
         assert_eq!(p.check(&spec("  web:\n    url: https://docs.example/mcp\n")), Ok(()));
         assert!(p.describe().contains("tickets=/opt/tickets/serve --stdio") && p.describe().contains("TICKETS_TOKEN"));

@@ -140,11 +140,26 @@ fn mcp_credentials_come_from_the_worker_environment() {
     assert!(spec.contains("token_env"));
     let path = home.dir.path().join("http.yaml");
     std::fs::write(&path, spec).unwrap();
-    let good = home.run_job(&path, &[TOKEN, ALLOW_ENV]);
+    // The token may be sent only beneath the URL the operator bound it to.
+    let elsewhere = home
+        .cmd()
+        .envs([TOKEN, ("FLOWER_ENV_ALLOW", "MCP_FIXTURE_TOKEN=https://tickets.example.com/mcp")])
+        .args(["run", path.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&elsewhere.stderr);
+    assert_eq!(elsewhere.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("mcp_servers.fixture.token_env") && stderr.contains("beneath https://tickets.example.com/mcp"),
+        "{stderr}"
+    );
+    let bound = format!("MCP_FIXTURE_TOKEN={url}");
+    let allow = ("FLOWER_ENV_ALLOW", bound.as_str());
+    let good = home.run_job(&path, &[TOKEN, allow]);
     assert!(good["final_answer"].as_str().unwrap().contains("TCK-1"), "{good}");
     let out = home
         .cmd()
-        .envs([("MCP_FIXTURE_TOKEN", "wrong"), ALLOW_ENV])
+        .envs([("MCP_FIXTURE_TOKEN", "wrong"), allow])
         .args(["run", path.to_str().unwrap(), "--json"])
         .output()
         .unwrap();

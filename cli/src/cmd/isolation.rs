@@ -21,9 +21,10 @@ pub struct PolicyArgs {
     /// [default: fixture=flower mcp-fixture]
     #[arg(long = "mcp-allow", env = "FLOWER_MCP_ALLOW", value_delimiter = ',')]
     pub mcp_allow: Vec<String>,
-    /// A worker environment variable a spec may name in `env_from` or
-    /// `token_env` (repeatable). FLOWER_* and the service's own credentials
-    /// are refused [default: none]
+    /// A worker environment variable a spec may name in `env_from` (VAR),
+    /// or also send as a bearer token with `token_env` to MCP servers whose
+    /// URL lies beneath URL (VAR=URL) (repeatable). FLOWER_* and the
+    /// service's own credentials are refused [default: none]
     #[arg(long = "env-allow", env = "FLOWER_ENV_ALLOW", value_delimiter = ',')]
     pub env_allow: Vec<String>,
 }
