@@ -188,8 +188,17 @@ fn tools_cannot_see_the_service_secrets_nor_write_or_connect_outside() {
         *is_error && !memory.contains("allocated") && memory.contains("memory limit (256.0 MiB) was reached"),
         "{memory}"
     );
+    // One file stops at the workspace limit (8 MiB); many files together
+    // at the folder's bound (what it held when filled + 8 MiB), as written.
     let (disk, _) = &results[10];
-    assert!(disk.lines().any(|l| l == (8 << 20).to_string()), "the file stopped at the workspace limit: {disk}");
+    let size: u64 = disk.lines().next().and_then(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("{disk}"));
+    assert!(size > 0 && size <= 8 << 20, "one file stopped at the workspace limit: {disk}");
+    let stopped: u32 = disk
+        .lines()
+        .find_map(|l| l.strip_prefix("stopped at "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the folder's bound held: {disk}"));
+    assert!(stopped <= 10 && disk.contains("No space left on device"), "{disk}");
 
     // Its worker (and pid 1 of its namespace) out of reach.
     let (parent, _) = &results[11];
@@ -298,6 +307,32 @@ fn a_killed_worker_leaves_no_tool_process_behind() {
         std::thread::sleep(Duration::from_millis(50));
     }
     println!("no tool process left {:?} after the worker was killed", killed.elapsed());
+    // The killed run's task folders (tmpfs) are unmounted by the next run on
+    // this home, as a restarted worker does: run one.
+    let mounted = || {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let home = home.dir.path().canonicalize().unwrap();
+        info.lines().filter(|l| l.split(' ').nth(4).is_some_and(|p| Path::new(p).starts_with(&home))).count()
+    };
+    let left = mounted();
+    std::fs::write(
+        dir.join("quick.yaml"),
+        "roles:\n  - name: coordinator\n    match: {system: \"flower coordinator\"}\n    steps:\n      - id: done\n        text: done\n",
+    )
+    .unwrap();
+    let quick = std::fs::read_to_string(dir.join("job.yaml")).unwrap().replace("scenario.yaml", "quick.yaml");
+    std::fs::write(dir.join("quick-job.yaml"), quick).unwrap();
+    let next = home
+        .cmd()
+        .env("RUST_LOG", "warn")
+        .args(["run", dir.join("quick-job.yaml").to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&next.stderr);
+    if left > 0 {
+        assert!(stderr.contains("unmounted task folders a previous worker left mounted"), "{stderr}");
+    }
+    assert_eq!(mounted(), 0, "{stderr}");
 }
 
 /// The worker checks the policy again before starting anything: a job the

@@ -12,6 +12,7 @@
 //! - [`launch`]: the launcher (`flower tool-exec`): namespaces, mounts, another user, Landlock,
 //!   seccomp where there is no network namespace, resource limits
 //! - [`cgroup`]: a control group per task and per launch: limits, and ending a launch whole
+//! - [`taskdir`]: a task folder's size bound (a tmpfs of its own where the worker may mount)
 //!
 //! It owns the task consumer, the worker agent, the sandboxed tools and the
 //! tool launcher (docs/design.md section 1). A worker never writes another
@@ -28,6 +29,7 @@ pub mod prompts;
 pub mod runner;
 pub mod sandbox;
 mod seccomp;
+pub mod taskdir;
 pub mod tools;
 
 pub use runner::{Worker, WorkerOptions};

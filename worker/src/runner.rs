@@ -972,6 +972,7 @@ impl Worker {
             workbench,
             sync,
             filled: Default::default(),
+            room: crate::taskdir::bounded().then(|| spec.runtime.workspace_limit.as_u64()),
         };
         Ok(TaskDir { path, sandbox, limits, filler })
     }
@@ -1090,10 +1091,18 @@ impl Worker {
     /// Check the workspace out into `workdir` and mount the workbench there;
     /// A new directory for an attempt, replacing what an earlier try left.
     async fn make_dir(&self, workdir: &Path) -> Result<(), StoreError> {
-        if workdir.exists() {
-            tokio::fs::remove_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))?;
-        }
-        tokio::fs::create_dir_all(workdir).await.map_err(|e| StoreError::Backend(e.to_string()))
+        let dir = workdir.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            crate::taskdir::remove(&dir)?;
+            std::fs::create_dir_all(&dir)?;
+            if crate::taskdir::bounded() {
+                crate::taskdir::mount_at(&dir)?;
+            }
+            Ok::<_, std::io::Error>(())
+        })
+        .await
+        .map_err(|e| StoreError::Backend(e.to_string()))?
+        .map_err(|e| StoreError::Backend(format!("{}: {e}", workdir.display())))
     }
 
     /// Keep what the attempt wrote (see [`Worker::collect`]), then remove its
@@ -1118,9 +1127,7 @@ impl Worker {
         let emptied = tokio::task::spawn_blocking(move || empty_for_reuse(&path).map(|()| path)).await;
         match emptied {
             Ok(Ok(path)) => self.put_spare(job, path).await,
-            _ => {
-                let _ = tokio::fs::remove_dir_all(&dir.path).await;
-            }
+            _ => remove_dir(dir.path.clone()).await,
         }
     }
 
@@ -1137,7 +1144,7 @@ impl Worker {
             if spare.len() > SPARE_DIRS { spare.pop_front() } else { None }
         };
         if let Some((_, old)) = evicted {
-            let _ = tokio::fs::remove_dir_all(&old).await;
+            remove_dir(old).await;
         }
     }
 
@@ -1145,7 +1152,7 @@ impl Worker {
     async fn drop_spares(&self) {
         let spare: Vec<(JobId, PathBuf)> = self.spare.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
         for (_, path) in spare {
-            let _ = tokio::fs::remove_dir_all(&path).await;
+            remove_dir(path).await;
         }
     }
 
@@ -1179,6 +1186,14 @@ impl Worker {
 /// the next attempt of its job: every other entry is removed (links are
 /// removed, never followed), and the kept folders get the directory's own
 /// permissions back. An error means the directory is not fit for reuse.
+/// Remove a task folder (its tmpfs first), logging what could not be.
+async fn remove_dir(path: PathBuf) {
+    let at = path.clone();
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || crate::taskdir::remove(&at)).await {
+        tracing::warn!(dir = %path.display(), error = %e, "a task folder could not be removed");
+    }
+}
+
 fn empty_for_reuse(dir: &Path) -> std::io::Result<()> {
     fn remove(entry: &std::fs::DirEntry) -> std::io::Result<()> {
         if entry.file_type()?.is_dir() {
@@ -1240,6 +1255,8 @@ struct Filler {
     sync: Arc<WorkbenchSync>,
     /// Whether filling began: a directory never filled was not written.
     filled: Arc<AtomicBool>,
+    /// What tools may add to a bounded (tmpfs) folder once it is filled.
+    room: Option<u64>,
 }
 
 impl Filler {
@@ -1250,6 +1267,13 @@ impl Filler {
         *self.base.lock().unwrap_or_else(|p| p.into_inner()) = base;
         let wb_base = self.workbench.materialize(&self.path.join(MOUNT)).await?;
         *self.sync.base.lock().await = wb_base;
+        if let Some(room) = self.room {
+            let path = self.path.clone();
+            tokio::task::spawn_blocking(move || crate::taskdir::resize(&path, room))
+                .await
+                .map_err(|e| StoreError::Backend(e.to_string()))?
+                .map_err(|e| StoreError::Backend(format!("bounding {}: {e}", self.path.display())))?;
+        }
         Ok(())
     }
 

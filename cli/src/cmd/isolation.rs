@@ -180,6 +180,12 @@ impl ToolArgs {
             cpu_millis: Some((self.tool_cpus * 1000.0).round() as u64).filter(|n| *n > 0),
         };
         std::fs::create_dir_all(work_root).with_context(|| format!("{}", work_root.display()))?;
+        if flower_worker::isolation::effective_uid() == 0 {
+            let left = flower_worker::taskdir::unmount_beneath(work_root);
+            if left > 0 {
+                tracing::warn!(mounts = left, "unmounted task folders a previous worker left mounted");
+            }
+        }
         let cgroups = match Cgroups::setup() {
             Ok((c, ended)) => {
                 if ended > 0 {

@@ -191,6 +191,24 @@ fn check_worker_id(id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Default work folders are `worker-PID-RANDOM`: those of workers whose
+/// process is gone are unmounted and removed (a worker killed with SIGKILL
+/// leaves its task folders, tmpfs included, behind).
+fn remove_dead_workers_folders(all: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(all) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("worker-")).and_then(|r| r.split('-').next()) else {
+            continue;
+        };
+        let gone = pid.parse::<u32>().is_ok_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
+        if gone {
+            flower_worker::taskdir::unmount_beneath(&e.path());
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.concurrency >= 1, "--concurrency: must be at least 1");
     let metrics = bind_metrics(args.metrics_listen).await?;
@@ -200,7 +218,14 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         format!("worker-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
     });
     check_worker_id(&id)?;
-    let work = args.work_dir.unwrap_or_else(|| std::env::temp_dir().join("flower-work").join(&id));
+    let work = match args.work_dir {
+        Some(dir) => dir,
+        None => {
+            let all = std::env::temp_dir().join("flower-work");
+            remove_dead_workers_folders(&all);
+            all.join(&id)
+        }
+    };
     std::fs::create_dir_all(&work).with_context(|| format!("--work-dir {}", work.display()))?;
     let isolation = args.tools.install(
         &work,

@@ -1,0 +1,67 @@
+//! The size bound of a task's folder. Where the worker may mount file
+//! systems (it runs as root with the launcher in force), each task folder
+//! is a tmpfs of its own, sized once it is filled to what it then holds
+//! plus the job's `runtime.workspace_limit`: a task's writes stop at the
+//! bound while they happen ("No space left on device"), not after, and a
+//! host's disk never fills from a task folder. Elsewhere the folder is a
+//! plain directory and the bound is kept at the end, when the changes are
+//! collected (the worker says which at start).
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+/// Whether task folders get a tmpfs of their own in this process.
+pub fn bounded() -> bool {
+    nix::unistd::Uid::effective().is_root() && crate::isolation::installed().launcher().is_some()
+}
+
+/// Make `path` (an empty directory) a tmpfs, unbounded until [`resize`].
+pub fn mount_at(path: &Path) -> io::Result<()> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(Some("tmpfs"), path, Some("tmpfs"), flags, Some("mode=0755")).map_err(io::Error::from)
+}
+
+/// Bound the tmpfs at `path` to what it holds plus `room` bytes.
+pub fn resize(path: &Path, room: u64) -> io::Result<()> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
+    let used = (st.blocks() - st.blocks_free()) * st.fragment_size();
+    let size = used.saturating_add(room);
+    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(None::<&str>, path, Some("tmpfs"), flags, Some(format!("size={size}").as_str())).map_err(io::Error::from)
+}
+
+/// Whether `path` is a mount point of its own (its device differs from its parent's).
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(m), Some(parent)) = (std::fs::symlink_metadata(path), path.parent()) else { return false };
+    std::fs::metadata(parent).is_ok_and(|p| p.dev() != m.dev())
+}
+
+/// Remove a task folder, its tmpfs first (blocking).
+pub fn remove(path: &Path) -> io::Result<()> {
+    if is_mount_point(path) {
+        umount2(path, MntFlags::MNT_DETACH).map_err(io::Error::from)?;
+    }
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Unmount every file system mounted beneath `root` (what a worker killed
+/// before it could clean up left there); how many.
+pub fn unmount_beneath(root: &Path) -> usize {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return 0 };
+    let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(&root) && *p != root)
+        .collect();
+    // Deepest first.
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.into_iter().filter(|p| umount2(p.as_path(), MntFlags::MNT_DETACH).is_ok()).count()
+}
