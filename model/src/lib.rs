@@ -22,6 +22,7 @@ pub mod entry;
 pub mod event;
 pub mod ids;
 pub mod job;
+pub mod network;
 pub mod policy;
 pub mod session_file;
 pub mod spec;

@@ -99,6 +99,8 @@ fn token_url(var: &str, text: &str) -> Result<url::Url, PolicyError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolPolicy {
     mcp_allow: Vec<McpAllow>,
+    /// Destinations tools may reach through the egress proxy.
+    egress_allow: Vec<crate::network::EgressAllow>,
     /// Variable → the URL prefix it may be sent to as a token (`None`: to
     /// stdio servers' environments only).
     env_allow: BTreeMap<String, Option<url::Url>>,
@@ -108,7 +110,7 @@ impl Default for ToolPolicy {
     /// The fixture server only; no variable.
     fn default() -> Self {
         let fixture = McpAllow { name: "fixture".into(), command: vec!["flower".into(), "mcp-fixture".into()] };
-        Self { mcp_allow: vec![fixture], env_allow: BTreeMap::new() }
+        Self { mcp_allow: vec![fixture], egress_allow: Vec::new(), env_allow: BTreeMap::new() }
     }
 }
 
@@ -140,7 +142,18 @@ impl ToolPolicy {
             let url = url.map(|u| token_url(&var, &u)).transpose()?;
             allowed.insert(var, url);
         }
-        Ok(Self { mcp_allow, env_allow: allowed })
+        Ok(Self { mcp_allow, egress_allow: Vec::new(), env_allow: allowed })
+    }
+
+    /// The same policy, allowing tools these destinations.
+    pub fn with_egress(mut self, allow: Vec<crate::network::EgressAllow>) -> Self {
+        self.egress_allow = allow;
+        self
+    }
+
+    /// The operator's pattern allowing `d`, if any.
+    pub fn egress_allowed(&self, d: &crate::network::Destination) -> Option<&crate::network::EgressAllow> {
+        self.egress_allow.iter().find(|a| a.allows(d))
     }
 
     pub fn mcp_allowed(&self) -> &[McpAllow] {
@@ -155,6 +168,21 @@ impl ToolPolicy {
     pub fn check(&self, spec: &JobSpec) -> Result<(), SpecError> {
         for (name, server) in &spec.mcp_servers {
             self.check_server(name, server)?;
+        }
+        for (i, d) in spec.network.egress.iter().enumerate() {
+            if self.egress_allowed(d).is_none() {
+                let allowed = if self.egress_allow.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.egress_allow.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                };
+                return Err(SpecError {
+                    field: format!("network.egress[{i}]"),
+                    message: format!(
+                        "`{d}` is not a destination this service lets tools reach (allowed: {allowed}); the operator allows destinations with --tool-egress-allow HOST:PORT"
+                    ),
+                });
+            }
         }
         Ok(())
     }
@@ -238,14 +266,12 @@ impl ToolPolicy {
 
     /// One line for logs: what this policy allows.
     pub fn describe(&self) -> String {
+        let list = |v: Vec<String>| if v.is_empty() { "none".to_string() } else { v.join(", ") };
         format!(
-            "MCP servers: {}; variables: {}",
-            if self.mcp_allow.is_empty() {
-                "none".into()
-            } else {
-                self.mcp_allow.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
-            },
-            self.list_vars()
+            "MCP servers: {}; variables: {}; egress: {}",
+            list(self.mcp_allow.iter().map(ToString::to_string).collect()),
+            self.list_vars(),
+            list(self.egress_allow.iter().map(ToString::to_string).collect()),
         )
     }
 }
@@ -296,6 +322,22 @@ mod tests {
         for bad in ["T=ftp://x/", "T=https://u:p@x/", "T=https://x/?q", "T=not a url"] {
             assert!(matches!(new(bad), Err(PolicyError::BadUrl(_))), "{bad}");
         }
+    }
+
+    #[test]
+    fn egress_is_refused_unless_the_operator_allows_it() {
+        let asks = spec(
+            "  fx:\n    command: [flower, mcp-fixture]\nnetwork:\n  egress: [pypi.org:443, 'files.pythonhosted.org:443']\n",
+        );
+        let e = ToolPolicy::default().check(&asks).unwrap_err();
+        assert_eq!(e.field, "network.egress[0]");
+        assert!(e.message.contains("`pypi.org:443`") && e.message.contains("(allowed: none)"), "{e}");
+        let p = ToolPolicy::default().with_egress(vec!["pypi.org:443".parse().unwrap()]);
+        let e = p.check(&asks).unwrap_err();
+        assert_eq!(e.field, "network.egress[1]", "{e}");
+        let p = p.with_egress(vec!["pypi.org:443".parse().unwrap(), "*.pythonhosted.org:443".parse().unwrap()]);
+        assert_eq!(p.check(&asks), Ok(()));
+        assert!(p.describe().ends_with("egress: pypi.org:443, *.pythonhosted.org:443"), "{}", p.describe());
     }
 
     #[test]

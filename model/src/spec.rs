@@ -53,6 +53,10 @@ pub struct JobSpec {
     /// `mcp__<server>__<tool>` (workers are the MCP clients).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mcp_servers: BTreeMap<String, McpServerSpec>,
+    /// What the tools may reach: nothing unless destinations are asked for
+    /// here and allowed by the operator.
+    #[serde(default, skip_serializing_if = "crate::network::NetworkSpec::is_empty")]
+    pub network: crate::network::NetworkSpec,
     #[serde(default)]
     pub runtime: RuntimeOptions,
     /// Steps around the coordinator's run (default: none).
@@ -685,6 +689,12 @@ impl JobSpec {
                 format!(
                     "{resident} resident tools: a role keeps at most {MAX_RESIDENT_TOOLS} (list fewer under `resident`)"
                 ),
+            ));
+        }
+        if self.network.egress.len() > crate::network::MAX_EGRESS {
+            return Err(SpecError::new(
+                "network.egress",
+                format!("at most {} destinations", crate::network::MAX_EGRESS),
             ));
         }
         self.runtime.validate_limits()?;

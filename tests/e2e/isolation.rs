@@ -335,6 +335,79 @@ fn a_killed_worker_leaves_no_tool_process_behind() {
     assert_eq!(mounted(), 0, "{stderr}");
 }
 
+/// Egress by destination: a job granted one destination (asked in its
+/// spec, allowed by the operator) reaches it through the egress proxy, and
+/// nothing else — another port of the same host is refused by the proxy,
+/// a direct connection finds no route; a spec asking for a destination the
+/// operator did not allow is refused at start, naming the field.
+#[test]
+fn a_job_reaches_the_destinations_it_was_granted_and_no_other() {
+    use std::io::{Read as _, Write as _};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let serve = |body: &'static str| {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = count.clone();
+        std::thread::spawn(move || {
+            for mut s in l.incoming().flatten() {
+                seen.fetch_add(1, Ordering::SeqCst);
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = write!(s, "HTTP/1.0 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+            }
+        });
+        (port, count)
+    };
+    let (granted, granted_hits) = serve("hello-egress");
+    let (other, other_hits) = serve("must-not-reach");
+    let home = Home::new();
+    let dir = home.dir.path().join("job");
+    std::fs::create_dir_all(&dir).unwrap();
+    let command = format!(
+        "curl -s --max-time 10 http://127.0.0.1:{granted}/x; echo; \
+         curl -s --max-time 10 -o /dev/null -w 'other %{{http_code}}\\n' http://127.0.0.1:{other}/; \
+         curl -s --max-time 10 https://127.0.0.1:{other}/ >/dev/null 2>&1; echo tunnel=$?; \
+         (exec 3<>/dev/tcp/127.0.0.1/{granted}) 2>/dev/null || echo direct-refused"
+    );
+    std::fs::write(
+        dir.join("scenario.yaml"),
+        format!(
+            "roles:\n  - name: coordinator\n    match: {{system: \"flower coordinator\"}}\n    steps:\n      - id: go\n        tool_calls:\n          - name: Agent\n            input: {{subagent_type: fetcher, description: fetch, prompt: fetch}}\n      - id: done\n        text: \"{{{{result:go}}}}\"\n  - name: fetcher\n    match: {{system: \"You are worker `fetcher`\"}}\n    steps:\n      - id: fetch\n        tool_calls:\n          - {{name: Bash, input: {{command: {}}}}}\n      - id: report\n        text: \"{{{{result:fetch}}}}\"\n",
+            serde_json::to_string(&command).unwrap()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("job.yaml"),
+        format!(
+            "name: egress\ngoal: fetch\nprovider: sim\nscenario: scenario.yaml\ncoordinator: {{name: c}}\nworkers:\n  fetcher: {{description: fetches, tools: [Bash]}}\nnetwork:\n  egress: ['127.0.0.1:{granted}']\n"
+        ),
+    )
+    .unwrap();
+    let job = dir.join("job.yaml");
+    // Not allowed by the operator: refused before anything runs.
+    let refused = home.run(&["run", job.to_str().unwrap(), "--json"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("network.egress[0]") && stderr.contains("--tool-egress-allow"), "{stderr}");
+    // Allowed: the granted destination only.
+    let allow = format!("127.0.0.1:{granted}");
+    let out = home.run(&["run", job.to_str().unwrap(), "--json", "--tool-egress-allow", &allow]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}\n{}", String::from_utf8_lossy(&out.stdout));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = summary["final_answer"].as_str().unwrap_or_default();
+    assert!(answer.contains("hello-egress"), "the granted destination answered: {summary}");
+    assert!(answer.contains("other 403"), "the proxy refused another port: {answer}");
+    assert!(answer.contains("tunnel=56"), "a tunnel elsewhere refused: {answer}");
+    assert!(answer.contains("direct-refused"), "no direct route: {answer}");
+    assert!(!answer.contains("must-not-reach"), "{answer}");
+    assert_eq!(granted_hits.load(Ordering::SeqCst), 1, "one connection to the granted destination");
+    assert_eq!(other_hits.load(Ordering::SeqCst), 0, "no byte reached the other port");
+}
+
 /// The worker checks the policy again before starting anything: a job the
 /// coordinator accepted (the fixture server is allowed there by default)
 /// fails on a worker that allows no MCP server, with the reason, and the

@@ -120,6 +120,7 @@ impl Launcher {
                 address_space: if held.memory.is_some() { None } else { self.limits.memory },
             },
             no_network_namespace: false,
+            egress: launch.egress.map(Path::to_path_buf),
             confine: cwd.to_path_buf(),
             hide: self.hide.clone(),
             report,
@@ -298,6 +299,8 @@ pub struct Launch<'a> {
     pub leaf: Option<&'a Leaf>,
     /// The largest file the command may write (the task's workspace limit).
     pub max_file_size: Option<u64>,
+    /// The task's egress proxy socket, when its job was granted destinations.
+    pub egress: Option<&'a Path>,
 }
 
 /// `512 processes, 2.0 GiB memory, 1.5 CPU` (what is set).

@@ -116,6 +116,10 @@ pub struct LaunchOptions {
     pub rlimits: Rlimits,
     /// Make no network namespace (the seccomp path, for tests of it).
     pub no_network_namespace: bool,
+    /// The task's egress proxy socket ([`crate::egress`]): inside the
+    /// network namespace, `127.0.0.1:`[`crate::egress::PROXY_PORT`] leads to it.
+    #[serde(default)]
+    pub egress: Option<PathBuf>,
     /// The task directory: the working directory, the only place writable.
     pub confine: PathBuf,
     /// Directories hidden behind an empty tmpfs (e.g. a database's socket directory).
@@ -172,6 +176,9 @@ impl LaunchOptions {
         if self.no_network_namespace {
             a.push("--no-network-namespace".into());
         }
+        if let Some(e) = &self.egress {
+            a.extend(["--egress".into(), e.clone().into_os_string()]);
+        }
         a.extend(["--confine".into(), self.confine.clone().into_os_string()]);
         for h in &self.hide {
             a.extend(["--hide".into(), h.clone().into_os_string()]);
@@ -196,6 +203,7 @@ impl LaunchOptions {
             parent: None,
             rlimits: Rlimits::default(),
             no_network_namespace: false,
+            egress: None,
             confine: PathBuf::new(),
             hide: Vec::new(),
             report: false,
@@ -227,6 +235,7 @@ impl LaunchOptions {
                     }
                 }
                 Some("--no-network-namespace") => o.no_network_namespace = true,
+                Some("--egress") => o.egress = Some(PathBuf::from(value("--egress")?)),
                 Some("--confine") => o.confine = PathBuf::from(value("--confine")?),
                 Some("--hide") => o.hide.push(PathBuf::from(value("--hide")?)),
                 Some("--report") => o.report = true,
@@ -285,6 +294,9 @@ pub struct Applied {
     /// Control groups joined (one per hierarchy).
     #[serde(default)]
     pub cgroups: usize,
+    /// The way to the egress proxy is open inside the network namespace.
+    #[serde(default)]
+    pub egress: bool,
     /// The launcher dies with the worker (parent-death signal).
     #[serde(default)]
     pub dies_with_worker: bool,
@@ -408,6 +420,24 @@ fn final_stage(opts: &LaunchOptions, mut a: Applied, pid1: bool) -> Result<i32, 
         }
     }
     std::env::set_current_dir(&opts.confine).map_err(|e| format!("{}: {e}", opts.confine.display()))?;
+    // The way to the egress proxy, made while the namespace's capabilities last.
+    let forward = match (&opts.egress, pid1 && a.network_namespace) {
+        (Some(socket), true) => match egress_listener() {
+            Ok(l) => {
+                a.egress = true;
+                Some((l, socket.clone()))
+            }
+            Err(e) => {
+                a.notes.push(format!("egress: {e}"));
+                None
+            }
+        },
+        (Some(_), false) => {
+            a.notes.push("egress needs a PID and a network namespace of the tool's own: none granted".into());
+            None
+        }
+        (None, _) => None,
+    };
     if root {
         if let Some((u, g)) = opts.user {
             give_stdio(u, g);
@@ -465,6 +495,9 @@ fn final_stage(opts: &LaunchOptions, mut a: Applied, pid1: bool) -> Result<i32, 
         }
     };
     let pid = Pid::from_raw(child.id() as i32);
+    if let Some((listener, socket)) = forward {
+        std::thread::spawn(move || forward_egress(listener, &socket));
+    }
     // pid 1 reaps every orphan; the command's end is the namespace's end.
     loop {
         match waitpid(Pid::from_raw(-1), None) {
@@ -473,6 +506,43 @@ fn final_stage(opts: &LaunchOptions, mut a: Applied, pid1: bool) -> Result<i32, 
             Ok(_) | Err(Errno::EINTR) => continue,
             Err(e) => return Err(format!("waiting for the command: {e}")),
         }
+    }
+}
+
+/// Bring the namespace's loopback up and listen where tools find the
+/// egress proxy.
+fn egress_listener() -> Result<std::net::TcpListener, String> {
+    let up = Command::new("ip")
+        .args(["link", "set", "lo", "up"])
+        .env("PATH", crate::isolation::TOOL_PATH)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("`ip link set lo up`: {e} (iproute2 is needed for egress)"))?;
+    if !up.status.success() {
+        return Err(format!("`ip link set lo up`: {}", String::from_utf8_lossy(&up.stderr).trim()));
+    }
+    std::net::TcpListener::bind(("127.0.0.1", crate::egress::PROXY_PORT))
+        .map_err(|e| format!("127.0.0.1:{}: {e}", crate::egress::PROXY_PORT))
+}
+
+/// pid 1's forwarder: each connection to the listener joined to the
+/// task's egress proxy socket (in the task folder, pid 1's working
+/// directory: reached by its name, a socket's path being at most 107 bytes).
+fn forward_egress(listener: std::net::TcpListener, socket: &Path) {
+    let name = socket.file_name().map_or_else(|| socket.to_path_buf(), PathBuf::from);
+    for conn in listener.incoming() {
+        let Ok(tcp) = conn else { continue };
+        let Ok(unix) = std::os::unix::net::UnixStream::connect(&name) else { continue };
+        let (Ok(mut tcp_r), Ok(mut unix_w)) = (tcp.try_clone(), unix.try_clone()) else { continue };
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut tcp_r, &mut unix_w);
+            let _ = unix_w.shutdown(std::net::Shutdown::Write);
+        });
+        let (mut unix_r, mut tcp_w) = (unix, tcp);
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut unix_r, &mut tcp_w);
+            let _ = tcp_w.shutdown(std::net::Shutdown::Write);
+        });
     }
 }
 
@@ -807,6 +877,7 @@ mod tests {
             parent: Some(4242),
             rlimits: Rlimits { file_size: Some(1 << 20), processes: None, address_space: Some(1 << 30) },
             no_network_namespace: true,
+            egress: Some("/tmp/task/.egress.sock".into()),
             confine: "/tmp/task".into(),
             hide: vec!["/run/postgresql".into()],
             report: true,

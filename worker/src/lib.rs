@@ -11,6 +11,7 @@
 //! - [`isolation`]: how tools start (through the launcher, or directly) and the spec policy
 //! - [`launch`]: the launcher (`flower tool-exec`): namespaces, mounts, another user, Landlock,
 //!   seccomp where there is no network namespace, resource limits
+//! - [`egress`]: a task's egress proxy: the granted destinations, checked per connection
 //! - [`cgroup`]: a control group per task and per launch: limits, and ending a launch whole
 //! - [`taskdir`]: a task folder's size bound (a tmpfs of its own where the worker may mount)
 //!
@@ -22,6 +23,7 @@
 
 pub mod cgroup;
 mod claims;
+pub mod egress;
 pub mod isolation;
 pub mod launch;
 pub mod mcp;

@@ -116,8 +116,12 @@ pub async fn connect(
             }
             _ => None,
         };
-        let launch = crate::isolation::Launch { leaf: leaf.as_ref(), max_file_size: limits.max_file_size };
-        let connected = tokio::time::timeout(CONNECT_TIMEOUT, connect_one(spec, cwd, &limits.isolation, &launch)).await;
+        let launch = limits.launch(leaf.as_ref());
+        let connected = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            connect_one(spec, cwd, &limits.isolation, &launch, limits.launch_env()),
+        )
+        .await;
         clients.leaves.extend(leaf);
         let running = match connected {
             Ok(Ok(r)) => r,
@@ -171,6 +175,7 @@ async fn connect_one(
     cwd: &Path,
     isolation: &ToolIsolation,
     launch: &crate::isolation::Launch<'_>,
+    launch_env: Vec<(String, String)>,
 ) -> Result<RunningService<RoleClient, ClientConfig>, String> {
     if let Some(url) = &spec.url {
         let mut config =
@@ -203,6 +208,7 @@ async fn connect_one(
     if launcher.is_some() {
         env.push(("HOME".into(), cwd.display().to_string()));
         env.push(("PATH".into(), crate::isolation::TOOL_PATH.into()));
+        env.extend(launch_env);
     }
     for (var, from) in &spec.env_from {
         let value = std::env::var(from).map_err(|_| format!("{from} (for {var}) is not set on this worker"))?;

@@ -952,12 +952,19 @@ impl Worker {
                 .map_err(|e| Failure::fatal(format!("making the task's control group: {e}")))?,
             None => None,
         };
+        let egress = match (isolation.launcher(), spec.network.egress.is_empty()) {
+            (Some(l), false) if l.network == crate::isolation::NetworkPolicy::None => {
+                Some(Arc::new(self.egress_proxy(spec, &path)?))
+            }
+            _ => None,
+        };
         let limits = ToolLimits {
             bash_timeout: spec.runtime.bash_timeout,
             bash_output_limit: spec.runtime.bash_output_limit.as_u64() as usize,
             isolation,
             group,
             max_file_size: Some(spec.runtime.workspace_limit.as_u64()),
+            egress,
         };
         let workbench = Workbench::new(self.objects.clone(), job);
         let sync = Arc::new(WorkbenchSync {
@@ -975,6 +982,23 @@ impl Worker {
             room: crate::taskdir::bounded().then(|| spec.runtime.workspace_limit.as_u64()),
         };
         Ok(TaskDir { path, sandbox, limits, filler })
+    }
+
+    /// The task's egress proxy for the destinations its job was granted,
+    /// each checked again against this worker's policy.
+    fn egress_proxy(&self, spec: &JobSpec, dir: &Path) -> Result<crate::egress::EgressProxy, Failure> {
+        let policy = crate::isolation::policy();
+        let mut grants = Vec::new();
+        for (i, d) in spec.network.egress.iter().enumerate() {
+            let allow = policy.egress_allowed(d).ok_or_else(|| {
+                Failure::fatal(format!(
+                    "refused by this worker's policy: network.egress[{i}]: `{d}` is not a destination it lets tools reach"
+                ))
+            })?;
+            grants.push(crate::egress::Grant { destination: d.clone(), address: allow.is_address() });
+        }
+        crate::egress::EgressProxy::start(dir, grants)
+            .map_err(|e| Failure::fatal(format!("starting the task's egress proxy: {e}")))
     }
 
     /// The worker agent of this attempt: its tools (MCP servers connected),

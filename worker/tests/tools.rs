@@ -42,6 +42,7 @@ fn fixture(output_limit: usize) -> Fixture {
         isolation: std::sync::Arc::new(flower_worker::isolation::ToolIsolation::None),
         group: None,
         max_file_size: None,
+        egress: None,
     };
     let tools = toolset(&names, &Sandbox::open(&root).unwrap(), &limits);
     Fixture { root: root.canonicalize().unwrap(), _dir: dir, tools }

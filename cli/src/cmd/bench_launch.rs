@@ -70,7 +70,7 @@ pub async fn launch(a: LaunchArgs) -> anyhow::Result<ExitCode> {
             let mut cmd = launcher.command(
                 &task,
                 vec!["true".into()],
-                &Launch { leaf: leaf.as_ref(), max_file_size: Some(64 << 20) },
+                &Launch { leaf: leaf.as_ref(), max_file_size: Some(64 << 20), egress: None },
                 vec![("PATH".into(), flower_worker::isolation::TOOL_PATH.into())],
             );
             let status = cmd.stdin(Stdio::null()).status().await?;

@@ -27,6 +27,11 @@ pub struct PolicyArgs {
     /// service's own credentials are refused [default: none]
     #[arg(long = "env-allow", env = "FLOWER_ENV_ALLOW", value_delimiter = ',')]
     pub env_allow: Vec<String>,
+    /// A destination jobs' tools may reach when their spec asks for it
+    /// (`network: {egress: [HOST:PORT]}`), through the worker's egress
+    /// proxy: HOST:PORT, *.DOMAIN:PORT or HOST:* (repeatable) [default: none]
+    #[arg(long = "tool-egress-allow", env = "FLOWER_TOOL_EGRESS_ALLOW", value_delimiter = ',')]
+    pub egress_allow: Vec<String>,
 }
 
 impl PolicyArgs {
@@ -43,7 +48,15 @@ impl PolicyArgs {
                 .collect::<anyhow::Result<_>>()?,
         };
         let env = self.env_allow.iter().filter(|v| !v.trim().is_empty()).cloned();
-        ToolPolicy::new(mcp, env, service_credentials).map_err(|e| anyhow::anyhow!("--env-allow {e}"))
+        let egress = self
+            .egress_allow
+            .iter()
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| v.parse().map_err(|e| anyhow::anyhow!("--tool-egress-allow {e}")))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(ToolPolicy::new(mcp, env, service_credentials)
+            .map_err(|e| anyhow::anyhow!("--env-allow {e}"))?
+            .with_egress(egress))
     }
 }
 
@@ -299,15 +312,20 @@ mod tests {
     fn the_policy_flags_refuse_the_service_secrets() {
         let creds = service_credentials(&["sim=http://x".into(), "my-llm=https://y".into()]);
         assert!(creds.contains(&"MY_LLM_API_KEY".to_string()) && creds.contains(&"AWS_SECRET_ACCESS_KEY".into()));
-        let args =
-            |env: &[&str]| PolicyArgs { mcp_allow: vec![], env_allow: env.iter().map(|s| s.to_string()).collect() };
+        let args = |env: &[&str]| PolicyArgs {
+            mcp_allow: vec![],
+            env_allow: env.iter().map(|s| s.to_string()).collect(),
+            egress_allow: vec![],
+        };
         assert!(args(&["FLOWER_DATABASE_URL"]).policy(&creds).unwrap_err().to_string().contains("FLOWER_*"));
         assert!(args(&["MY_LLM_API_KEY"]).policy(&creds).is_err());
         let p = args(&["GITHUB_TOKEN"]).policy(&creds).unwrap();
         assert_eq!(p.mcp_allowed(), ToolPolicy::default().mcp_allowed(), "the fixture by default");
-        let none = PolicyArgs { mcp_allow: vec!["none".into()], env_allow: vec![] }.policy(&creds).unwrap();
+        let none = PolicyArgs { mcp_allow: vec!["none".into()], env_allow: vec![], egress_allow: vec![] }
+            .policy(&creds)
+            .unwrap();
         assert!(none.mcp_allowed().is_empty());
-        let bad = PolicyArgs { mcp_allow: vec!["just-a-command".into()], env_allow: vec![] };
+        let bad = PolicyArgs { mcp_allow: vec!["just-a-command".into()], env_allow: vec![], egress_allow: vec![] };
         assert!(bad.policy(&creds).unwrap_err().to_string().contains("NAME=COMMAND"));
     }
 }

@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
 use crate::cgroup::{Counters, TaskGroup};
-use crate::isolation::{Launch, TOOL_PATH, ToolIsolation};
+use crate::isolation::{TOOL_PATH, ToolIsolation};
 use crate::sandbox::Sandbox;
 use crate::tools::ToolLimits;
 
@@ -33,7 +33,7 @@ pub struct BashTool {
     output_limit: usize,
     isolation: Arc<ToolIsolation>,
     group: Option<Arc<TaskGroup>>,
-    max_file_size: Option<u64>,
+    limits: ToolLimits,
 }
 
 impl BashTool {
@@ -44,7 +44,7 @@ impl BashTool {
             output_limit: limits.bash_output_limit,
             isolation: limits.isolation.clone(),
             group: limits.group.clone(),
-            max_file_size: limits.max_file_size,
+            limits: limits.clone(),
         }
     }
 }
@@ -169,8 +169,9 @@ impl Tool for BashTool {
                         ToolError::RespondToModel(format!("could not make the command's control group: {e}"))
                     })?);
                 }
-                let launch = Launch { leaf: leaf.as_ref(), max_file_size: self.max_file_size };
-                let env = command_env(&root, l.user_name(), true);
+                let launch = self.limits.launch(leaf.as_ref());
+                let mut env = command_env(&root, l.user_name(), true);
+                env.extend(self.limits.launch_env());
                 l.command(&root, vec!["bash".into(), "-c".into(), command.clone().into()], &launch, env)
             }
         };

@@ -27,6 +27,24 @@ pub struct ToolLimits {
     pub group: Option<Arc<crate::cgroup::TaskGroup>>,
     /// The largest file a command may write: the job's workspace limit.
     pub max_file_size: Option<u64>,
+    /// The task's egress proxy, when its job was granted destinations.
+    pub egress: Option<Arc<crate::egress::EgressProxy>>,
+}
+
+impl ToolLimits {
+    /// What a launch of this task adds to the launcher's options.
+    pub fn launch<'a>(&'a self, leaf: Option<&'a crate::cgroup::Leaf>) -> crate::isolation::Launch<'a> {
+        crate::isolation::Launch {
+            leaf,
+            max_file_size: self.max_file_size,
+            egress: self.egress.as_deref().map(crate::egress::EgressProxy::socket),
+        }
+    }
+
+    /// The environment a launch adds: the proxy's address when there is one.
+    pub fn launch_env(&self) -> Vec<(String, String)> {
+        if self.egress.is_some() { crate::egress::proxy_env() } else { Vec::new() }
+    }
 }
 
 /// The tools named in a worker spec (names validated with the spec).
