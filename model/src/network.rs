@@ -144,7 +144,9 @@ impl std::fmt::Display for EgressAllow {
 impl EgressAllow {
     pub fn allows(&self, d: &Destination) -> bool {
         let host = if self.any_subdomain {
-            d.host.strip_suffix(&self.host).is_some_and(|rest| rest.ends_with('.') && rest.len() > 1)
+            // A name beneath the domain; never an address whose digits happen to end alike.
+            d.host.parse::<std::net::IpAddr>().is_err()
+                && d.host.strip_suffix(&self.host).is_some_and(|rest| rest.ends_with('.') && rest.len() > 1)
         } else {
             d.host == self.host
         };
@@ -186,6 +188,7 @@ mod tests {
         assert!(p("*.example.com:443").allows(&d("a.b.example.com:443")));
         assert!(!p("*.example.com:443").allows(&d("example.com:443")));
         assert!(!p("*.example.com:443").allows(&d("badexample.com:443")));
+        assert!(!p("*.0.1:80").allows(&d("127.0.0.1:80")), "an address never matches a domain pattern");
         assert!(p("pypi.org:*").allows(&d("pypi.org:8443")));
         assert_eq!(p("*.example.com:*").to_string(), "*.example.com:*");
         assert!(p("[::1]:8080").is_address() && !p("x.org:1").is_address());

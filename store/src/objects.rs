@@ -89,7 +89,8 @@ pub async fn put_file(store: &dyn ObjectStore, key: &ObjPath, path: &Path) -> Re
     let size = file.metadata().await.map_err(io)?.len();
     if size <= PART as u64 {
         let mut bytes = Vec::with_capacity(size as usize);
-        file.read_to_end(&mut bytes).await.map_err(io)?;
+        // At most what was measured, should the file grow meanwhile.
+        (&mut file).take(PART as u64).read_to_end(&mut bytes).await.map_err(io)?;
         store.put(key, PutPayload::from(bytes)).await.map_err(crate::workbench::obj_err)?;
         return Ok(());
     }
@@ -108,6 +109,7 @@ pub async fn put_file(store: &dyn ObjectStore, key: &ObjPath, path: &Path) -> Re
             break;
         }
         if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
+            let _ = writer.abort().await;
             return Err(crate::workbench::obj_err(e));
         }
         writer.write(&buf[..n]);

@@ -385,7 +385,10 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
         ..Default::default()
     };
     let e = api.submit(authed(escape, token)).await.unwrap_err();
-    assert_eq!((e.code(), e.message()), (Code::InvalidArgument, "workspace[0].path: `../x` is not a relative path"));
+    assert_eq!(
+        (e.code(), e.message()),
+        (Code::InvalidArgument, "workspace[0].path: `../x` is not a relative path: it has a `..` component")
+    );
 
     let unknown = uuid::Uuid::new_v4().to_string();
     let e = api.get(authed(pb::GetRequest { job_id: unknown.clone() }, token)).await.unwrap_err();

@@ -408,6 +408,86 @@ fn a_job_reaches_the_destinations_it_was_granted_and_no_other() {
     assert_eq!(other_hits.load(Ordering::SeqCst), 0, "no byte reached the other port");
 }
 
+/// Heavy: the acceptance's sizes at the default limits — 10,000 processes,
+/// 4 GiB of memory, 4 GiB of output on stdout, 4 GiB into one file and
+/// then into many — each stopped with a note the model reads, while the
+/// worker's own peak resident memory stays under 200 MB. Its own command:
+/// `cargo test -p flower-cli --test e2e -- --ignored heavy_ --nocapture`.
+#[test]
+#[ignore]
+fn heavy_limits_stop_a_runaway_task_and_the_worker_stays_small() {
+    let home = Home::new();
+    let dir = home.dir.path().join("job");
+    std::fs::create_dir_all(&dir).unwrap();
+    let steps = [
+        (
+            "forks",
+            "python3 -c 'import os,time\nn=0\ntry:\n  while n<10000:\n    if os.fork()==0:\n      time.sleep(60); os._exit(0)\n    n+=1\n  print(\"forked\",n)\nexcept OSError as e: print(\"forks stopped after\",n,e)'",
+        ),
+        ("memory", "python3 -c 'b=bytearray(4<<30); print(\"allocated\", len(b))'"),
+        ("stdout", "head -c 4294967296 /dev/zero; echo"),
+        ("file", "dd if=/dev/zero of=big.bin bs=1M count=4096 2>/dev/null; stat -c %s big.bin; rm -f big.bin"),
+        (
+            "files",
+            "for i in $(seq 4096); do head -c 1048576 /dev/zero > f$i || { echo stopped at $i; break; }; done; rm -f f*",
+        ),
+    ];
+    let mut scenario = String::from(
+        "roles:\n  - name: coordinator\n    match: {system: \"flower coordinator\"}\n    steps:\n      - id: go\n        tool_calls:\n          - name: Agent\n            input: {subagent_type: hog, description: hog, prompt: hog}\n      - id: done\n        text: done\n  - name: hog\n    match: {system: \"You are worker `hog`\"}\n    steps:\n",
+    );
+    for (id, command) in steps {
+        scenario.push_str(&format!(
+            "      - id: {id}\n        tool_calls:\n          - {{name: Bash, input: {{command: {}, timeout: 300000}}}}\n",
+            serde_json::to_string(command).unwrap()
+        ));
+    }
+    scenario.push_str("      - id: report\n        text: done\n");
+    std::fs::write(dir.join("scenario.yaml"), scenario).unwrap();
+    std::fs::write(
+        dir.join("job.yaml"),
+        "name: hog\ngoal: hog\nprovider: sim\nscenario: scenario.yaml\ncoordinator: {name: c}\nworkers:\n  hog: {description: hogs, tools: [Bash]}\nruntime:\n  workspace_limit: 1 GiB\n  bash_timeout: 5m\n",
+    )
+    .unwrap();
+    let run = home
+        .cmd()
+        .args(["run", dir.join("job.yaml").to_str().unwrap(), "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = run.id();
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = peak.clone();
+    let watcher = std::thread::spawn(move || {
+        while let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            if let Some(kb) = status.lines().find_map(|l| l.strip_prefix("VmHWM:")) {
+                let kb: u64 = kb.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+                seen.fetch_max(kb, std::sync::atomic::Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let started = std::time::Instant::now();
+    let out = run.wait_with_output().unwrap();
+    watcher.join().unwrap();
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["state"], "succeeded", "{summary}");
+    let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    let results = tool_results(sessions(&t, "worker")[0]);
+    let peak_mb = peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0;
+    println!("took {:?}; the worker's peak resident memory: {peak_mb:.1} MB", started.elapsed());
+    for (text, _) in &results {
+        println!("---\n{}", text.chars().take(400).collect::<String>());
+    }
+    assert!(results[0].0.contains("forks stopped after") && results[0].0.contains("process limit (512) was reached"));
+    assert!(!results[1].0.contains("allocated") && results[1].0.contains("memory limit (2.0 GiB) was reached"));
+    assert!(results[2].0.contains("[output cut:"), "stdout capped");
+    let size: u64 = results[3].0.lines().next().and_then(|l| l.trim().parse().ok()).unwrap();
+    assert!(size <= 1 << 30, "one file stopped at the workspace limit: {size}");
+    assert!(results[4].0.contains("stopped at") && results[4].0.contains("No space left on device"));
+    assert!(peak_mb <= 200.0, "the worker's peak resident memory {peak_mb:.1} MB");
+}
+
 /// The worker checks the policy again before starting anything: a job the
 /// coordinator accepted (the fixture server is allowed there by default)
 /// fails on a worker that allows no MCP server, with the reason, and the

@@ -412,10 +412,15 @@ impl Counters {
 }
 
 impl Drop for TaskGroup {
+    /// Emptying waits for the kernel: done off the caller's thread (which
+    /// may be an async runtime's).
     fn drop(&mut self) {
-        for b in &self.dirs {
-            remove_tree(b);
-        }
+        let dirs = std::mem::take(&mut self.dirs);
+        let _ = std::thread::Builder::new().name("cgroup-remove".into()).spawn(move || {
+            for b in &dirs {
+                remove_tree(b);
+            }
+        });
     }
 }
 

@@ -6,9 +6,11 @@
 //! `HTTP(S)_PROXY`. Each connection names its destination (an HTTP
 //! `CONNECT`, or an absolute `http://` request) and is checked here against
 //! the grant — by destination, not by a list of refused ports. A granted
-//! name that resolves to a loopback or unspecified address is refused (the
-//! service's own ports live there); a granted address is connected to as
-//! written.
+//! name that resolves to this host's own or a link-local address is refused
+//! (the service's own ports and cloud metadata live there); a granted
+//! address is connected to as written. A plain-HTTP connection stays with
+//! the destination its first request named: later requests on it go there
+//! too, whatever their `Host`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -37,10 +39,12 @@ pub struct Grant {
     pub address: bool,
 }
 
-/// A task's proxy; dropped, it stops and its socket is removed.
+/// A task's proxy; dropped, it stops and its socket is removed (unless a
+/// later task's proxy has taken the name since).
 #[derive(Debug)]
 pub struct EgressProxy {
     path: PathBuf,
+    inode: u64,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -56,8 +60,11 @@ impl EgressProxy {
         let short = format!("/proc/self/fd/{}/{SOCKET}", std::os::fd::AsRawFd::as_raw_fd(&folder));
         let listener = UnixListener::bind(&short)?;
         drop(folder);
-        // The tool user connects to it (a socket is written to).
+        // The tool user connects to it (a socket is written to); only this
+        // task's tools see the folder (the worker grants egress only where
+        // tools have mount namespaces of their own).
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+        let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::symlink_metadata(&path)?);
         let grants = Arc::new(grants);
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         let accept = tokio::spawn(async move {
@@ -74,7 +81,7 @@ impl EgressProxy {
                 });
             }
         });
-        Ok(Self { path, accept })
+        Ok(Self { path, inode, accept })
     }
 
     pub fn socket(&self) -> &Path {
@@ -85,7 +92,11 @@ impl EgressProxy {
 impl Drop for EgressProxy {
     fn drop(&mut self) {
         self.accept.abort();
-        let _ = std::fs::remove_file(&self.path);
+        let ours =
+            std::fs::symlink_metadata(&self.path).is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == self.inode);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -139,17 +150,26 @@ fn destination(head: &str) -> Result<(Destination, bool), String> {
     with_port.parse().map(|d| (d, false))
 }
 
+/// This host's own or link-local addresses: loopback, unspecified, "this
+/// network" (0.0.0.0/8), link-local (169.254/16 — cloud metadata —, fe80::/10),
+/// in either family (IPv4-mapped and -compatible forms included).
 fn local(ip: IpAddr) -> bool {
-    let mapped = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().or_else(|| v6.to_ipv4()).map(IpAddr::V4).unwrap_or(ip),
         v4 => v4,
     };
-    mapped.is_loopback() || mapped.is_unspecified()
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback() || v4.is_unspecified() || v4.is_link_local() || v4.octets()[0] == 0,
+        IpAddr::V6(v6) => v6.is_loopback() || v6.is_unspecified() || (v6.segments()[0] & 0xffc0) == 0xfe80,
+    }
 }
 
 async fn resolve(g: &Grant) -> Result<Vec<SocketAddr>, String> {
     let d = &g.destination;
     if let Ok(ip) = d.host.parse::<IpAddr>() {
+        if local(ip) && !g.address {
+            return Err(format!("`{d}` is a local address"));
+        }
         return Ok(vec![SocketAddr::new(ip, d.port)]);
     }
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host((d.host.as_str(), d.port))
@@ -210,8 +230,13 @@ async fn serve(mut s: UnixStream, grants: &[Grant]) {
         }
     };
     let mut upstream = upstream;
+    // A plain request goes up whole; a tunnel's early bytes (a TLS hello
+    // sent with the CONNECT) follow the answer.
     let sent = if tunnel {
-        s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.map(|_| ())
+        match s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await {
+            Ok(()) => upstream.write_all(&head[end..]).await,
+            Err(e) => Err(e),
+        }
     } else {
         upstream.write_all(&head).await
     };
@@ -238,7 +263,18 @@ mod tests {
 
     #[test]
     fn local_addresses_are_known_in_both_families() {
-        for ip in ["127.0.0.1", "127.8.9.1", "::1", "0.0.0.0", "::", "::ffff:127.0.0.1"] {
+        for ip in [
+            "127.0.0.1",
+            "127.8.9.1",
+            "::1",
+            "0.0.0.0",
+            "::",
+            "::ffff:127.0.0.1",
+            "169.254.169.254",
+            "0.1.2.3",
+            "fe80::1",
+            "::127.0.0.1",
+        ] {
             assert!(local(ip.parse().unwrap()), "{ip}");
         }
         assert!(!local("140.82.112.5".parse().unwrap()));

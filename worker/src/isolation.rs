@@ -84,6 +84,13 @@ pub struct Launcher {
     pub cgroups: Option<Arc<Cgroups>>,
     /// What each task's tools may use.
     pub limits: TaskLimits,
+    /// What the probe at start found in force: every launch must match it
+    /// or refuse to run (a launch never runs with less, silently).
+    pub require: Option<crate::launch::Required>,
+    /// Task folders are a tmpfs of their own ([`crate::taskdir`]).
+    pub bounded_dirs: bool,
+    /// This process's hold on its work root ([`crate::taskdir::hold`]).
+    pub hold: Option<Arc<std::fs::File>>,
 }
 
 /// How tools are started (see the module doc).
@@ -121,6 +128,7 @@ impl Launcher {
             },
             no_network_namespace: false,
             egress: launch.egress.map(Path::to_path_buf),
+            require: self.require,
             confine: cwd.to_path_buf(),
             hide: self.hide.clone(),
             report,
@@ -153,6 +161,12 @@ impl Launcher {
             Some(c) => Ok(Some(Arc::new(c.task_group(name, &self.limits)?))),
             None => Ok(None),
         }
+    }
+
+    /// Whether a task's egress proxy can be reached by its tools only: their
+    /// own network, mount and PID namespaces (the probe found them).
+    pub fn egress_possible(&self) -> bool {
+        self.require.is_some_and(|r| r.network_namespace && r.pid_namespace && r.mount_namespace)
     }
 
     /// The tool user's name, when tools run as another user.

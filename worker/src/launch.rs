@@ -86,6 +86,47 @@ impl std::fmt::Display for NetworkPolicy {
     }
 }
 
+/// What every launch must put in force (what the worker's probe found at
+/// start): a launch that cannot is refused, never run with less.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Required {
+    pub pid_namespace: bool,
+    pub mount_namespace: bool,
+    pub network_namespace: bool,
+    pub read_only: bool,
+    pub fresh_proc: bool,
+}
+
+impl Required {
+    /// What a probe's report requires of later launches.
+    pub fn from_applied(a: &Applied) -> Self {
+        Self {
+            pid_namespace: a.pid_namespace,
+            mount_namespace: a.mount_namespace,
+            network_namespace: a.network_namespace,
+            read_only: a.read_only,
+            fresh_proc: a.proc == "fresh",
+        }
+    }
+
+    /// What `a` lacks of this, if anything.
+    fn missing(&self, a: &Applied) -> Vec<&'static str> {
+        let mut m = Vec::new();
+        for (want, have, what) in [
+            (self.pid_namespace, a.pid_namespace, "a PID namespace"),
+            (self.mount_namespace, a.mount_namespace, "a mount namespace"),
+            (self.network_namespace, a.network_namespace, "a network namespace"),
+            (self.read_only, a.read_only, "read-only mounts"),
+            (self.fresh_proc, a.proc == "fresh", "a fresh /proc"),
+        ] {
+            if want && !have {
+                m.push(what);
+            }
+        }
+        m
+    }
+}
+
 /// Resource limits (`setrlimit`) of the command and everything it starts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rlimits {
@@ -120,6 +161,9 @@ pub struct LaunchOptions {
     /// network namespace, `127.0.0.1:`[`crate::egress::PROXY_PORT`] leads to it.
     #[serde(default)]
     pub egress: Option<PathBuf>,
+    /// What must be in force, or the launch is refused (see [`Required`]).
+    #[serde(default)]
+    pub require: Option<Required>,
     /// The task directory: the working directory, the only place writable.
     pub confine: PathBuf,
     /// Directories hidden behind an empty tmpfs (e.g. a database's socket directory).
@@ -179,6 +223,9 @@ impl LaunchOptions {
         if let Some(e) = &self.egress {
             a.extend(["--egress".into(), e.clone().into_os_string()]);
         }
+        if let Some(r) = &self.require {
+            a.extend(["--require".into(), serde_json::to_string(r).unwrap_or_default().into()]);
+        }
         a.extend(["--confine".into(), self.confine.clone().into_os_string()]);
         for h in &self.hide {
             a.extend(["--hide".into(), h.clone().into_os_string()]);
@@ -204,6 +251,7 @@ impl LaunchOptions {
             rlimits: Rlimits::default(),
             no_network_namespace: false,
             egress: None,
+            require: None,
             confine: PathBuf::new(),
             hide: Vec::new(),
             report: false,
@@ -236,6 +284,12 @@ impl LaunchOptions {
                 }
                 Some("--no-network-namespace") => o.no_network_namespace = true,
                 Some("--egress") => o.egress = Some(PathBuf::from(value("--egress")?)),
+                Some("--require") => {
+                    o.require = Some(
+                        serde_json::from_str(&value("--require")?.to_string_lossy())
+                            .map_err(|e| format!("--require: {e}"))?,
+                    )
+                }
                 Some("--confine") => o.confine = PathBuf::from(value("--confine")?),
                 Some("--hide") => o.hide.push(PathBuf::from(value("--hide")?)),
                 Some("--report") => o.report = true,
@@ -363,6 +417,24 @@ fn first_stage(opts: &LaunchOptions) -> Result<i32, String> {
             Err(e) => a.notes.push(format!("namespaces {flags:?}: {e}")),
         }
     }
+    if let Some(r) = &opts.require {
+        let partial = Applied {
+            pid_namespace: entered.is_some_and(|f| f.contains(CloneFlags::CLONE_NEWPID)),
+            mount_namespace: entered.is_some(),
+            network_namespace: entered.is_some_and(|f| f.contains(CloneFlags::CLONE_NEWNET)),
+            read_only: r.read_only,
+            proc: if r.fresh_proc { "fresh".into() } else { String::new() },
+            ..Default::default()
+        };
+        let missing = r.missing(&partial);
+        if !missing.is_empty() {
+            return Err(format!(
+                "refusing to run with less isolation than at start: no {} ({})",
+                missing.join(", no "),
+                a.notes.join("; ")
+            ));
+        }
+    }
     if let Some(flags) = entered {
         // Only a refused PID namespace is worth keeping (as why there is none).
         a.notes.truncate(usize::from(!flags.contains(CloneFlags::CLONE_NEWPID)));
@@ -418,6 +490,13 @@ fn final_stage(opts: &LaunchOptions, mut a: Applied, pid1: bool) -> Result<i32, 
         if a.proc == "host" {
             a.notes.push("/proc: neither a fresh one nor an empty one could be mounted".into());
         }
+    }
+    if let Some(missing) = opts.require.map(|r| r.missing(&a)).filter(|m| !m.is_empty()) {
+        return Err(format!(
+            "refusing to run with less isolation than at start: no {} ({})",
+            missing.join(", no "),
+            a.notes.join("; ")
+        ));
     }
     std::env::set_current_dir(&opts.confine).map_err(|e| format!("{}: {e}", opts.confine.display()))?;
     // The way to the egress proxy, made while the namespace's capabilities last.
@@ -878,6 +957,7 @@ mod tests {
             rlimits: Rlimits { file_size: Some(1 << 20), processes: None, address_space: Some(1 << 30) },
             no_network_namespace: true,
             egress: Some("/tmp/task/.egress.sock".into()),
+            require: Some(Required { pid_namespace: true, read_only: true, ..Default::default() }),
             confine: "/tmp/task".into(),
             hide: vec!["/run/postgresql".into()],
             report: true,

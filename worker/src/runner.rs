@@ -954,6 +954,11 @@ impl Worker {
         };
         let egress = match (isolation.launcher(), spec.network.egress.is_empty()) {
             (Some(l), false) if l.network == crate::isolation::NetworkPolicy::None => {
+                if !l.egress_possible() {
+                    return Err(Failure::fatal(
+                        "network.egress: this worker cannot give tools a network of their own (no network namespace), so it grants no egress",
+                    ));
+                }
                 Some(Arc::new(self.egress_proxy(spec, &path)?))
             }
             _ => None,

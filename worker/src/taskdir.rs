@@ -12,10 +12,53 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
-/// Whether task folders get a tmpfs of their own in this process.
+/// Whether task folders get a tmpfs of their own in this process (the
+/// launcher found at start that this process may mount one).
 pub fn bounded() -> bool {
-    nix::unistd::Uid::effective().is_root() && crate::isolation::installed().launcher().is_some()
+    crate::isolation::installed().launcher().is_some_and(|l| l.bounded_dirs)
 }
+
+/// Whether this process may mount a tmpfs (tried once in `scratch`, made
+/// and removed here).
+pub fn can_mount(scratch: &Path) -> bool {
+    if std::fs::create_dir_all(scratch).is_err() {
+        return false;
+    }
+    let ok = mount_at(scratch).is_ok() && umount2(scratch, MntFlags::MNT_DETACH).is_ok();
+    let _ = std::fs::remove_dir(scratch);
+    ok
+}
+
+/// This process's hold on a work root, kept while it runs: shared with
+/// every other process using the root. Taking it, a process that finds no
+/// other holder unmounts what a dead one left mounted beneath the root;
+/// (the file, how many were unmounted).
+pub fn hold(root: &Path) -> io::Result<(std::fs::File, usize)> {
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(root.join(LOCK))?;
+    let cleaned = match file.try_lock() {
+        Ok(()) => {
+            let n = unmount_beneath(root);
+            file.unlock()?;
+            n
+        }
+        Err(std::fs::TryLockError::WouldBlock) => 0,
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    };
+    file.lock_shared()?;
+    Ok((file, cleaned))
+}
+
+/// Whether no process holds `root` (see [`hold`]); a root without the lock
+/// file was never held.
+pub fn abandoned(root: &Path) -> bool {
+    match std::fs::OpenOptions::new().write(true).open(root.join(LOCK)) {
+        Ok(f) => f.try_lock().is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// The lock file a process holds on its work root.
+const LOCK: &str = ".flower-hold";
 
 /// Make `path` (an empty directory) a tmpfs, unbounded until [`resize`].
 pub fn mount_at(path: &Path) -> io::Result<()> {

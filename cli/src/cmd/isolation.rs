@@ -193,12 +193,16 @@ impl ToolArgs {
             cpu_millis: Some((self.tool_cpus * 1000.0).round() as u64).filter(|n| *n > 0),
         };
         std::fs::create_dir_all(work_root).with_context(|| format!("{}", work_root.display()))?;
-        if flower_worker::isolation::effective_uid() == 0 {
-            let left = flower_worker::taskdir::unmount_beneath(work_root);
-            if left > 0 {
-                tracing::warn!(mounts = left, "unmounted task folders a previous worker left mounted");
-            }
+        // Shared with every live process on this root; the first one after
+        // a death unmounts what the dead left.
+        let (hold, left) = flower_worker::taskdir::hold(work_root)
+            .with_context(|| format!("holding the work root {}", work_root.display()))?;
+        if left > 0 {
+            tracing::warn!(mounts = left, "unmounted task folders a previous worker left mounted");
         }
+        let root = flower_worker::isolation::effective_uid() == 0;
+        let bounded_dirs =
+            root && flower_worker::taskdir::can_mount(&work_root.join(format!(".mount-probe-{}", std::process::id())));
         let cgroups = match Cgroups::setup() {
             Ok((c, ended)) => {
                 if ended > 0 {
@@ -211,12 +215,31 @@ impl ToolArgs {
                 None
             }
         };
-        let launcher = Launcher { program, user, network: self.tool_network, hide, cgroups, limits };
+        let mut launcher = Launcher {
+            program,
+            user,
+            network: self.tool_network,
+            hide,
+            cgroups,
+            limits,
+            require: None,
+            bounded_dirs,
+            hold: Some(std::sync::Arc::new(hold)),
+        };
         let scratch = work_root.join(format!(".tool-probe-{}", std::process::id()));
         let applied = launcher.probe(&scratch).map_err(|e| {
             anyhow::anyhow!("tool isolation could not start: {e} (--tool-isolation off runs tools without it)")
         })?;
-        let (summary, missing) = launcher.describe(&applied);
+        launcher.require = Some(flower_worker::launch::Required::from_applied(&applied));
+        let (mut summary, mut missing) = launcher.describe(&applied);
+        if bounded_dirs {
+            summary.push_str("; task folders: a bounded tmpfs each");
+        } else {
+            missing.push("task folders are plain directories: their size is checked when the changes are collected, not as they are written".into());
+        }
+        if !launcher.egress_possible() {
+            missing.push("no network namespace for tools: jobs asking for egress fail (tools have no network)".into());
+        }
         for m in &missing {
             tracing::warn!("tool isolation: {m}");
         }

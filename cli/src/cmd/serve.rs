@@ -191,18 +191,14 @@ fn check_worker_id(id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Default work folders are `worker-PID-RANDOM`: those of workers whose
-/// process is gone are unmounted and removed (a worker killed with SIGKILL
-/// leaves its task folders, tmpfs included, behind).
+/// Default work folders (`worker-PID-RANDOM`) no live process holds are
+/// unmounted and removed: a worker killed with SIGKILL leaves its task
+/// folders, tmpfs included, behind.
 fn remove_dead_workers_folders(all: &std::path::Path) {
     let Ok(entries) = std::fs::read_dir(all) else { return };
     for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("worker-")).and_then(|r| r.split('-').next()) else {
-            continue;
-        };
-        let gone = pid.parse::<u32>().is_ok_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
-        if gone {
+        let named = e.file_name().to_str().is_some_and(|n| n.starts_with("worker-"));
+        if named && flower_worker::taskdir::abandoned(&e.path()) {
             flower_worker::taskdir::unmount_beneath(&e.path());
             let _ = std::fs::remove_dir_all(e.path());
         }

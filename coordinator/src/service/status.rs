@@ -127,10 +127,26 @@ pub fn check_path(field: &str, path: &str) -> Result<(), Status> {
             "{field}: {shown} is too long (at most {MAX_PATH} bytes, {MAX_PATH_COMPONENT} per component)"
         )));
     }
+    if let Some((at, c)) = path.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(Status::invalid_argument(format!(
+            "{field}: {shown} holds the control character {:?} at byte {at}",
+            c
+        )));
+    }
     // One spelling per file: `a//b`, `./a` and `a/` are refused, so paths
     // compare as strings.
-    let canonical = !path.split('/').any(|c| c.is_empty() || c == "." || c == "..");
-    if !canonical || path.chars().any(char::is_control) || flower_store::localfs::check_relative(path).is_err() {
+    if path.starts_with('/') {
+        return Err(Status::invalid_argument(format!("{field}: {shown} is absolute: give a relative path")));
+    }
+    let bad = path.split('/').find(|c| c.is_empty() || *c == "." || *c == "..");
+    if let Some(part) = bad {
+        let why = match part {
+            "" => "an empty component (`//`, or a trailing `/`)".to_string(),
+            p => format!("a `{p}` component"),
+        };
+        return Err(Status::invalid_argument(format!("{field}: {shown} is not a relative path: it has {why}")));
+    }
+    if flower_store::localfs::check_relative(path).is_err() {
         return Err(Status::invalid_argument(format!("{field}: {shown} is not a relative path")));
     }
     Ok(())
@@ -167,6 +183,12 @@ mod tests {
             assert!(e.message().starts_with("path: "), "{}", e.message());
             assert!(e.message().len() < 300, "{}", e.message());
         }
+        // The refusal says what is wrong, and where.
+        let says = |p: &str| check_path("path", p).unwrap_err().message().to_string();
+        assert_eq!(says("a\0b"), "path: the 3-byte path holds the control character '\\0' at byte 1");
+        assert!(says("a//b").ends_with("an empty component (`//`, or a trailing `/`)"), "{}", says("a//b"));
+        assert!(says("x/../y").ends_with("a `..` component"));
+        assert!(says("/etc/passwd").contains("is absolute"));
     }
 
     #[test]

@@ -81,6 +81,10 @@ stream <PREFIX>_TASKS with `.`/`-` → `_`, upper-cased; consumer <prefix>-worke
   value: require-current
 - name: FLOWER_DATABASE_POOL
   value: {{ .Values.runtime.databasePool | quote }}
+{{- with .Values.runtime.toolEgressAllow }}
+- name: FLOWER_TOOL_EGRESS_ALLOW
+  value: {{ join "," . | quote }}
+{{- end }}
 - name: FLOWER_NATS_URL
   value: {{ .Values.nats.url | quote }}
 - name: FLOWER_NATS_PREFIX
