@@ -495,6 +495,25 @@ fn heavy_limits_stop_a_runaway_task_and_the_worker_stays_small() {
     assert!(peak_mb <= 200.0, "the worker's peak resident memory {peak_mb:.1} MB");
 }
 
+/// On a cluster (Postgres, NATS, a coordinator with its gRPC API and
+/// metrics, the simulators, all on loopback): a job's tools reach no port
+/// of the host, TCP or UDP, IPv4 or IPv6 — every one of the 131,070 tries
+/// finds no route.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_a_cluster_a_job_reaches_no_port_of_the_host() {
+    let mut c = Cluster::start(Options { workers: 1, metrics: true, ..Default::default() }).await;
+    let job = c.submit(&repo().join("tests/fixtures/isolation-cluster/job.yaml"));
+    c.wait_job(&job, "succeeded").await;
+    let pg = c.pg().await;
+    let answer: String =
+        pg.query_one(&format!("SELECT final_answer FROM jobs WHERE id = '{job}'"), &[]).await.unwrap().get(0);
+    for host in ["127.0.0.1", "::1"] {
+        assert!(answer.contains(&format!("{host}: reached 0 of 131070")), "{answer}");
+    }
+    assert!(answer.contains("ENETUNREACH"), "{answer}");
+    c.stop().await;
+}
+
 /// The worker checks the policy again before starting anything: a job the
 /// coordinator accepted (the fixture server is allowed there by default)
 /// fails on a worker that allows no MCP server, with the reason, and the
