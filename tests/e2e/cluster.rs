@@ -224,9 +224,9 @@ impl Cluster {
         merged
             .roles
             .extend(flower_sim::Scenario::load(&repo().join("examples/long-horizon/scenario.yaml")).unwrap().roles);
-        merged
-            .roles
-            .extend(flower_sim::Scenario::load(&repo().join("tests/fixtures/isolation-cluster/scenario.yaml")).unwrap().roles);
+        merged.roles.extend(
+            flower_sim::Scenario::load(&repo().join("tests/fixtures/isolation-cluster/scenario.yaml")).unwrap().roles,
+        );
         merged.latency.ttft_ms = 20;
         std::fs::write(examples.path(), serde_json::to_string(&merged).unwrap()).unwrap();
         let demo_sim =
