@@ -178,7 +178,7 @@ fn tools_cannot_see_the_service_secrets_nor_write_or_connect_outside() {
     // The task's limits: processes, memory, file size.
     let (processes, is_error) = &results[8];
     assert!(
-        !is_error
+        *is_error
             && processes.contains("forks stopped after")
             && processes.contains(&format!("process limit ({MAX_PROCESSES}) was reached")),
         "{processes}"

@@ -222,7 +222,7 @@ impl Tool for BashTool {
         if c.dropped > 0 {
             text.push_str(&format!("\n[output cut: {} more bytes not captured]", c.dropped));
         }
-        let (suffix, is_error) = match ended {
+        let (suffix, mut is_error) = match ended {
             Ended::Exited(s) if s.success() => (String::new(), false),
             Ended::Exited(s) => {
                 (format!("\n[exit code {}]", s.code().map_or("signal".into(), |c| c.to_string())), true)
@@ -234,6 +234,8 @@ impl Tool for BashTool {
         if let Some(g) = &self.group {
             text.push_str(&limits_note(g.limits(), hit));
         }
+        // A command the kernel stopped at a limit failed, whatever its own status.
+        is_error |= hit.oom_kills > 0 || hit.forks_refused > 0;
         if text.trim().is_empty() {
             text = "(no output)".into();
         }
