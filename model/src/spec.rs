@@ -252,7 +252,9 @@ pub struct RuntimeOptions {
     pub bash_timeout: Duration,
     /// Output kept from one `Bash` call, stdout and stderr together (default 256 KiB).
     pub bash_output_limit: ByteSize,
-    /// Largest workspace snapshot accepted (default 64 MiB).
+    /// Largest workspace accepted, at submit and as each task leaves it; on
+    /// workers also the largest file a tool writes and what it may add to
+    /// its task folder (default 64 MiB).
     pub workspace_limit: ByteSize,
     /// Layer 2: the workbench rules, its INDEX.md and index notices to the
     /// coordinator (default true).
