@@ -65,7 +65,7 @@ fn parallel_changes_to_one_file_are_applied_in_completion_order_with_a_conflict(
     let out = home.run(&["run", spec.to_str().unwrap()]);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stderr.contains("workspace conflict on shared.txt (later change kept)"), "{stderr}");
+    assert!(stderr.contains("workspace conflict on shared.txt (later change kept)"), "{stderr}\n{stdout}");
     assert!(
         stdout.contains("shared.txt now reads:      1\tversion A")
             || stdout.contains("shared.txt now reads:      1\tversion B"),
