@@ -424,6 +424,35 @@ impl Drop for TaskGroup {
     }
 }
 
+/// A task's group, made at its first launch: a task whose tools never go
+/// through the launcher (`Write`, `Read` only) makes none.
+#[derive(Debug)]
+pub struct LazyGroup {
+    cgroups: std::sync::Arc<Cgroups>,
+    name: String,
+    limits: TaskLimits,
+    made: tokio::sync::OnceCell<std::sync::Arc<TaskGroup>>,
+}
+
+impl LazyGroup {
+    pub fn new(cgroups: std::sync::Arc<Cgroups>, name: String, limits: TaskLimits) -> Self {
+        Self { cgroups, name, limits, made: tokio::sync::OnceCell::new() }
+    }
+
+    /// The group, made on first use (off the async threads).
+    pub async fn get(&self) -> io::Result<std::sync::Arc<TaskGroup>> {
+        self.made
+            .get_or_try_init(|| async {
+                let (c, name, limits) = (self.cgroups.clone(), self.name.clone(), self.limits);
+                tokio::task::spawn_blocking(move || c.task_group(&name, &limits).map(std::sync::Arc::new))
+                    .await
+                    .map_err(io::Error::other)?
+            })
+            .await
+            .cloned()
+    }
+}
+
 /// One launch's group in each hierarchy.
 #[derive(Debug)]
 pub struct Leaf {

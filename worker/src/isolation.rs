@@ -23,7 +23,7 @@ use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 use nix::unistd::{Gid, Uid};
 
-pub use crate::cgroup::{Cgroups, Counters, Leaf, TaskGroup, TaskLimits};
+pub use crate::cgroup::{Cgroups, Counters, LazyGroup, Leaf, TaskGroup, TaskLimits};
 pub use crate::launch::{Applied, NetworkPolicy, Rlimits};
 
 /// Directories hidden from tools: where Postgres puts its Unix sockets.
@@ -155,12 +155,10 @@ impl Launcher {
         c
     }
 
-    /// A task's control group with this worker's limits, when it has groups.
-    pub fn task_group(&self, name: &str) -> std::io::Result<Option<Arc<TaskGroup>>> {
-        match &self.cgroups {
-            Some(c) => Ok(Some(Arc::new(c.task_group(name, &self.limits)?))),
-            None => Ok(None),
-        }
+    /// A task's control group with this worker's limits (made at its first
+    /// launch), when this worker has groups.
+    pub fn task_group(&self, name: &str) -> Option<Arc<LazyGroup>> {
+        self.cgroups.as_ref().map(|c| Arc::new(LazyGroup::new(c.clone(), name.to_string(), self.limits)))
     }
 
     /// Whether a task's egress proxy can be reached by its tools only: their

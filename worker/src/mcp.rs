@@ -111,8 +111,9 @@ pub async fn connect(
     let mut tools = Vec::new();
     for (server, spec) in servers {
         let leaf = match (limits.isolation.launcher(), &limits.group, spec.command.is_empty()) {
-            (Some(_), Some(g), false) => {
-                Some(g.leaf().map_err(|e| format!("MCP server `{server}`: its control group: {e}"))?)
+            (Some(_), Some(lazy), false) => {
+                let made = |e: std::io::Error| format!("MCP server `{server}`: its control group: {e}");
+                Some(lazy.get().await.map_err(made)?.leaf().map_err(made)?)
             }
             _ => None,
         };

@@ -946,12 +946,7 @@ impl Worker {
         let sandbox =
             Sandbox::open(&path).map_err(|e| Failure::fatal(format!("opening the working directory: {e}")))?;
         let isolation = crate::isolation::installed();
-        let group = match isolation.launcher() {
-            Some(l) => l
-                .task_group(&format!("{task}-{attempt}"))
-                .map_err(|e| Failure::fatal(format!("making the task's control group: {e}")))?,
-            None => None,
-        };
+        let group = isolation.launcher().and_then(|l| l.task_group(&format!("{task}-{attempt}")));
         let egress = match (isolation.launcher(), spec.network.egress.is_empty()) {
             (Some(l), false) if l.network == crate::isolation::NetworkPolicy::None => {
                 if !l.egress_possible() {

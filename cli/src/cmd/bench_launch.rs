@@ -52,7 +52,10 @@ pub async fn launch(a: LaunchArgs) -> anyhow::Result<ExitCode> {
     let task: PathBuf = work_root.join("task");
     std::fs::create_dir_all(&task)?;
     launcher.hand_over(&task).await.context("handing the task directory to the tool user")?;
-    let group = launcher.task_group("bench").context("the task's control group")?;
+    let group = match launcher.task_group("bench") {
+        Some(lazy) => Some(lazy.get().await.context("the task's control group")?),
+        None => None,
+    };
     if !a.json {
         eprintln!("tool isolation: {summary}");
     }

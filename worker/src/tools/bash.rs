@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use crate::cgroup::{Counters, TaskGroup};
+use crate::cgroup::{Counters, LazyGroup, TaskGroup};
 use crate::isolation::{TOOL_PATH, ToolIsolation};
 use crate::sandbox::Sandbox;
 use crate::tools::ToolLimits;
@@ -32,7 +32,7 @@ pub struct BashTool {
     timeout: Duration,
     output_limit: usize,
     isolation: Arc<ToolIsolation>,
-    group: Option<Arc<TaskGroup>>,
+    group: Option<Arc<LazyGroup>>,
     limits: ToolLimits,
 }
 
@@ -154,6 +154,7 @@ impl Tool for BashTool {
         let timeout = uint_field(&input, "timeout")?.map_or(self.timeout, Duration::from_millis).min(MAX_TIMEOUT);
         let root = self.sandbox.root().to_path_buf();
         let mut leaf = None;
+        let mut group: Option<Arc<TaskGroup>> = None;
         let mut cmd = match &*self.isolation {
             ToolIsolation::None => {
                 let mut c = Command::new("bash");
@@ -164,10 +165,13 @@ impl Tool for BashTool {
                 l.hand_over(&root).await.map_err(|e| {
                     ToolError::RespondToModel(format!("could not hand the working directory to the command: {e}"))
                 })?;
-                if let Some(g) = &self.group {
-                    leaf = Some(g.leaf().map_err(|e| {
+                if let Some(lazy) = &self.group {
+                    let made = |e: std::io::Error| {
                         ToolError::RespondToModel(format!("could not make the command's control group: {e}"))
-                    })?);
+                    };
+                    let g = lazy.get().await.map_err(made)?;
+                    leaf = Some(g.leaf().map_err(made)?);
+                    group = Some(g);
                 }
                 let launch = self.limits.launch(leaf.as_ref());
                 let mut env = command_env(&root, l.user_name(), true);
@@ -185,7 +189,7 @@ impl Tool for BashTool {
             .spawn()
             .map_err(|e| ToolError::RespondToModel(format!("could not start bash: {e}")))?;
         let pgid = child.id().map(|id| Pid::from_raw(id as i32));
-        let before = self.group.as_ref().map(|g| g.counters()).unwrap_or_default();
+        let before = group.as_ref().map(|g| g.counters()).unwrap_or_default();
         let captured = Arc::new(Mutex::new(Captured::default()));
         let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
@@ -209,7 +213,7 @@ impl Tool for BashTool {
         // Whatever the command left running (a `setsid` daemon included)
         // ends with it: the launch's group is killed whole.
         let mut hit = Counters::default();
-        if let (Some(leaf), Some(g)) = (leaf, &self.group) {
+        if let (Some(leaf), Some(g)) = (leaf, &group) {
             hit = Counters::of_launch(leaf.counters(), before, g.counters());
             let _ = tokio::task::spawn_blocking(move || leaf.close()).await;
         }
@@ -231,7 +235,7 @@ impl Tool for BashTool {
             Ended::Cancelled => ("\n[cancelled; process group killed]".into(), true),
         };
         text.push_str(&suffix);
-        if let Some(g) = &self.group {
+        if let Some(g) = &group {
             text.push_str(&limits_note(g.limits(), hit));
         }
         // A command the kernel stopped at a limit failed, whatever its own status.

@@ -24,7 +24,7 @@ pub struct ToolLimits {
     /// How commands start: through the launcher, or directly (see [`crate::isolation`]).
     pub isolation: Arc<crate::isolation::ToolIsolation>,
     /// The task's control group (every launch of the task a leaf in it).
-    pub group: Option<Arc<crate::cgroup::TaskGroup>>,
+    pub group: Option<Arc<crate::cgroup::LazyGroup>>,
     /// The largest file a command may write: the job's workspace limit.
     pub max_file_size: Option<u64>,
     /// The task's egress proxy, when its job was granted destinations.
