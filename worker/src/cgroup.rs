@@ -1,5 +1,6 @@
 //! Control groups for tools: every task gets a group of its own under this
-//! worker's base, with the kernel's limits on processes, memory and CPU;
+//! worker's base (made at its first launch, [`LazyGroup`]), with the
+//! kernel's limits on processes, memory and CPU;
 //! every tool launch (a `Bash` command, an MCP stdio server) a leaf inside
 //! it, joined by the launcher before anything else runs. Ending a launch
 //! kills its leaf whole — a process that left its process group or session
