@@ -74,6 +74,20 @@ ensure_chromium() {
     die "chromium and chromium-driver are missing and cannot be installed here (needs root or sudo, and apt-get): install them for the console's browser test"
 }
 
+# The escape suite (tests/e2e/isolation.rs) probes from inside jobs with
+# python3 and curl; the launcher brings a namespace's loopback up with `ip`
+# (iproute2) for egress; setpriv (util-linux) runs it as another user.
+ensure_probe_tools() {
+  local missing=()
+  command -v python3 >/dev/null || missing+=(python3)
+  command -v curl >/dev/null || missing+=(curl)
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v setpriv >/dev/null || missing+=(util-linux)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  apt_install "${missing[@]}" ||
+    die "${missing[*]} missing and cannot be installed here (needs root or sudo, and apt-get): the escape suite needs them"
+}
+
 # The MCP server's end-to-end test (tests/e2e/mcp_serve.rs) is driven by the
 # Python MCP SDK from PyPI, in a venv of its own under target/flower-services/;
 # installed once, then reused. Exports FLOWER_TEST_MCP_PYTHON (the venv's python).

@@ -109,6 +109,19 @@ impl Required {
         }
     }
 
+    /// `Err` naming what `a` lacks of this, and why (its notes).
+    fn check(&self, a: &Applied) -> Result<(), String> {
+        let missing = self.missing(a);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "refusing to run with less isolation than at start, without {} ({})",
+            missing.join(", "),
+            a.notes.join("; ")
+        ))
+    }
+
     /// What `a` lacks of this, if anything.
     fn missing(&self, a: &Applied) -> Vec<&'static str> {
         let mut m = Vec::new();
@@ -417,24 +430,6 @@ fn first_stage(opts: &LaunchOptions) -> Result<i32, String> {
             Err(e) => a.notes.push(format!("namespaces {flags:?}: {e}")),
         }
     }
-    if let Some(r) = &opts.require {
-        let partial = Applied {
-            pid_namespace: entered.is_some_and(|f| f.contains(CloneFlags::CLONE_NEWPID)),
-            mount_namespace: entered.is_some(),
-            network_namespace: entered.is_some_and(|f| f.contains(CloneFlags::CLONE_NEWNET)),
-            read_only: r.read_only,
-            proc: if r.fresh_proc { "fresh".into() } else { String::new() },
-            ..Default::default()
-        };
-        let missing = r.missing(&partial);
-        if !missing.is_empty() {
-            return Err(format!(
-                "refusing to run with less isolation than at start: no {} ({})",
-                missing.join(", no "),
-                a.notes.join("; ")
-            ));
-        }
-    }
     if let Some(flags) = entered {
         // Only a refused PID namespace is worth keeping (as why there is none).
         a.notes.truncate(usize::from(!flags.contains(CloneFlags::CLONE_NEWPID)));
@@ -448,6 +443,10 @@ fn first_stage(opts: &LaunchOptions) -> Result<i32, String> {
         } else {
             "no user namespace (refused by this host): the command runs as this process's user in its namespaces".into()
         });
+    }
+    // The namespaces now; the mounts and /proc once made (the last stage).
+    if let Some(r) = &opts.require {
+        Required { read_only: false, fresh_proc: false, ..*r }.check(&a)?;
     }
     // Its /proc entries (environment, memory) closed to the tool: after the
     // user namespace's maps are written (a process that is not dumpable
@@ -491,12 +490,8 @@ fn final_stage(opts: &LaunchOptions, mut a: Applied, pid1: bool) -> Result<i32, 
             a.notes.push("/proc: neither a fresh one nor an empty one could be mounted".into());
         }
     }
-    if let Some(missing) = opts.require.map(|r| r.missing(&a)).filter(|m| !m.is_empty()) {
-        return Err(format!(
-            "refusing to run with less isolation than at start: no {} ({})",
-            missing.join(", no "),
-            a.notes.join("; ")
-        ));
+    if let Some(r) = &opts.require {
+        r.check(&a)?;
     }
     std::env::set_current_dir(&opts.confine).map_err(|e| format!("{}: {e}", opts.confine.display()))?;
     // The way to the egress proxy, made while the namespace's capabilities last.
@@ -969,6 +964,25 @@ mod tests {
         assert!(LaunchOptions::from_env("{").unwrap_err().contains(OPTIONS_ENV));
         assert!(LaunchOptions::parse(&["--confine".into(), "rel".into(), "--".into(), "x".into()]).is_err());
         assert!(LaunchOptions::parse(&["--confine".into(), "/t".into()]).unwrap_err().contains("no command"));
+    }
+
+    #[test]
+    fn a_launch_with_less_than_required_is_refused_naming_what_is_missing() {
+        let full = Applied {
+            pid_namespace: true,
+            mount_namespace: true,
+            network_namespace: true,
+            read_only: true,
+            proc: "fresh".into(),
+            ..Default::default()
+        };
+        let required = Required::from_applied(&full);
+        assert_eq!(required.check(&full), Ok(()));
+        let less = Applied { network_namespace: false, notes: vec!["unshare: ENOSPC".into()], ..full.clone() };
+        let e = required.check(&less).unwrap_err();
+        assert!(e.contains("without a network namespace (unshare: ENOSPC)"), "{e}");
+        let host_proc = Applied { proc: "host".into(), read_only: false, ..full };
+        assert!(required.check(&host_proc).unwrap_err().contains("without read-only mounts, a fresh /proc"));
     }
 
     #[test]

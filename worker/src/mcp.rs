@@ -110,11 +110,12 @@ pub async fn connect(
     let mut clients = McpClients::default();
     let mut tools = Vec::new();
     for (server, spec) in servers {
-        let leaf = match (limits.isolation.launcher(), &limits.group, spec.command.is_empty()) {
-            (Some(_), Some(lazy), false) => {
-                let made = |e: std::io::Error| format!("MCP server `{server}`: its control group: {e}");
-                Some(lazy.get().await.map_err(made)?.leaf().map_err(made)?)
-            }
+        let leaf = match (limits.isolation.launcher(), spec.command.is_empty()) {
+            (Some(_), false) => limits
+                .leaf()
+                .await
+                .map_err(|e| format!("MCP server `{server}`: its control group: {e}"))?
+                .map(|(_, leaf)| leaf),
             _ => None,
         };
         let launch = limits.launch(leaf.as_ref());

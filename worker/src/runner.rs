@@ -1206,10 +1206,6 @@ impl Worker {
     }
 }
 
-/// Empty a finished attempt's directory down to its `.flower/` folders, for
-/// the next attempt of its job: every other entry is removed (links are
-/// removed, never followed), and the kept folders get the directory's own
-/// permissions back. An error means the directory is not fit for reuse.
 /// Remove a task folder (its tmpfs first), logging what could not be.
 async fn remove_dir(path: PathBuf) {
     let at = path.clone();
@@ -1218,6 +1214,10 @@ async fn remove_dir(path: PathBuf) {
     }
 }
 
+/// Empty a finished attempt's directory down to its `.flower/` folders, for
+/// the next attempt of its job: every other entry is removed (links are
+/// removed, never followed), and the kept folders get the directory's own
+/// permissions back. An error means the directory is not fit for reuse.
 fn empty_for_reuse(dir: &Path) -> std::io::Result<()> {
     fn remove(entry: &std::fs::DirEntry) -> std::io::Result<()> {
         if entry.file_type()?.is_dir() {

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use crate::cgroup::{Counters, LazyGroup, TaskGroup};
+use crate::cgroup::{Counters, TaskGroup};
 use crate::isolation::{TOOL_PATH, ToolIsolation};
 use crate::sandbox::Sandbox;
 use crate::tools::ToolLimits;
@@ -29,28 +29,17 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 
 pub struct BashTool {
     sandbox: Sandbox,
-    timeout: Duration,
-    output_limit: usize,
-    isolation: Arc<ToolIsolation>,
-    group: Option<Arc<LazyGroup>>,
     limits: ToolLimits,
 }
 
 impl BashTool {
     pub fn new(sandbox: Sandbox, limits: &ToolLimits) -> Self {
-        Self {
-            sandbox,
-            timeout: limits.bash_timeout,
-            output_limit: limits.bash_output_limit,
-            isolation: limits.isolation.clone(),
-            group: limits.group.clone(),
-            limits: limits.clone(),
-        }
+        Self { sandbox, limits: limits.clone() }
     }
 }
 
 /// What the kernel stopped during one command, as the note the model reads.
-pub fn limits_note(l: &crate::cgroup::TaskLimits, hit: Counters) -> String {
+fn limits_note(l: &crate::cgroup::TaskLimits, hit: Counters) -> String {
     let mut note = String::new();
     if hit.oom_kills > 0 {
         let max = l.memory.map_or_else(String::new, |m| format!(" ({})", bytesize::ByteSize::b(m)));
@@ -133,8 +122,8 @@ impl Tool for BashTool {
             "Run a bash command in the working directory. Output (stdout and stderr) is captured up to {} KiB. \
              Optional `timeout` in milliseconds (default {} s, at most {} s); on timeout the whole process group is killed. \
              The environment is minimal: no credentials are available.",
-            self.output_limit / 1024,
-            self.timeout.as_secs(),
+            self.limits.bash_output_limit / 1024,
+            self.limits.bash_timeout.as_secs(),
             MAX_TIMEOUT.as_secs()
         )
     }
@@ -151,11 +140,12 @@ impl Tool for BashTool {
     }
     async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
         let command = str_field(&input, "command")?.to_string();
-        let timeout = uint_field(&input, "timeout")?.map_or(self.timeout, Duration::from_millis).min(MAX_TIMEOUT);
+        let timeout =
+            uint_field(&input, "timeout")?.map_or(self.limits.bash_timeout, Duration::from_millis).min(MAX_TIMEOUT);
         let root = self.sandbox.root().to_path_buf();
         let mut leaf = None;
         let mut group: Option<Arc<TaskGroup>> = None;
-        let mut cmd = match &*self.isolation {
+        let mut cmd = match &*self.limits.isolation {
             ToolIsolation::None => {
                 let mut c = Command::new("bash");
                 c.arg("-c").arg(&command).env_clear().envs(command_env(&root, None, false));
@@ -165,14 +155,10 @@ impl Tool for BashTool {
                 l.hand_over(&root).await.map_err(|e| {
                     ToolError::RespondToModel(format!("could not hand the working directory to the command: {e}"))
                 })?;
-                if let Some(lazy) = &self.group {
-                    let made = |e: std::io::Error| {
-                        ToolError::RespondToModel(format!("could not make the command's control group: {e}"))
-                    };
-                    let g = lazy.get().await.map_err(made)?;
-                    leaf = Some(g.leaf().map_err(made)?);
-                    group = Some(g);
-                }
+                let made = self.limits.leaf().await.map_err(|e| {
+                    ToolError::RespondToModel(format!("could not make the command's control group: {e}"))
+                })?;
+                (group, leaf) = made.unzip();
                 let launch = self.limits.launch(leaf.as_ref());
                 let mut env = command_env(&root, l.user_name(), true);
                 env.extend(self.limits.launch_env());
@@ -193,10 +179,10 @@ impl Tool for BashTool {
         let captured = Arc::new(Mutex::new(Captured::default()));
         let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
-            readers.push(tokio::spawn(pump(out, captured.clone(), self.output_limit)));
+            readers.push(tokio::spawn(pump(out, captured.clone(), self.limits.bash_output_limit)));
         }
         if let Some(err) = child.stderr.take() {
-            readers.push(tokio::spawn(pump(err, captured.clone(), self.output_limit)));
+            readers.push(tokio::spawn(pump(err, captured.clone(), self.limits.bash_output_limit)));
         }
         let ended = tokio::select! {
             status = child.wait() => Ended::Exited(status.map_err(|e| ToolError::RespondToModel(e.to_string()))?),

@@ -41,6 +41,15 @@ impl ToolLimits {
         }
     }
 
+    /// A new leaf of the task's control group for one launch, with the group
+    /// (made at the task's first launch); `None` without groups.
+    pub async fn leaf(&self) -> std::io::Result<Option<(Arc<crate::cgroup::TaskGroup>, crate::cgroup::Leaf)>> {
+        let Some(lazy) = &self.group else { return Ok(None) };
+        let group = lazy.get().await?;
+        let leaf = group.leaf()?;
+        Ok(Some((group, leaf)))
+    }
+
     /// The environment a launch adds: the proxy's address when there is one.
     pub fn launch_env(&self) -> Vec<(String, String)> {
         if self.egress.is_some() { crate::egress::proxy_env() } else { Vec::new() }
