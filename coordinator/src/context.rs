@@ -174,6 +174,21 @@ fn slope(points: &[(f64, f64)]) -> f64 {
     if den == 0.0 { 0.0 } else { num / den }
 }
 
+/// Where a job's cache audit is kept beside it once made.
+pub fn audit_key(job: JobId) -> object_store::path::Path {
+    object_store::path::Path::from(format!("jobs/{job}/audit/cache.json"))
+}
+
+/// Who can audit a run's prompt cache after it ended (a simulator that kept
+/// a record of what each request read): the console asks through this, so
+/// it never knows what a simulator is.
+#[async_trait::async_trait]
+pub trait CacheAudits: Send + Sync + 'static {
+    /// The audit of `sessions` (ids) against the rewrites the job recorded
+    /// (session id, turn), or `None` when no source kept one.
+    async fn audit(&self, sessions: &[String], rewrites: &[(String, u32)]) -> Option<flower_model::audit::CacheAudit>;
+}
+
 /// Build the report from the stored transcripts and events.
 pub async fn report(store: &dyn Store, job: JobId) -> Result<ContextReport, StoreError> {
     let mut r = ContextReport { job: job.to_string(), ..Default::default() };

@@ -706,7 +706,7 @@ impl Dispatcher {
             match self.apply_changes(&ended).await {
                 Ok(_) => {}
                 // Changes are applied only from a stored end: this one was not.
-                Err(e @ DispatchError::Store(StoreError::Backend(_))) if ended.requires.is_some() => return Err(e),
+                Err(e @ DispatchError::Store(StoreError::Unconfirmed { .. })) => return Err(e),
                 Err(e) => tracing::warn!(task = %ended.task.id, error = %e, "workspace changes not applied"),
             }
         }

@@ -13,7 +13,8 @@
 //! - [`dead_letters`]: task messages the queue gave up on: republished while never claimed, then failed
 //! - [`context`]: the context report of a job (main thread vs subagents)
 //! - [`index`]: the workbench index as notices to the main thread (layer 2)
-//! - [`actions`]: cancel a job, send it a message — for the gRPC API and the web console
+//! - [`app`]: the application layer every front-end calls (gRPC, console, MCP): checks, limits, one error classification
+//! - [`actions`]: cancel a job, send it a message (the application layer's steps)
 //! - [`aside`]: side questions answered from a job's events and workbench, outside its main thread
 //! - [`clarify`]: the brief and the goal before the coordinator starts (`workflow.clarify`)
 //! - [`judge`]: the judge session and its verdicts (`workflow.judge`)
@@ -28,6 +29,7 @@
 //! worker's transcript; everything it learns from workers arrives as reports.
 
 pub mod actions;
+pub mod app;
 pub mod aside;
 pub mod clarify;
 pub mod context;

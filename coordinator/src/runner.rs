@@ -344,11 +344,18 @@ fn decide_end(outcome: Result<Result<Outcome, AgentError>, String>) -> Result<En
         Ok(Outcome::Handoff { turns, .. }) => {
             (JobState::Failed, Some("handoff loop ended unexpectedly".into()), None, turns)
         }
-        // A newer owner (fenced), or an outage the owner rides out by resuming the run.
+        // A newer owner (fenced), an outage, or a write built on a task end
+        // not stored: the owner rides them out by resuming the run.
         Err(
-            AgentError::Store(e @ (StoreError::Fenced { .. } | StoreError::Backend(_)))
+            AgentError::Store(
+                e @ (StoreError::Fenced { .. } | StoreError::Backend(_) | StoreError::Unconfirmed { .. }),
+            )
             | AgentError::Tool {
-                cause: FatalCause::Store(e @ (StoreError::Fenced { .. } | StoreError::Backend(_))), ..
+                cause:
+                    FatalCause::Store(
+                        e @ (StoreError::Fenced { .. } | StoreError::Backend(_) | StoreError::Unconfirmed { .. }),
+                    ),
+                ..
             },
         ) => return Err(e),
         Err(e) => (JobState::Failed, Some(e.to_string()), None, 0),

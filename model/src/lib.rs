@@ -4,11 +4,14 @@
 //! # Layout
 //! - [`ids`]: job, session and task ids; task ids are derived, not random
 //! - [`spec`]: the job spec (YAML/JSON) and its validation
+//! - [`audit`]: a cache audit's summary (requests, append-only, misses unexplained)
 //! - [`content`]: message content blocks in the Anthropic Messages shape
 //! - [`entry`]: transcript entries with their structural markers
+//! - [`error`]: the one classification of errors ([`ErrorKind`]) every front-end renders
 //! - [`event`]: job events (rows with a per-job sequence number)
 //! - [`job`]: job, task and session records and their states
 //! - [`policy`]: the operator's allowlists of MCP servers and credential variables a spec may name
+//! - [`secret`]: the one constant-time compare of tokens and session values
 //! - [`session_file`]: export/import in the Claude Code session-file (JSONL) shape
 //! - [`usage`]: token usage, including the prompt-cache fields
 //! - [`windows`]: context windows learnt from providers' overflow errors
@@ -17,13 +20,16 @@
 //! it must never talk to a store, the network or a provider (no tokio,
 //! database, object store or NATS: docs/design.md section 1).
 
+pub mod audit;
 pub mod content;
 pub mod entry;
+pub mod error;
 pub mod event;
 pub mod ids;
 pub mod job;
 pub mod network;
 pub mod policy;
+pub mod secret;
 pub mod session_file;
 pub mod spec;
 pub mod usage;
@@ -31,6 +37,7 @@ pub mod windows;
 
 pub use content::{ContentBlock, ResultBlock};
 pub use entry::{Entry, EntryKind, Markers};
+pub use error::{Classify, ErrorKind};
 pub use event::{Event, EventKind};
 pub use ids::{JobId, SessionId, TaskId};
 pub use job::{Job, JobState, Lineage, Role, Session, Task, TaskOutcome, TaskState};

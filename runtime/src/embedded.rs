@@ -238,7 +238,7 @@ impl EmbeddedRuntime {
             let put = match serde_json::to_vec(audit) {
                 Ok(body) => self
                     .objects
-                    .put(&crate::console::audit_key(job_id), object_store::PutPayload::from(body))
+                    .put(&flower_coordinator::context::audit_key(job_id), object_store::PutPayload::from(body))
                     .await
                     .err()
                     .map(|e| e.to_string()),

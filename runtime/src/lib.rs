@@ -11,20 +11,21 @@
 //!   worker`, `flower bench`)
 //! - [`home`]: the embedded mode's home directory
 //! - [`metrics`]: the distributed processes' `/metrics` endpoint
-//! - [`console`]: the web console (`--http-listen`, `flower ui`)
 //! - [`audit`]: the simulator's cache audit fetched from a `flower sim` server
-//! - [`mcp_serve`]: flower as an MCP server (`flower mcp-serve`): its tools
-//!   over the embedded store or a coordinator's gRPC API
+//! - [`jobs`]: the application layer over the embedded store, its jobs run in
+//!   this process (`flower mcp-serve`, `flower ui`)
+//!
+//! The front-ends (`flower-console`, `flower-mcp`) are adapters over the
+//! application layer (`flower_coordinator::app`); this crate gives them one.
 //!
 //! It holds no policy of its own: rules live in the crates it wires (see
 //! docs/design.md, section 1).
 
 pub mod audit;
-pub mod console;
 pub mod distributed;
 pub mod embedded;
 pub mod home;
-pub mod mcp_serve;
+pub mod jobs;
 pub mod metrics;
 
 pub use distributed::{ConnectError, Connected, DistributedConfig};

@@ -2,7 +2,10 @@
 //! rules are read from `cargo metadata`, so an edge that breaks one fails here.
 //! - `coordinator` and `worker` never depend on each other;
 //! - only `runtime` and `cli` depend on `sim` (tests may, as dev-dependencies);
-//! - `proto` and `model` depend on no I/O crate.
+//! - `proto` and `model` depend on no I/O crate;
+//! - the front-ends (`console`, `mcp`) are adapters over the application
+//!   layer: never on `worker`, `sim` or `runtime`, and never on a store
+//!   backend's driver.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
@@ -33,6 +36,14 @@ fn metadata() -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The front-ends: adapters over the application layer (`flower_coordinator::app`).
+const FRONT_ENDS: &[&str] = &["flower-console", "flower-mcp"];
+
+/// What a front-end never depends on: the roles' hands, the simulator, the
+/// wiring, and the stores' drivers.
+const BEHIND_THE_APP: &[&str] =
+    &["flower-worker", "flower-sim", "flower-runtime", "tokio-postgres", "deadpool-postgres", "rusqlite", "async-nats"];
+
 /// (package, dependency) pairs, dev-dependencies left out.
 fn edges(meta: &Value) -> Vec<(String, String)> {
     let mut out = Vec::new();
@@ -55,6 +66,10 @@ fn violations(meta: &Value) -> Vec<String> {
         if matches!((f, t), ("flower-coordinator", "flower-worker") | ("flower-worker", "flower-coordinator")) {
             out.push(format!("{f} → {t}: the roles never import each other (the runtime wires them)"));
         }
+        if FRONT_ENDS.contains(&f) && BEHIND_THE_APP.contains(&t) {
+            out.push(format!("{f} → {t}: a front-end goes through the application layer"));
+            continue;
+        }
         if t == "flower-sim" && !matches!(f, "flower-runtime" | "flower-cli") {
             out.push(format!("{f} → {t}: only runtime and cli depend on the simulator"));
         }
@@ -69,7 +84,15 @@ fn violations(meta: &Value) -> Vec<String> {
 fn the_crate_graph_keeps_its_rules() {
     let meta = metadata();
     let names: Vec<&str> = meta["packages"].as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
-    for c in ["flower-coordinator", "flower-worker", "flower-runtime", "flower-proto", "flower-model"] {
+    for c in [
+        "flower-coordinator",
+        "flower-worker",
+        "flower-runtime",
+        "flower-proto",
+        "flower-model",
+        "flower-console",
+        "flower-mcp",
+    ] {
         assert!(names.contains(&c), "{c} is a workspace member: {names:?}");
     }
     assert_eq!(violations(&meta), Vec::<String>::new());
@@ -85,6 +108,10 @@ fn a_forbidden_edge_is_caught() {
         ("flower-agent", "flower-sim"),
         ("flower-model", "tokio"),
         ("flower-proto", "object_store"),
+        ("flower-console", "flower-sim"),
+        ("flower-console", "flower-worker"),
+        ("flower-mcp", "flower-runtime"),
+        ("flower-mcp", "rusqlite"),
     ] {
         let mut bad = meta.clone();
         let pkg = bad["packages"].as_array_mut().unwrap().iter_mut().find(|p| p["name"] == from).unwrap();

@@ -10,20 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::AuditRecord;
 
-/// The simulator's cache audit checked against the job's recorded rewrites.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct CacheAudit {
-    /// Requests audited (a resend of the same body counts once).
-    pub requests: usize,
-    /// Requests that began with the previous request's blocks.
-    pub append_only: usize,
-    /// Requests that did not extend the previous one or read less than it left cached.
-    pub misses: usize,
-    /// Misses at a recorded deliberate rewrite.
-    pub explained: usize,
-    /// Misses nothing explains: "session S turn N: ...".
-    pub unexplained: Vec<String>,
-}
+pub use flower_model::audit::CacheAudit;
 
 /// Join the simulator's per-session audit (`records`, by session id) with the
 /// rewrites a job recorded, as (session id, turn) pairs.

@@ -742,7 +742,7 @@ pub async fn a_fenced_turn_is_stored_whole_or_refused_whole(store: &dyn Store) {
             "a stale epoch" => {
                 matches!(refused, Err(StoreError::Fenced { given, current, .. }) if given == current + 1)
             }
-            "another end" => matches!(refused, Err(StoreError::Backend(_))),
+            "another end" => matches!(refused, Err(StoreError::Unconfirmed { .. })),
             _ => matches!(refused, Err(StoreError::NotFound(_))),
         };
         assert!(said, "{why}: {refused:?}");
@@ -881,7 +881,7 @@ pub async fn a_batch_commits_only_on_the_ends_it_requires(store: &dyn Store) {
         };
         let events_before = store.events(job, 0, 1000).await.unwrap().len();
         let early = store.append(result("too early", end));
-        assert!(matches!(early.await, Err(StoreError::Backend(_))), "an end not stored is refused");
+        assert!(matches!(early.await, Err(StoreError::Unconfirmed { .. })), "an end not stored is refused");
         assert!(store.entries(session, 0, 10).await.unwrap().is_empty(), "and nothing of the batch is stored");
         assert_eq!(store.events(job, 0, 1000).await.unwrap().len(), events_before);
         let (staged, fired) = staged_signal();
@@ -908,7 +908,7 @@ pub async fn a_batch_commits_only_on_the_ends_it_requires(store: &dyn Store) {
             crate::TaskEnd { task: TaskId::random(), ..end },
         ] {
             let refused = store.append(result("no", wrong));
-            assert!(matches!(refused.await, Err(StoreError::Backend(_))), "{wrong:?}");
+            assert!(matches!(refused.await, Err(StoreError::Unconfirmed { .. })), "{wrong:?}");
         }
         assert_eq!(store.entries(session, 0, 10).await.unwrap().len(), 1);
         assert_eq!(store.settled_task(t.id).await.unwrap().state, TaskState::Succeeded);

@@ -83,6 +83,12 @@ pub enum StoreError {
     /// may not migrate it. Not retryable: run `flower migrate`.
     #[error("the database schema is at version {current}; this release needs {needed}: run `flower migrate`")]
     SchemaBehind { current: i32, needed: i32 },
+    /// A write built on a task's end that is not stored as it required
+    /// ([`Batch::requires`]): the task moved on (another attempt reports).
+    /// Not an outage: the run that built the write resumes from what is
+    /// stored, and the task's next attempt reports again.
+    #[error("task {task} was not stored {} at attempt {attempt}, which this write was built on", state.as_str())]
+    Unconfirmed { task: TaskId, state: TaskState, attempt: u32 },
     /// The database or object store failed; may be transient.
     #[error("storage backend: {0}")]
     Backend(String),
@@ -93,6 +99,25 @@ pub enum StoreError {
     /// coordinator took it over. Not retryable; the writer must stop.
     #[error("fenced: job {job} is owned by epoch {current}, not {given}")]
     Fenced { job: JobId, given: i64, current: i64 },
+}
+
+impl flower_model::Classify for StoreError {
+    fn kind(&self) -> flower_model::ErrorKind {
+        use flower_model::ErrorKind as K;
+        match self {
+            StoreError::NotFound(_) => K::NotFound,
+            StoreError::Ambiguous(_) | StoreError::BadPath { .. } | StoreError::Invalid(_) => K::Invalid,
+            StoreError::Superseded { .. }
+            | StoreError::NotClaimed { .. }
+            | StoreError::AlreadyFinished { .. }
+            | StoreError::JobEnded { .. } => K::Precondition,
+            StoreError::TooLarge { .. } => K::TooLarge,
+            StoreError::Unconfirmed { .. } => K::Conflict,
+            StoreError::Fenced { .. } => K::Fenced,
+            StoreError::Backend(_) => K::Unavailable,
+            StoreError::SchemaBehind { .. } | StoreError::Corrupt(_) => K::Internal,
+        }
+    }
 }
 
 /// A coordinator's proof of ownership of a job: writes carrying it are

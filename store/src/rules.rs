@@ -103,16 +103,11 @@ pub fn ended_as(task: &Task, required: &TaskEnd) -> bool {
     task.state == required.state && task.attempt == required.attempt
 }
 
-/// The refusal of a batch whose required end is not stored: a transient
-/// error, so the run that built the batch on a report not stored resumes from
+/// The refusal of a batch whose required end is not stored: not an outage
+/// but a state that moved on, so the run that built the batch on a report not stored resumes from
 /// what is (the task's next attempt reports again).
 pub fn unconfirmed(required: &TaskEnd) -> StoreError {
-    StoreError::Backend(format!(
-        "task {} was not stored {} at attempt {}, which this write was built on",
-        required.task,
-        required.state.as_str(),
-        required.attempt
-    ))
+    StoreError::Unconfirmed { task: required.task, state: required.state, attempt: required.attempt }
 }
 
 pub fn heartbeat(task: &Task, attempt: u32, now: i64) -> Option<Task> {

@@ -61,7 +61,8 @@ pub async fn console(a: ConsoleArgs) -> anyhow::Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let shutdown = tokio_util::sync::CancellationToken::new();
-    flower_runtime::console::Console::new(store, objects, None, None).serve(listener, shutdown.clone());
+    flower_console::Console::new(flower_runtime::jobs::reader_app(store, objects), None, None)
+        .serve(listener, shutdown.clone());
     let pages = [
         ("jobs list", format!("{base}/")),
         ("job page", format!("{base}/jobs/{job}")),

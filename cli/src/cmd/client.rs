@@ -67,6 +67,21 @@ impl ServerArgs {
     }
 }
 
+/// A status read back as the application layer's error (one
+/// classification: `flower_coordinator::service::status` wrote the code).
+pub fn app_error(s: tonic::Status) -> flower_coordinator::app::AppError {
+    use flower_model::ErrorKind;
+    let kind = flower_coordinator::service::status::kind(s.code());
+    let m = s.message();
+    let message = match kind {
+        ErrorKind::Unavailable => format!("the flower service is unavailable: {m}"),
+        ErrorKind::Unauthenticated => format!("the flower service refused this client's credentials: {m}"),
+        ErrorKind::Internal => format!("{:?}: {m}", s.code()),
+        _ => m.to_string(),
+    };
+    flower_coordinator::app::AppError::new(kind, message)
+}
+
 /// A status as a one-line error for humans.
 pub fn status_error(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())

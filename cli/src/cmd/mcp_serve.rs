@@ -1,7 +1,7 @@
 //! `flower mcp-serve`: flower as an MCP server (stdio, or streamable HTTP
 //! with `--http`), over the embedded store (jobs run in this process, as
 //! `flower run` runs them) or a coordinator (`--server`). The server itself
-//! is `flower_runtime::mcp_serve`; this is its flags and the gRPC backend.
+//! is `flower_mcp`; this is its flags and the gRPC backend.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,13 +13,12 @@ use anyhow::Context;
 use async_trait::async_trait;
 use clap::Args;
 use flower_coordinator::tools::ask::Reply;
+use flower_mcp::{AppError, AppJobs, EventView, FlowerMcp, JobView, Jobs, SessionView, Template, Templates};
+use flower_model::ErrorKind;
 use flower_model::{Entry, JobSpec};
 use flower_proto::v1 as pb;
-use flower_runtime::mcp_serve::{
-    BackendError, EmbeddedJobs, EventView, FlowerMcp, JobView, Jobs, SessionView, Template, Templates,
-};
 
-use super::client::{Client, ServerArgs};
+use super::client::{Client, ServerArgs, app_error as status};
 
 #[derive(Args)]
 pub struct McpServeArgs {
@@ -73,16 +72,20 @@ pub async fn run(home: PathBuf, args: McpServeArgs) -> anyhow::Result<ExitCode> 
         templates.insert(t.name.clone(), t);
     }
     let token = args.token()?;
+    let mut runs = None;
     let jobs: Arc<dyn Jobs> = if args.server.configured() {
         let client = args.server.connect().await?;
         Arc::new(GrpcJobs { client, url: args.server.server.clone().unwrap_or_default() })
     } else {
         let policy = args.policy.policy(&super::isolation::service_credentials(&[]))?;
-        let jobs = EmbeddedJobs::open(&home, policy.clone()).with_context(|| format!("opening {}", home.display()))?;
+        let (app, embedded) = flower_runtime::jobs::embedded_app(&home, policy.clone())
+            .with_context(|| format!("opening {}", home.display()))?;
+        let describe = format!("the embedded store at {} (jobs run in this process)", embedded.home().display());
         let home = home.canonicalize().unwrap_or(home);
         // As `flower run`: the home (database, objects, other jobs' task directories) is hidden from tools.
         args.tools.install(&home.join("work"), std::slice::from_ref(&home), &[], policy)?;
-        Arc::new(jobs)
+        runs = Some(embedded);
+        Arc::new(AppJobs::new(app, describe))
     };
     let base = match &args.spec_root {
         Some(dir) => dir.canonicalize().with_context(|| format!("--spec-root {}", dir.display()))?,
@@ -95,7 +98,13 @@ pub async fn run(home: PathBuf, args: McpServeArgs) -> anyhow::Result<ExitCode> 
                 tracing::info!("a token is for --http; over stdio the client is the process that started this one");
             }
             tokio::select! {
-                served = flower_runtime::mcp_serve::serve_stdio(server) => served?,
+                served = flower_mcp::serve_stdio(server) => {
+                    served?;
+                    // The client went away: the jobs running here end first.
+                    if let Some(r) = &runs {
+                        r.drain().await;
+                    }
+                }
                 _ = shutdown_signal() => eprintln!("flower mcp-serve: stopping (jobs still running are left for `flower run --resume JOB`)"),
             }
         }
@@ -104,9 +113,8 @@ pub async fn run(home: PathBuf, args: McpServeArgs) -> anyhow::Result<ExitCode> 
                 addr.ip().is_loopback() || token.is_some(),
                 "--http {addr}: serving beyond loopback needs a token (--token-env VAR or FLOWER_MCP_TOKEN)"
             );
-            let http = flower_runtime::mcp_serve::serve_http(server, addr, token.clone())
-                .await
-                .with_context(|| format!("--http {addr}"))?;
+            let http =
+                flower_mcp::serve_http(server, addr, token.clone()).await.with_context(|| format!("--http {addr}"))?;
             println!(
                 "flower mcp-serve on {} ({}; jobs in {}; Ctrl-C stops)",
                 http.url(),
@@ -141,22 +149,6 @@ struct GrpcJobs {
     url: String,
 }
 
-fn status(s: tonic::Status) -> BackendError {
-    let m = s.message().to_string();
-    match s.code() {
-        tonic::Code::NotFound => BackendError::NotFound(m),
-        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted => BackendError::Invalid(m),
-        tonic::Code::FailedPrecondition | tonic::Code::AlreadyExists => BackendError::Refused(m),
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
-            BackendError::Unavailable(format!("the flower service is unavailable: {m}"))
-        }
-        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
-            BackendError::Other(format!("the flower service refused this server's credentials: {m}"))
-        }
-        code => BackendError::Other(format!("{code:?}: {m}")),
-    }
-}
-
 fn job_view(j: pb::Job) -> JobView {
     let opt = |s: String| (!s.is_empty()).then_some(s);
     let usage = j.usage.map(|u| {
@@ -185,29 +177,29 @@ impl Jobs for GrpcJobs {
         format!("the flower service at {}", self.url)
     }
 
-    async fn submit(&self, spec: JobSpec) -> Result<JobView, BackendError> {
+    async fn submit(&self, spec: JobSpec) -> Result<JobView, AppError> {
         let workspace = match &spec.workspace {
             Some(dir) => super::submit::read_workspace(dir, spec.runtime.workspace_limit.as_u64())
-                .map_err(|e| BackendError::Invalid(format!("workspace: {e:#}")))?,
+                .map_err(|e| AppError::invalid("workspace", format_args!("{e:#}")))?,
             None => Vec::new(),
         };
-        let text = serde_json::to_string(&spec).map_err(|e| BackendError::Other(e.to_string()))?;
+        let text = serde_json::to_string(&spec).map_err(|e| AppError::internal("the spec could not be encoded", e))?;
         let req = pb::SubmitRequest { spec: text, idempotency_key: String::new(), workspace };
         let r = self.client.clone().submit(req).await.map_err(status)?.into_inner();
         self.job(&r.job_id).await
     }
 
-    async fn job(&self, job: &str) -> Result<JobView, BackendError> {
+    async fn job(&self, job: &str) -> Result<JobView, AppError> {
         match self.client.clone().get(pb::GetRequest { job_id: job.to_string() }).await {
             Ok(r) => Ok(job_view(r.into_inner())),
             Err(s) if s.code() == tonic::Code::NotFound => {
-                Err(BackendError::NotFound(format!("no job `{job}` on {} ({})", self.url, s.message())))
+                Err(AppError::new(ErrorKind::NotFound, format!("no job `{job}` on {} ({})", self.url, s.message())))
             }
             Err(s) => Err(status(s)),
         }
     }
 
-    async fn events(&self, job: &str, after: i64, wait: Duration) -> Result<Vec<EventView>, BackendError> {
+    async fn events(&self, job: &str, after: i64, wait: Duration) -> Result<Vec<EventView>, AppError> {
         let req = pb::WatchRequest { job_id: job.to_string(), after_seq: after };
         let mut stream = self.client.clone().watch(req).await.map_err(status)?.into_inner();
         let mut out = Vec::new();
@@ -230,7 +222,7 @@ impl Jobs for GrpcJobs {
         Ok(out)
     }
 
-    async fn sessions(&self, job: &str) -> Result<Vec<SessionView>, BackendError> {
+    async fn sessions(&self, job: &str) -> Result<Vec<SessionView>, AppError> {
         let req = pb::GetTranscriptRequest { job_id: job.to_string(), ..Default::default() };
         let r = self.client.clone().get_transcript(req).await.map_err(status)?.into_inner();
         Ok(r.sessions
@@ -244,7 +236,7 @@ impl Jobs for GrpcJobs {
             .collect())
     }
 
-    async fn entries(&self, job: &str, session: &str, after: i64, limit: u32) -> Result<Vec<Entry>, BackendError> {
+    async fn entries(&self, job: &str, session: &str, after: i64, limit: u32) -> Result<Vec<Entry>, AppError> {
         let req = pb::GetTranscriptRequest {
             job_id: job.to_string(),
             session_id: session.to_string(),
@@ -255,7 +247,8 @@ impl Jobs for GrpcJobs {
         r.entries_json
             .iter()
             .map(|e| {
-                serde_json::from_str(e).map_err(|e| BackendError::Other(format!("an entry the service sent: {e}")))
+                serde_json::from_str(e)
+                    .map_err(|e| AppError::internal("an entry the service sent could not be read", e))
             })
             .collect()
     }
@@ -265,36 +258,36 @@ impl Jobs for GrpcJobs {
         Default::default()
     }
 
-    async fn files(&self, job: &str) -> Result<Vec<(String, u64)>, BackendError> {
+    async fn files(&self, job: &str) -> Result<Vec<(String, u64)>, AppError> {
         let req = pb::ListArtifactsRequest { job_id: job.to_string() };
         let r = self.client.clone().list_artifacts(req).await.map_err(status)?.into_inner();
         Ok(r.artifacts.into_iter().map(|a| (a.path, a.size)).collect())
     }
 
-    async fn file(&self, job: &str, path: &str) -> Result<Vec<u8>, BackendError> {
+    async fn file(&self, job: &str, path: &str) -> Result<Vec<u8>, AppError> {
         let req = pb::GetArtifactRequest { job_id: job.to_string(), path: path.to_string() };
         let mut stream = self.client.clone().get_artifact(req).await.map_err(status)?.into_inner();
         let mut out = Vec::new();
         while let Some(chunk) = stream.message().await.map_err(status)? {
             out.extend_from_slice(&chunk.data);
-            if out.len() > flower_runtime::mcp_serve::MAX_ARTIFACT {
+            if out.len() > flower_mcp::MAX_ARTIFACT {
                 break; // the caller refuses it, naming the size limit
             }
         }
         Ok(out)
     }
 
-    async fn cancel(&self, job: &str, reason: &str) -> Result<JobView, BackendError> {
+    async fn cancel(&self, job: &str, reason: &str) -> Result<JobView, AppError> {
         let req = pb::CancelRequest { job_id: job.to_string(), reason: reason.to_string() };
         Ok(job_view(self.client.clone().cancel(req).await.map_err(status)?.into_inner()))
     }
 
-    async fn interrupt(&self, job: &str, message: &str) -> Result<JobView, BackendError> {
+    async fn interrupt(&self, job: &str, message: &str) -> Result<JobView, AppError> {
         let req = pb::InterruptRequest { job_id: job.to_string(), message: message.to_string() };
         Ok(job_view(self.client.clone().interrupt(req).await.map_err(status)?.into_inner()))
     }
 
-    async fn answer(&self, job: &str, question: Option<&str>, reply: Reply) -> Result<JobView, BackendError> {
+    async fn answer(&self, job: &str, question: Option<&str>, reply: Reply) -> Result<JobView, AppError> {
         let (text, option) = match reply {
             Reply::Text(t) => (t, 0),
             Reply::Option(n) => (String::new(), n),

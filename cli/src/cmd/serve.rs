@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -136,23 +137,21 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     );
     serve_metrics(metrics, Some(connected.store.clone()))?;
     let shutdown = CancellationToken::new();
+    let notifier = backends.notifier.clone();
+    let service = service::Service::new(config, backends);
     if let Some(listener) = console {
         println!("console on http://{}/", listener.local_addr()?);
-        flower_runtime::console::Console::new(
-            backends.store.clone(),
-            backends.objects.clone(),
-            Some(backends.notifier.clone()),
-            token,
-        )
-        .with_audit_sources(audit_sources)
-        .serve(listener, shutdown.clone());
+        let audits = Arc::new(flower_runtime::audit::SimAudits::new(audit_sources));
+        flower_console::Console::new(service.app().clone(), Some(notifier), token)
+            .with_audits(audits)
+            .serve(listener, shutdown.clone());
     }
     let stop = shutdown.clone();
     tokio::spawn(async move {
         terminated().await;
         stop.cancel();
     });
-    service::serve(listener, config, backends, shutdown).await?;
+    service.serve(listener, shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }
 

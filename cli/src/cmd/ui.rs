@@ -7,8 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use flower_runtime::EmbeddedRuntime;
-use flower_runtime::console::Console;
+use flower_console::Console;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Args)]
@@ -22,12 +21,15 @@ pub struct UiArgs {
 }
 
 pub async fn ui(home: PathBuf, args: UiArgs) -> anyhow::Result<ExitCode> {
-    let runtime = EmbeddedRuntime::open(&home).with_context(|| format!("opening {}", home.display()))?;
+    let runtime =
+        flower_runtime::EmbeddedRuntime::open(&home).with_context(|| format!("opening {}", home.display()))?;
+    // Jobs are run by `flower run` in other processes: this one reads them and acts on them.
+    let app = flower_runtime::jobs::reader_app(runtime.store(), runtime.objects());
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("--listen {}", args.listen))?;
     println!("console on http://{}/ (the jobs of {}; Ctrl-C stops)", listener.local_addr()?, home.display());
     let shutdown = CancellationToken::new();
-    Console::new(runtime.store(), runtime.objects(), None, args.token).serve(listener, shutdown.clone());
+    Console::new(app, None, args.token).serve(listener, shutdown.clone());
     tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
     shutdown.cancel();
     Ok(ExitCode::SUCCESS)

@@ -61,6 +61,37 @@ impl Default for ServiceConfig {
     }
 }
 
+/// A coordinator service: its owner of jobs and its application, which
+/// every front-end of the process (the gRPC API, the console) calls.
+pub struct Service {
+    config: ServiceConfig,
+    backends: Backends,
+    owner: Arc<owner::Owner>,
+    app: crate::app::App,
+}
+
+impl Service {
+    pub fn new(config: ServiceConfig, backends: Backends) -> Self {
+        let owner = owner::Owner::new(backends.clone(), config.replica.clone(), config.lease_ttl, config.sweep);
+        let app = app(&backends, owner.clone(), config.max_request_bytes);
+        Self { config, backends, owner, app }
+    }
+
+    /// The application this service's front-ends call.
+    pub fn app(&self) -> &crate::app::App {
+        &self.app
+    }
+
+    /// Serve on `listener` until `shutdown` (see [`serve`]).
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), tonic::transport::Error> {
+        run(self, listener, shutdown).await
+    }
+}
+
 /// Serve on `listener` until `shutdown`; jobs this replica owns are released
 /// at shutdown so another replica resumes them at once.
 pub async fn serve(
@@ -69,7 +100,15 @@ pub async fn serve(
     backends: Backends,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    let owner = owner::Owner::new(backends.clone(), config.replica.clone(), config.lease_ttl, config.sweep);
+    Service::new(config, backends).serve(listener, shutdown).await
+}
+
+async fn run(
+    service: Service,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let Service { config, backends, owner, app } = service;
     let owning = tokio::spawn(owner.clone().run(shutdown.clone()));
     let journal = flower_agent::Journal::new(backends.store.clone(), backends.notifier.clone());
     let dead_letters = tokio::spawn(crate::dead_letters::run(
@@ -78,7 +117,7 @@ pub async fn serve(
         config.sweep.max_attempts,
         shutdown.clone(),
     ));
-    let api = api::Api::new(backends, owner, config.max_request_bytes);
+    let api = api::Api::new(app, backends.notifier.clone());
     let token = config.token.clone();
     let auth = move |req: Request<()>| check_token(&token, req);
     // Our own size checks give the precise message; the transport's limit sits above them.
@@ -121,19 +160,31 @@ pub async fn serve(
     served
 }
 
+/// The application a service's front-ends call (the gRPC API; the console
+/// beside it is given the same through [`app`]).
+pub fn app(b: &Backends, owner: Arc<owner::Owner>, max_request_bytes: usize) -> crate::app::App {
+    let runs = api::ServiceRuns { owner, notifier: b.notifier.clone(), providers: b.providers.clone() };
+    crate::app::App::new(
+        crate::app::AppBackends {
+            store: b.store.clone(),
+            objects: b.objects.clone(),
+            providers: b.providers.clone(),
+            tool_policy: b.tool_policy.clone(),
+        },
+        Arc::new(runs),
+    )
+    .with_max_request_bytes(max_request_bytes)
+}
+
 fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, Status> {
     let Some(expected) = token else { return Ok(req) };
     let given =
         req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     match given {
-        Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(req),
-        Some(_) => Err(status::unauthenticated("the bearer token is not valid")),
-        None => Err(status::unauthenticated("this service needs `authorization: Bearer <token>`")),
+        Some(t) if flower_model::secret::same(t.as_bytes(), expected.as_bytes()) => Ok(req),
+        Some(_) => Err(Status::unauthenticated("the bearer token is not valid")),
+        None => Err(Status::unauthenticated("this service needs `authorization: Bearer <token>`")),
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The URL of a service bound at `addr` (for logs and tests that bind port 0).

@@ -15,6 +15,7 @@
 
 pub mod args;
 pub mod backend;
+mod error;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,7 +35,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 pub use args::{ArgError, Template, Templates};
-pub use backend::{BackendError, EmbeddedJobs, EventView, JobView, Jobs, SessionView};
+pub use backend::{AppJobs, EventView, JobView, Jobs, SessionView, answer_request};
+pub use flower_coordinator::app::AppError;
 
 use args::ToolArgs;
 
@@ -224,12 +226,9 @@ impl From<ArgError> for Fail {
     }
 }
 
-impl From<BackendError> for Fail {
-    fn from(e: BackendError) -> Self {
-        Fail(match e {
-            BackendError::Unavailable(m) => format!("{m} (try again)"),
-            other => other.to_string(),
-        })
+impl From<AppError> for Fail {
+    fn from(e: AppError) -> Self {
+        Fail(error::text(&e))
     }
 }
 
@@ -652,13 +651,10 @@ impl ServerHandler for FlowerMcp {
     }
 }
 
-/// Serve over stdin/stdout until the client goes away; then wait for the
-/// jobs running here (Ctrl-C / SIGTERM: stop at once).
+/// Serve over stdin/stdout until the client goes away.
 pub async fn serve_stdio(server: FlowerMcp) -> anyhow::Result<()> {
-    let jobs = server.jobs().clone();
     let running = server.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
-    jobs.drain().await;
     Ok(())
 }
 
@@ -689,11 +685,6 @@ impl Drop for HttpServer {
     }
 }
 
-/// Equal without an early exit.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Serve streamable HTTP at `addr` (`/mcp`); with `token`, every request must
 /// carry `Authorization: Bearer <token>` (else 401).
 pub async fn serve_http(server: FlowerMcp, addr: SocketAddr, token: Option<String>) -> std::io::Result<HttpServer> {
@@ -720,7 +711,7 @@ pub async fn serve_http(server: FlowerMcp, addr: SocketAddr, token: Option<Strin
                 use axum::response::IntoResponse;
                 if let Some(expected) = expected {
                     let given = req.headers().get("authorization").map(|v| v.as_bytes()).unwrap_or_default();
-                    if !same(given, expected.as_bytes()) {
+                    if !flower_model::secret::same(given, expected.as_bytes()) {
                         return (
                             axum::http::StatusCode::UNAUTHORIZED,
                             [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
@@ -752,37 +743,37 @@ mod tests {
         fn describe(&self) -> String {
             "nowhere".into()
         }
-        async fn submit(&self, spec: flower_model::JobSpec) -> Result<JobView, BackendError> {
-            Err(BackendError::Other(format!("would submit {}: {}", spec.name, spec.goal)))
+        async fn submit(&self, spec: flower_model::JobSpec) -> Result<JobView, AppError> {
+            Err(AppError::new(flower_model::ErrorKind::Internal, format!("would submit {}: {}", spec.name, spec.goal)))
         }
-        async fn job(&self, job: &str) -> Result<JobView, BackendError> {
-            Err(BackendError::NotFound(format!("no job `{job}`")))
+        async fn job(&self, job: &str) -> Result<JobView, AppError> {
+            Err(AppError::new(flower_model::ErrorKind::NotFound, format!("no job `{job}`")))
         }
-        async fn events(&self, job: &str, _: i64, _: Duration) -> Result<Vec<EventView>, BackendError> {
+        async fn events(&self, job: &str, _: i64, _: Duration) -> Result<Vec<EventView>, AppError> {
             self.job(job).await.map(|_| vec![])
         }
-        async fn sessions(&self, job: &str) -> Result<Vec<SessionView>, BackendError> {
+        async fn sessions(&self, job: &str) -> Result<Vec<SessionView>, AppError> {
             self.job(job).await.map(|_| vec![])
         }
-        async fn entries(&self, job: &str, _: &str, _: i64, _: u32) -> Result<Vec<flower_model::Entry>, BackendError> {
+        async fn entries(&self, job: &str, _: &str, _: i64, _: u32) -> Result<Vec<flower_model::Entry>, AppError> {
             self.job(job).await.map(|_| vec![])
         }
         async fn pruning(&self, _: &str) -> flower_model::spec::PruningOptions {
             Default::default()
         }
-        async fn files(&self, job: &str) -> Result<Vec<(String, u64)>, BackendError> {
+        async fn files(&self, job: &str) -> Result<Vec<(String, u64)>, AppError> {
             self.job(job).await.map(|_| vec![])
         }
-        async fn file(&self, job: &str, _: &str) -> Result<Vec<u8>, BackendError> {
+        async fn file(&self, job: &str, _: &str) -> Result<Vec<u8>, AppError> {
             self.job(job).await.map(|_| vec![])
         }
-        async fn cancel(&self, job: &str, _: &str) -> Result<JobView, BackendError> {
+        async fn cancel(&self, job: &str, _: &str) -> Result<JobView, AppError> {
             self.job(job).await
         }
-        async fn interrupt(&self, job: &str, _: &str) -> Result<JobView, BackendError> {
+        async fn interrupt(&self, job: &str, _: &str) -> Result<JobView, AppError> {
             self.job(job).await
         }
-        async fn answer(&self, job: &str, _: Option<&str>, _: Reply) -> Result<JobView, BackendError> {
+        async fn answer(&self, job: &str, _: Option<&str>, _: Reply) -> Result<JobView, AppError> {
             self.job(job).await
         }
     }
@@ -808,42 +799,42 @@ mod tests {
         fn describe(&self) -> String {
             "one job".into()
         }
-        async fn submit(&self, _: flower_model::JobSpec) -> Result<JobView, BackendError> {
+        async fn submit(&self, _: flower_model::JobSpec) -> Result<JobView, AppError> {
             Ok(view())
         }
-        async fn job(&self, _: &str) -> Result<JobView, BackendError> {
+        async fn job(&self, _: &str) -> Result<JobView, AppError> {
             Ok(view())
         }
-        async fn events(&self, _: &str, _: i64, _: Duration) -> Result<Vec<EventView>, BackendError> {
+        async fn events(&self, _: &str, _: i64, _: Duration) -> Result<Vec<EventView>, AppError> {
             Ok(vec![])
         }
-        async fn sessions(&self, _: &str) -> Result<Vec<SessionView>, BackendError> {
+        async fn sessions(&self, _: &str) -> Result<Vec<SessionView>, AppError> {
             Ok(vec![])
         }
-        async fn entries(&self, _: &str, _: &str, _: i64, _: u32) -> Result<Vec<flower_model::Entry>, BackendError> {
+        async fn entries(&self, _: &str, _: &str, _: i64, _: u32) -> Result<Vec<flower_model::Entry>, AppError> {
             Ok(vec![])
         }
         async fn pruning(&self, _: &str) -> flower_model::spec::PruningOptions {
             Default::default()
         }
-        async fn files(&self, _: &str) -> Result<Vec<(String, u64)>, BackendError> {
+        async fn files(&self, _: &str) -> Result<Vec<(String, u64)>, AppError> {
             Ok(vec![("artifacts/a.md".into(), 3), ("artifacts/p.png".into(), 4), ("notes/qa-log.md".into(), 9)])
         }
-        async fn file(&self, _: &str, path: &str) -> Result<Vec<u8>, BackendError> {
+        async fn file(&self, _: &str, path: &str) -> Result<Vec<u8>, AppError> {
             match path {
                 "artifacts/a.md" => Ok(b"# a".to_vec()),
                 "artifacts/p.png" => Ok(vec![0x89, b'P', b'N', 0]),
-                _ => Err(BackendError::NotFound(format!("no file `{path}`"))),
+                _ => Err(AppError::new(flower_model::ErrorKind::NotFound, format!("no file `{path}`"))),
             }
         }
-        async fn cancel(&self, _: &str, _: &str) -> Result<JobView, BackendError> {
-            Err(BackendError::Refused("job already succeeded".into()))
+        async fn cancel(&self, _: &str, _: &str) -> Result<JobView, AppError> {
+            Err(AppError::precondition("job already succeeded"))
         }
-        async fn interrupt(&self, _: &str, _: &str) -> Result<JobView, BackendError> {
-            Err(BackendError::Refused("job already succeeded".into()))
+        async fn interrupt(&self, _: &str, _: &str) -> Result<JobView, AppError> {
+            Err(AppError::precondition("job already succeeded"))
         }
-        async fn answer(&self, _: &str, _: Option<&str>, _: Reply) -> Result<JobView, BackendError> {
-            Err(BackendError::Refused("job already succeeded".into()))
+        async fn answer(&self, _: &str, _: Option<&str>, _: Reply) -> Result<JobView, AppError> {
+            Err(AppError::precondition("job already succeeded"))
         }
     }
 

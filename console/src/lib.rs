@@ -24,20 +24,16 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use flower_bus::{Heard, Notice, Notifier};
+use flower_coordinator::app::{AnswerRequest, App};
 use flower_coordinator::context::ContextReport;
+use flower_coordinator::context::{CacheAudits, audit_key};
 use flower_model::{ContentBlock, Entry, Job, JobId, JobSpec, JobState, Role, SessionId, Task, now_ms};
-use flower_store::{Store, StoreError, Workbench};
-use object_store::{ObjectStore, ObjectStoreExt};
+use flower_store::{Store, StoreError};
+use object_store::ObjectStoreExt;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-
-/// Where a run's cache audit (the simulator's, joined with the job's
-/// recorded rewrites) is kept beside the job, for the job page.
-pub fn audit_key(job: JobId) -> object_store::path::Path {
-    object_store::path::Path::from(format!("jobs/{job}/audit/cache.json"))
-}
 
 /// Jobs the list reads at most (newest first); filters and pages apply within them.
 pub const LIST_WINDOW: u32 = 1000;
@@ -48,8 +44,8 @@ pub const ENTRIES_PAGE: u32 = 200;
 /// Characters of one entry's text shown before it is cut.
 const SHOWN_CHARS: usize = 4000;
 const COOKIE: &str = "flower_console";
-const CSS: &str = include_str!("console/console.css");
-const JS: &str = include_str!("console/console.js");
+const CSS: &str = include_str!("console.css");
+const JS: &str = include_str!("console.js");
 /// Pages load their script and style from the console only; nothing inline.
 const CSP: &str = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; \
                    frame-ancestors 'none'; form-action 'self'; base-uri 'none'";
@@ -62,60 +58,51 @@ pub struct Console {
 }
 
 struct Inner {
-    store: Arc<dyn Store>,
-    objects: Arc<dyn ObjectStore>,
+    app: App,
     notifier: Option<Arc<dyn Notifier>>,
     /// The token's digest (the cookie's value), when a token is set.
     token_digest: Option<String>,
     csrf: String,
     /// Ended jobs' cost by role and model, latency and TTFT (the insights strip).
     profiles: profile::Profiles,
-    /// Provider endpoints that may be simulators keeping a cache audit
-    /// (distributed mode); one that answered without one is not asked again.
-    audit_sources: Vec<String>,
-    no_audit: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Who can audit an ended job's prompt cache when none was kept.
+    audits: Option<Arc<dyn CacheAudits>>,
 }
 
+mod error;
 mod profile;
 
 fn digest(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
-/// Equal without an early exit (the time taken tells nothing about where they differ).
 fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    flower_model::secret::same(a.as_bytes(), b.as_bytes())
 }
 
 impl Console {
-    pub fn new(
-        store: Arc<dyn Store>,
-        objects: Arc<dyn ObjectStore>,
-        notifier: Option<Arc<dyn Notifier>>,
-        token: Option<String>,
-    ) -> Self {
+    /// The console over `app`; `notifier`'s notices make pages live (else they poll).
+    pub fn new(app: App, notifier: Option<Arc<dyn Notifier>>, token: Option<String>) -> Self {
         let token = token.filter(|t| !t.is_empty());
         let secret = token.clone().unwrap_or_else(|| hex::encode(rand::random::<[u8; 32]>()));
         Self {
             inner: Arc::new(Inner {
-                store,
-                objects,
+                app,
                 notifier,
                 token_digest: token.as_deref().map(|t| digest(&format!("flower-console-session:{t}"))),
                 csrf: digest(&format!("flower-console-csrf:{secret}")),
                 profiles: Default::default(),
-                audit_sources: Vec::new(),
-                no_audit: Default::default(),
+                audits: None,
             }),
         }
     }
 
-    /// Provider endpoints to ask for a simulator's cache audit of an ended
-    /// job that has none kept (a coordinator's console: the simulator is
-    /// another process). What is found is kept beside the job.
-    pub fn with_audit_sources(mut self, sources: Vec<String>) -> Self {
+    /// Who to ask for the cache audit of an ended job that has none kept (a
+    /// coordinator's console: the simulator is another process). What is
+    /// found is kept beside the job.
+    pub fn with_audits(mut self, audits: Arc<dyn CacheAudits>) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.audit_sources = sources;
+            inner.audits = Some(audits);
         }
         self
     }
@@ -168,7 +155,7 @@ impl Console {
     }
 
     fn store(&self) -> &dyn Store {
-        self.inner.store.as_ref()
+        self.inner.app.store().as_ref()
     }
 }
 
@@ -220,20 +207,6 @@ fn problem(status: StatusCode, message: &str) -> Response {
             ),
         ),
     )
-}
-
-fn store_problem(e: StoreError) -> Response {
-    match e {
-        StoreError::NotFound(what) => problem(StatusCode::NOT_FOUND, &format!("not found: {what}")),
-        StoreError::Backend(m) => {
-            tracing::warn!(error = %m, "console: store unavailable");
-            problem(StatusCode::SERVICE_UNAVAILABLE, "the store is unavailable; retry later")
-        }
-        other => {
-            tracing::warn!(error = %other, "console: request failed");
-            problem(StatusCode::INTERNAL_SERVER_ERROR, "the request failed (see the service's log)")
-        }
-    }
 }
 
 /// HTML-escaped text.
@@ -499,7 +472,7 @@ async fn jobs_page(State(c): State<Console>, headers: HeaderMap, Query(q): Query
     }
     let jobs = match c.store().list_jobs(LIST_WINDOW).await {
         Ok(j) => j,
-        Err(e) => return store_problem(e),
+        Err(e) => return error::page(e),
     };
     let now = now_ms();
     // The period before the chosen window, with the same filters.
@@ -524,14 +497,14 @@ async fn jobs_page(State(c): State<Console>, headers: HeaderMap, Query(q): Query
     let store = c.store();
     match profiles.total(store, lines.iter().map(|l| &l.job)).await {
         Ok(p) => current.profile = p,
-        Err(e) => return store_problem(e),
+        Err(e) => return error::page(e),
     }
     // Each turn priced at its own model (a job may use two).
     current.cost = current.profile.cost_by_model.values().sum::<f64>() + 0.0;
     if let (Some(b), Some(e)) = (before.as_mut(), earlier.as_ref()) {
         match profiles.total(store, e.iter().map(|l| &l.job)).await {
             Ok(p) => b.profile = p,
-            Err(e) => return store_problem(e),
+            Err(e) => return error::page(e),
         }
         b.cost = b.profile.cost_by_model.values().sum::<f64>() + 0.0;
     }
@@ -680,7 +653,7 @@ struct JobView {
     /// Each task's attempts: (attempt, started at, finished at and whether it succeeded).
     attempts: BTreeMap<flower_model::TaskId, Vec<Attempt>>,
     /// The simulator's cache audit of the run, when one was kept.
-    audit: Option<flower_sim::audit::CacheAudit>,
+    audit: Option<flower_model::audit::CacheAudit>,
 }
 
 struct Attempt {
@@ -720,8 +693,9 @@ async fn load_job(c: &Console, job: JobId) -> Result<JobView, StoreError> {
         flower_coordinator::tools::ask::pending(store, job.id),
         attempts(store, job.id),
     )?;
-    let files = Workbench::new(c.inner.objects.clone(), job.id).list().await.unwrap_or_default();
-    let mut audit = match c.inner.objects.get(&audit_key(job.id)).await {
+    let files = c.inner.app.artifacts(job.id).await.unwrap_or_default();
+    let objects = c.inner.app.objects();
+    let mut audit = match objects.get(&audit_key(job.id)).await {
         Ok(got) => got.bytes().await.ok().and_then(|b| serde_json::from_slice(&b).ok()),
         Err(_) => None,
     };
@@ -729,7 +703,7 @@ async fn load_job(c: &Console, job: JobId) -> Result<JobView, StoreError> {
         audit = fetch_audit(c, &sessions, &context).await;
         if let Some(a) = &audit
             && let Ok(body) = serde_json::to_vec(a)
-            && let Err(e) = c.inner.objects.put(&audit_key(job.id), object_store::PutPayload::from(body)).await
+            && let Err(e) = objects.put(&audit_key(job.id), object_store::PutPayload::from(body)).await
         {
             tracing::warn!(error = %e, "the cache audit was not kept");
         }
@@ -737,30 +711,15 @@ async fn load_job(c: &Console, job: JobId) -> Result<JobView, StoreError> {
     Ok(JobView { timeline_from: 0, job, spec, tasks, sessions, record, context, pending, files, attempts, audit })
 }
 
-/// A simulator's cache audit of these sessions, from the provider endpoints
-/// that keep one (`GET /v1/flower/audit`), joined with the job's rewrites.
+/// The cache audit of these sessions from whoever can make one.
 async fn fetch_audit(
     c: &Console,
     sessions: &[flower_model::Session],
     context: &ContextReport,
-) -> Option<flower_sim::audit::CacheAudit> {
-    let ours: std::collections::HashSet<String> = sessions.iter().map(|s| s.id.to_string()).collect();
-    let mut records = std::collections::HashMap::new();
-    for source in &c.inner.audit_sources {
-        if c.inner.no_audit.lock().unwrap_or_else(|p| p.into_inner()).contains(source) {
-            continue;
-        }
-        match tokio::time::timeout(Duration::from_secs(3), crate::audit::fetch(source)).await {
-            Ok(Ok(found)) => records.extend(found.into_iter().filter(|(s, _)| ours.contains(s))),
-            // Not a simulator (a real provider has no such endpoint): never asked again.
-            Ok(Err(e)) if e.status().is_some() || e.is_decode() => {
-                c.inner.no_audit.lock().unwrap_or_else(|p| p.into_inner()).insert(source.clone());
-            }
-            // Unreachable for now: asked again on the next view.
-            Ok(Err(_)) | Err(_) => {}
-        }
-    }
-    (!records.is_empty()).then(|| flower_sim::audit::join(&records, &context.rewrites()))
+) -> Option<flower_model::audit::CacheAudit> {
+    let audits = c.inner.audits.as_ref()?;
+    let ids: Vec<String> = sessions.iter().map(|s| s.id.to_string()).collect();
+    audits.audit(&ids, &context.rewrites()).await
 }
 
 /// The job's header: state, figures, the context meter chip.
@@ -1230,7 +1189,7 @@ async fn job_page(
     };
     let mut v = match load_job(&c, job).await {
         Ok(v) => v,
-        Err(e) => return store_problem(e),
+        Err(e) => return error::page(e),
     };
     v.timeline_from = q.tasks.min(v.tasks.len().saturating_sub(1));
     let now = now_ms();
@@ -1276,7 +1235,7 @@ async fn job_live(
         Err(r) => return *r,
     };
     if let Err(e) = c.store().get_job(job).await {
-        return store_problem(e);
+        return error::page(e);
     }
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<i64>().ok());
     let mut cursor = resume.unwrap_or(q.after).max(0);
@@ -1423,7 +1382,7 @@ async fn transcript_page(
     let store = c.store();
     let (found, sessions) = match tokio::try_join!(store.get_job(job), store.sessions(job)) {
         Ok(x) => x,
-        Err(e) => return store_problem(e),
+        Err(e) => return error::page(e),
     };
     let Some(s) = sessions.iter().find(|s| s.id == session) else {
         return problem(StatusCode::NOT_FOUND, "no such session in this job");
@@ -1441,7 +1400,7 @@ async fn transcript_page(
     if pruned {
         let stored = match store.entries(session, 0, u32::MAX).await {
             Ok(e) => e,
-            Err(e) => return store_problem(e),
+            Err(e) => return error::page(e),
         };
         let total = stored.len();
         let opts = JobSpec::from_value(found.spec.clone()).map(|s| s.runtime.pruning).unwrap_or_default();
@@ -1473,7 +1432,7 @@ async fn transcript_page(
         let from = q.from.max(0);
         let entries = match store.entries(session, from, ENTRIES_PAGE).await {
             Ok(e) => e,
-            Err(e) => return store_problem(e),
+            Err(e) => return error::page(e),
         };
         let last = entries.last().map(|e| e.seq);
         for e in &entries {
@@ -1514,10 +1473,9 @@ async fn file(
         Ok(j) => j,
         Err(r) => return *r,
     };
-    let bytes = match Workbench::new(c.inner.objects.clone(), job).get(&path).await {
+    let bytes = match c.inner.app.artifact(job, &path).await {
         Ok(b) => b,
-        Err(StoreError::BadPath { why, .. }) => return problem(StatusCode::BAD_REQUEST, &format!("path: {why}")),
-        Err(e) => return store_problem(e),
+        Err(e) => return error::page(e),
     };
     let text = std::str::from_utf8(&bytes).is_ok();
     let kind = if text { "text/plain; charset=utf-8" } else { "application/octet-stream" };
@@ -1576,13 +1534,6 @@ fn action_guard(c: &Console, headers: &HeaderMap, csrf: &str, job: &str) -> Resu
     parse_job(job)
 }
 
-fn action_problem(e: flower_coordinator::actions::ActionError) -> Response {
-    match e {
-        flower_coordinator::actions::ActionError::Ended { .. } => problem(StatusCode::CONFLICT, &e.to_string()),
-        flower_coordinator::actions::ActionError::Store(e) => store_problem(e),
-    }
-}
-
 async fn cancel(
     State(c): State<Console>,
     headers: HeaderMap,
@@ -1593,13 +1544,10 @@ async fn cancel(
         Ok(j) => j,
         Err(r) => return *r,
     };
-    if f.reason.len() > 4096 || f.reason.contains('\0') {
-        return problem(StatusCode::BAD_REQUEST, "reason: at most 4,096 bytes, no NUL");
-    }
-    let reason = if f.reason.trim().is_empty() { "cancelled from the console".to_string() } else { f.reason };
-    match flower_coordinator::actions::cancel(c.store(), c.inner.notifier.as_deref(), job, &reason).await {
+    let reason = if f.reason.trim().is_empty() { "cancelled from the console" } else { f.reason.as_str() };
+    match c.inner.app.cancel(&job.to_string(), reason).await {
         Ok(_) => redirect(&format!("/jobs/{job}")),
-        Err(e) => action_problem(e),
+        Err(e) => error::page(e),
     }
 }
 
@@ -1613,15 +1561,9 @@ async fn interrupt(
         Ok(j) => j,
         Err(r) => return *r,
     };
-    if f.message.trim().is_empty()
-        || f.message.len() > flower_model::spec::MAX_MESSAGE_BYTES
-        || f.message.contains('\0')
-    {
-        return problem(StatusCode::BAD_REQUEST, "message: required, without NUL, at most 256 KiB");
-    }
-    match flower_coordinator::actions::interrupt(c.store(), c.inner.notifier.as_deref(), job, f.message).await {
+    match c.inner.app.interrupt(&job.to_string(), &f.message).await {
         Ok(_) => redirect(&format!("/jobs/{job}")),
-        Err(e) => action_problem(e),
+        Err(e) => error::page(e),
     }
 }
 
@@ -1631,28 +1573,14 @@ async fn answer(
     Path(job): Path<String>,
     Form(f): Form<AnswerForm>,
 ) -> Response {
-    use flower_coordinator::tools::ask::{AnswerError, Reply};
     let job = match action_guard(&c, &headers, &f.csrf, &job) {
         Ok(j) => j,
         Err(r) => return *r,
     };
-    let reply = match (f.option, f.text.trim().is_empty()) {
-        (Some(n), _) => Reply::Option(n),
-        (None, false) if f.text.len() <= flower_model::spec::MAX_MESSAGE_BYTES && !f.text.contains('\0') => {
-            Reply::Text(f.text)
-        }
-        (None, false) => return problem(StatusCode::BAD_REQUEST, "text: without NUL, at most 256 KiB"),
-        (None, true) => return problem(StatusCode::BAD_REQUEST, "give an answer: an option or words"),
-    };
-    match flower_coordinator::tools::ask::answer(c.store(), job, Some(&f.question), reply).await {
-        Ok(written) => {
-            if let Some(n) = &c.inner.notifier {
-                flower_coordinator::actions::answered(n.as_ref(), job, &written).await;
-            }
-            redirect(&format!("/jobs/{job}"))
-        }
-        Err(AnswerError::Store(e)) => store_problem(e),
-        Err(e) => problem(StatusCode::CONFLICT, &e.to_string()),
+    let answer = AnswerRequest { question_id: f.question, text: f.text, option: f.option.unwrap_or(0) };
+    match c.inner.app.answer(&job.to_string(), answer).await {
+        Ok(_) => redirect(&format!("/jobs/{job}")),
+        Err(e) => error::page(e),
     }
 }
 

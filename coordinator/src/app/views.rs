@@ -1,0 +1,74 @@
+//! The calls that read a job: the list, events, sessions and their
+//! entries, the workbench, the workflow record and the context report.
+
+use bytes::Bytes;
+use flower_model::{Entry, Event, Job, JobId, Session, SessionId};
+use flower_store::{StoreError, Workbench};
+
+use super::input::{self, parse_id};
+use super::{App, AppError, Result};
+
+/// Most jobs, events or entries one read returns.
+pub const MAX_PAGE: u32 = 1000;
+
+/// A page size as asked: 0 for `default`, at most [`MAX_PAGE`].
+pub fn page(asked: u32, default: u32) -> u32 {
+    if asked == 0 { default } else { asked.min(MAX_PAGE) }
+}
+
+impl App {
+    /// The most recent jobs, newest first.
+    pub async fn list(&self, limit: u32) -> Result<Vec<Job>> {
+        Ok(self.b.store.list_jobs(page(limit, 50)).await?)
+    }
+
+    /// A job's events after `after` (0: from the first), at most `limit`.
+    pub async fn events(&self, job: JobId, after: i64, limit: u32) -> Result<Vec<Event>> {
+        if after < 0 {
+            return Err(AppError::invalid("after_seq", "must be 0 or a sequence number already seen"));
+        }
+        Ok(self.b.store.events(job, after, page(limit, 500)).await?)
+    }
+
+    /// A job's sessions, in the order they began.
+    pub async fn sessions(&self, job: JobId) -> Result<Vec<Session>> {
+        Ok(self.b.store.sessions(job).await?)
+    }
+
+    /// Entries of one of `job`'s sessions after `after`, at most `limit`.
+    pub async fn entries(&self, job: JobId, session: &str, after: i64, limit: u32) -> Result<Vec<Entry>> {
+        let session: SessionId = parse_id("session_id", session)?;
+        if !self.b.store.sessions(job).await?.iter().any(|s| s.id == session) {
+            return Err(AppError::not_found(format_args!("session {session} of job {job}")));
+        }
+        if after < 0 {
+            return Err(AppError::invalid("after_seq", "must be 0 or more"));
+        }
+        Ok(self.b.store.entries(session, after, page(limit, 200)).await?)
+    }
+
+    /// The files of a job's workbench (path, size).
+    pub async fn artifacts(&self, job: JobId) -> Result<Vec<(String, u64)>> {
+        Ok(Workbench::new(self.b.objects.clone(), job).list().await?)
+    }
+
+    /// One file of a job's workbench (`.flower/` in front is allowed).
+    pub async fn artifact(&self, job: JobId, path: &str) -> Result<Bytes> {
+        let path = path.trim_start_matches(".flower/");
+        input::check_path("path", path)?;
+        Workbench::new(self.b.objects.clone(), job).get(path).await.map_err(|e| match e {
+            StoreError::NotFound(_) => AppError::not_found(format_args!("{path} in the workbench of job {job}")),
+            other => other.into(),
+        })
+    }
+
+    /// A job's workflow record: lineage, steps, verdicts, questions.
+    pub async fn workflow(&self, job: JobId) -> Result<crate::record::Record> {
+        Ok(crate::record::workflow(self.b.store.as_ref(), job).await?)
+    }
+
+    /// A job's context report (main thread vs subagents).
+    pub async fn context(&self, job: JobId) -> Result<crate::context::ContextReport> {
+        Ok(crate::context::report(self.b.store.as_ref(), job).await?)
+    }
+}
