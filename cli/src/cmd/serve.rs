@@ -145,6 +145,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
             token,
         )
         .with_audit_sources(audit_sources)
+        .with_windows(backends.windows.clone())
         .serve(listener, shutdown.clone());
     }
     let stop = shutdown.clone();

@@ -329,7 +329,16 @@ impl Flower for Api {
             .map_err(|e| Status::failed_precondition(format!("no provider for this job here: {e}")))?
             .ok_or_else(|| Status::failed_precondition("no provider for this job here"))?;
         let journal = flower_agent::Journal::new(self.b.store.clone(), self.b.notifier.clone());
-        let done = crate::aside::aside(&journal, self.b.objects.clone(), provider, &spec, job.id, &r.question).await;
+        let done = crate::aside::aside(
+            &journal,
+            self.b.objects.clone(),
+            provider,
+            &self.b.windows,
+            &spec,
+            job.id,
+            &r.question,
+        )
+        .await;
         match done {
             Ok(a) => Ok(Response::new(pb::AsideResponse { answer: a.answer, session_id: a.session.to_string() })),
             Err(AsideError::Store(e)) => Err(from_store(e)),

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flower_agent::Inbox;
+use flower_coordinator::qa_log::QaLog;
 use flower_coordinator::tools::ask::{AnswerError, Reply};
 use flower_model::policy::ToolPolicy;
 use flower_model::{Entry, JobId, JobSpec, JobState, Role};
@@ -134,6 +135,7 @@ struct Running {
     runtime: Arc<EmbeddedRuntime>,
     cancel: CancellationToken,
     inbox: Inbox,
+    qa_log: QaLog,
 }
 
 /// The embedded store of a home; submitted jobs run in this process, each
@@ -173,9 +175,9 @@ impl EmbeddedJobs {
         })
     }
 
-    fn running(&self, job: JobId) -> Option<(Arc<EmbeddedRuntime>, CancellationToken, Inbox)> {
+    fn running(&self, job: JobId) -> Option<(Arc<EmbeddedRuntime>, CancellationToken, Inbox, QaLog)> {
         let map = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(&job).map(|r| (r.runtime.clone(), r.cancel.clone(), r.inbox.clone()))
+        map.get(&job).map(|r| (r.runtime.clone(), r.cancel.clone(), r.inbox.clone(), r.qa_log.clone()))
     }
 }
 
@@ -193,20 +195,23 @@ impl Jobs for EmbeddedJobs {
             return Err(BackendError::Invalid(format!("scenario {}: {e}", scenario.display())));
         }
         // A runtime of its own: its bus, workers and simulator serve this job only.
-        let runtime = Arc::new(EmbeddedRuntime::open(&self.home).map_err(|e| BackendError::Other(e.to_string()))?);
+        // (The windows learnt are the process's, whichever job heard them.)
+        let runtime = EmbeddedRuntime::open(&self.home).map_err(|e| BackendError::Other(e.to_string()))?;
+        let runtime = Arc::new(runtime.with_windows(self.runtime.windows()));
         let job = runtime.submit(&spec, None).await.map_err(|e| match e {
             crate::embedded::RunError::Store(e) => store_error(e),
             e => BackendError::Other(e.to_string()),
         })?;
         let cancel = CancellationToken::new();
         let inbox = Inbox::default();
-        self.running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(job, Running { runtime: runtime.clone(), cancel: cancel.clone(), inbox: inbox.clone() });
+        let qa_log = QaLog::new(runtime.objects(), job);
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            job,
+            Running { runtime: runtime.clone(), cancel: cancel.clone(), inbox: inbox.clone(), qa_log: qa_log.clone() },
+        );
         let running = self.running.clone();
         self.tasks.lock().await.spawn(async move {
-            match runtime.run_with_inbox(job, cancel, inbox).await {
+            match runtime.run_with_inbox(job, cancel, inbox, qa_log).await {
                 Ok(s) => tracing::info!(job = %job, state = %s.state, "job ended"),
                 Err(e) => tracing::warn!(job = %job, error = %e, "job run stopped"),
             }
@@ -291,12 +296,12 @@ impl Jobs for EmbeddedJobs {
     async fn cancel(&self, job: &str, reason: &str) -> Result<JobView, BackendError> {
         let id = self.resolve(job).await?;
         let here = self.running(id);
-        let notifier = here.as_ref().map(|(r, _, _)| r.notifier());
+        let notifier = here.as_ref().map(|(r, _, _, _)| r.notifier());
         let store = self.runtime.store();
         let ended = flower_coordinator::actions::cancel(store.as_ref(), notifier.as_deref(), id, reason)
             .await
             .map_err(action_error)?;
-        if let Some((_, cancel, _)) = here {
+        if let Some((_, cancel, _, _)) = here {
             cancel.cancel();
         }
         Ok(view(&ended))
@@ -304,7 +309,7 @@ impl Jobs for EmbeddedJobs {
 
     async fn interrupt(&self, job: &str, message: &str) -> Result<JobView, BackendError> {
         let id = self.resolve(job).await?;
-        let Some((runtime, _, inbox)) = self.running(id) else {
+        let Some((runtime, _, inbox, qa_log)) = self.running(id) else {
             let j = self.runtime.store().get_job(id).await.map_err(store_error)?;
             if j.state.is_terminal() {
                 return Err(BackendError::Refused(format!("job {id} already {}", j.state)));
@@ -319,7 +324,7 @@ impl Jobs for EmbeddedJobs {
             .await
             .map_err(action_error)?;
         inbox.push(flower_coordinator::actions::inbox_text(message));
-        flower_coordinator::qa_log::message(&Workbench::new(runtime.objects(), id), message).await;
+        qa_log.message(message).await;
         Ok(view(&job))
     }
 
@@ -335,7 +340,7 @@ impl Jobs for EmbeddedJobs {
                 }
                 other => BackendError::Refused(other.to_string()),
             })?;
-        if let Some((runtime, _, inbox)) = self.running(id) {
+        if let Some((runtime, _, inbox, _)) = self.running(id) {
             flower_coordinator::actions::answered(runtime.notifier().as_ref(), id, &written).await;
             inbox.answer_arrived();
         }
