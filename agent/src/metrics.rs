@@ -111,8 +111,7 @@ fn long_buckets() -> impl Iterator<Item = f64> {
 
 impl Metrics {
     fn new() -> Self {
-        let mut registry = Registry::default();
-        let m = Self {
+        let mut m = Self {
             jobs: Family::default(),
             tasks: Family::default(),
             tasks_queued: Counter::default(),
@@ -137,82 +136,104 @@ impl Metrics {
         for outcome in DEAD_LETTER_OUTCOMES {
             let _ = m.dead_letters.get_or_create(&OutcomeLabel { outcome });
         }
-        registry.register("flower_jobs", "Jobs by state, as stored", m.jobs.clone());
         // Counters are written with the `_total` suffix.
-        registry.register("flower_tasks", "Task attempts on this worker, by outcome", m.tasks.clone());
-        registry.register(
-            "flower_task_duration_seconds",
-            "Time a task attempt ran on this worker",
-            m.task_duration.clone(),
-        );
-        registry.register("flower_worker_slots", "Tasks this worker runs at once", m.worker_slots.clone());
-        registry.register("flower_worker_slots_busy", "Slots running a task now", m.worker_slots_busy.clone());
-        registry.register(
-            "flower_model_calls",
-            "Model calls by provider, model and outcome (ok or error), retries inside a call included in it",
-            m.model_calls.clone(),
-        );
-        registry.register(
-            "flower_model_call_duration_seconds",
-            "Time a model call took, retries included",
-            m.model_call_duration.clone(),
-        );
-        registry.register(
-            "flower_tokens",
-            "Tokens reported by the provider, by kind (input, output, cache_read, cache_write)",
-            m.tokens.clone(),
-        );
+        let mut registry = Registry::default();
+        m.register_jobs(&mut registry);
+        m.register_workers(&mut registry);
+        m.register_model_calls(&mut registry);
+        m.register_context(&mut registry);
+        m.registry = registry;
+        m
+    }
+
+    /// A coordinator's series: jobs, the tasks it queues, its leases, dead letters.
+    fn register_jobs(&self, registry: &mut Registry) {
+        registry.register("flower_jobs", "Jobs by state, as stored", self.jobs.clone());
         registry.register(
             "flower_tasks_queued",
             "Tasks this coordinator created and queued (one per Agent call)",
-            m.tasks_queued.clone(),
+            self.tasks_queued.clone(),
         );
         registry.register(
             "flower_lease_takeovers",
             "Job leases taken by this coordinator (a new job's first owner, or a dead owner's successor)",
-            m.lease_takeovers.clone(),
+            self.lease_takeovers.clone(),
         );
         registry.register(
             "flower_dead_letters",
             "Task messages the queue gave up on, taken by this coordinator, by what became of their task",
-            m.dead_letters.clone(),
+            self.dead_letters.clone(),
         );
+    }
+
+    /// A worker's series: task attempts, slots, claims and its view of the queue.
+    fn register_workers(&self, registry: &mut Registry) {
+        registry.register("flower_tasks", "Task attempts on this worker, by outcome", self.tasks.clone());
+        registry.register(
+            "flower_task_duration_seconds",
+            "Time a task attempt ran on this worker",
+            self.task_duration.clone(),
+        );
+        registry.register("flower_worker_slots", "Tasks this worker runs at once", self.worker_slots.clone());
+        registry.register("flower_worker_slots_busy", "Slots running a task now", self.worker_slots_busy.clone());
         registry.register(
             "flower_dispatch_seconds",
             "From a task's creation (the Agent call) to its first attempt starting",
-            m.dispatch.clone(),
-        );
-        registry.register(
-            "flower_spills",
-            "Large tool results spilled to the workbench (replaced by a pointer and a head)",
-            m.spills.clone(),
-        );
-        registry.register(
-            "flower_tool_denials",
-            "Tool calls denied by a guard, by denial kind (delegate_guard, worker_tools, other)",
-            m.tool_denials.clone(),
-        );
-        registry.register(
-            "flower_prunes",
-            "Pruning passes over a stored transcript when a session resumes",
-            m.prunes.clone(),
+            self.dispatch.clone(),
         );
         registry.register(
             "flower_claims_early",
             "Claims that found no task row yet (the message came before its creator's first statement) and were made again",
-            m.claims_early.clone(),
-        );
-        registry.register(
-            "flower_model_cost_dollars",
-            "Cost of model calls in US dollars by provider and model, at the job's prices (unpriced models add nothing)",
-            m.model_cost.clone(),
+            self.claims_early.clone(),
         );
         registry.register(
             "flower_queue_lag_messages",
             "Task messages of the workers' consumer not yet acknowledged (pending plus in flight), as this worker sees them",
-            m.queue_lag.clone(),
+            self.queue_lag.clone(),
         );
-        Self { registry, ..m }
+    }
+
+    /// Every model call's series: count, duration, tokens and cost.
+    fn register_model_calls(&self, registry: &mut Registry) {
+        registry.register(
+            "flower_model_calls",
+            "Model calls by provider, model and outcome (ok or error), retries inside a call included in it",
+            self.model_calls.clone(),
+        );
+        registry.register(
+            "flower_model_call_duration_seconds",
+            "Time a model call took, retries included",
+            self.model_call_duration.clone(),
+        );
+        registry.register(
+            "flower_tokens",
+            "Tokens reported by the provider, by kind (input, output, cache_read, cache_write)",
+            self.tokens.clone(),
+        );
+        registry.register(
+            "flower_model_cost_dollars",
+            "Cost of model calls in US dollars by provider and model, at the job's prices (unpriced models add nothing)",
+            self.model_cost.clone(),
+        );
+    }
+
+    /// What the context layers do: spills, guards' denials, pruning passes.
+    fn register_context(&self, registry: &mut Registry) {
+        registry.register(
+            "flower_spills",
+            "Large tool results spilled to the workbench (replaced by a pointer and a head)",
+            self.spills.clone(),
+        );
+        registry.register(
+            "flower_tool_denials",
+            "Tool calls denied by a guard, by denial kind (delegate_guard, worker_tools, other)",
+            self.tool_denials.clone(),
+        );
+        registry.register(
+            "flower_prunes",
+            "Pruning passes over a stored transcript when a session resumes",
+            self.prunes.clone(),
+        );
     }
 
     /// Set the jobs gauge from the store's counts; states with no job read 0.

@@ -723,11 +723,11 @@ async fn fetch_audit(
 }
 
 /// The job's header: state, figures, the context meter chip.
-fn job_header(v: &JobView, now: i64) -> String {
+fn job_header(c: &Console, v: &JobView, now: i64) -> String {
     let j = &v.job;
     let end = if j.state.is_terminal() { j.updated_at } else { now };
     let cost = v.context.cost_usd.map_or_else(|| money(job_line(j.clone()).cost), |c| money(Some(c)));
-    let chip = meter_chip(v);
+    let chip = meter_chip(c, v);
     let mut out = format!(
         "<section class=\"head\" id=\"head\"><h1>{name} {state}</h1>{chip}<dl class=\"facts\">\
          <div><dt>Job</dt><dd><code>{id}</code></dd></div>\
@@ -757,9 +757,9 @@ fn job_header(v: &JobView, now: i64) -> String {
 }
 
 /// Current context / window of the main thread, with the last turn's breakdown.
-fn meter_chip(v: &JobView) -> String {
+fn meter_chip(c: &Console, v: &JobView) -> String {
     let Some(spec) = &v.spec else { return String::new() };
-    let window = spec.runtime.handoff.window_for(&spec.model).max(1);
+    let window = spec.runtime.handoff.window_for(&spec.model, c.inner.app.windows()).max(1);
     let main = v.context.sessions.iter().rfind(|s| s.role == Role::Coordinator.as_str());
     let Some(main) = main else { return String::new() };
     let share = main.history_tokens as f64 / window as f64;
@@ -927,10 +927,10 @@ fn waterfall(v: &JobView, now: i64) -> String {
 
 /// The main thread's context per turn against the handoff threshold and
 /// its warning line, as SVG.
-fn context_meter(v: &JobView) -> String {
+fn context_meter(c: &Console, v: &JobView) -> String {
     let turns = &v.context.main_turns;
     let Some(spec) = &v.spec else { return String::new() };
-    let (warn, at) = spec.runtime.handoff.thresholds(&spec.model);
+    let (warn, at) = spec.runtime.handoff.thresholds(&spec.model, c.inner.app.windows());
     let mut out = String::from("<section aria-labelledby=\"meter-h\"><h2 id=\"meter-h\">Context meter</h2>");
     if turns.is_empty() {
         out.push_str("<p class=\"sub\">No main-thread turn yet.</p></section>");
@@ -1171,7 +1171,7 @@ fn files_section(v: &JobView) -> String {
 /// What a live refresh of the job page replaces: the header, the actions,
 /// the context meter and the task tree.
 fn live_parts(c: &Console, v: &JobView, now: i64) -> String {
-    format!("{}{}{}{}", job_header(v, now), actions(c, v), context_meter(v), task_tree(v))
+    format!("{}{}{}{}", job_header(c, v, now), actions(c, v), context_meter(c, v), task_tree(v))
 }
 
 async fn job_page(

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use flower_agent::provider::Provider;
 use flower_agent::{AgentError, Journal, Outcome};
+use flower_model::windows::Windows;
 use flower_model::{ContentBlock, EventKind, JobId, JobSpec, Role, SessionId};
 use flower_store::{StoreError, Workbench};
 use object_store::ObjectStore;
@@ -42,11 +43,13 @@ pub enum AsideError {
     Store(#[from] StoreError),
 }
 
-/// Answer `question` about `job` in a session of its own.
+/// Answer `question` about `job` in a session of its own (a window its
+/// provider names is recorded in `windows`).
 pub async fn aside(
     journal: &Journal,
     objects: Arc<dyn ObjectStore>,
     provider: Arc<dyn Provider>,
+    windows: &Windows,
     spec: &JobSpec,
     job: JobId,
     question: &str,
@@ -81,7 +84,8 @@ pub async fn aside(
         lines.len()
     );
     let side = Side { role: Role::Aside, label: "aside".into(), prompt: ASIDE_PROMPT, max_turns: 10 };
-    let wiring = Wiring { journal, provider, objects, cancel: CancellationToken::new() };
+    let wiring =
+        Wiring { journal, provider, objects, cancel: CancellationToken::new(), windows: Some(windows.clone()) };
     let (id, session) = crate::side::open(wiring, spec, job, side, Vec::new()).await?;
     match session.run(Vec::new(), Some(vec![ContentBlock::text(input)])).await {
         Ok(Outcome::Answered { text, .. }) => Ok(Aside { session: id, answer: text }),

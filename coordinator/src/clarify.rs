@@ -85,7 +85,7 @@ pub async fn prepare(ctx: &JobContext, spec: &JobSpec, job: JobId) -> Result<Pre
                 let missing = missing_sections(text);
                 (!missing.is_empty()).then(|| format!("sections missing: {}", missing.join(", ")))
             };
-            match run_step(ctx, spec, job, &workbench, step, input, checked).await? {
+            match run_step(ctx, spec, job, step, input, checked).await? {
                 StepEnd::Text(b) => b,
                 StepEnd::Failed(why) => return Ok(Prepared::Failed(format!("the clarify step's brief: {why}"))),
                 StepEnd::Stopped => return Ok(Prepared::Stopped),
@@ -99,7 +99,7 @@ pub async fn prepare(ctx: &JobContext, spec: &JobSpec, job: JobId) -> Result<Pre
             let input = format!("# The brief\n{brief}");
             let step = Step { label: "goal", prompt: GOAL_PROMPT, ask: false };
             let checked = |text: &str| checks(text).is_empty().then(|| "no `- ` items under `## Checks`".to_string());
-            match run_step(ctx, spec, job, &workbench, step, input, checked).await? {
+            match run_step(ctx, spec, job, step, input, checked).await? {
                 StepEnd::Text(g) => g,
                 StepEnd::Failed(why) => return Ok(Prepared::Failed(format!("the goal step: {why}"))),
                 StepEnd::Stopped => return Ok(Prepared::Stopped),
@@ -140,7 +140,6 @@ async fn run_step(
     ctx: &JobContext,
     spec: &JobSpec,
     job: JobId,
-    workbench: &Workbench,
     step: Step,
     input: String,
     check: impl Fn(&str) -> Option<String>,
@@ -150,7 +149,7 @@ async fn run_step(
         let options = spec.runtime.ask.clone().unwrap_or_default();
         extra.push(Arc::new(AskTool::new(crate::tools::ask::Asker::new(
             ctx.journal.clone(),
-            workbench.clone(),
+            ctx.qa_log.clone(),
             ctx.inbox.clone(),
             options,
             ctx.stop.clone(),

@@ -160,7 +160,7 @@ async fn carry_over(
         .buffer_unordered(COPIES_IN_FLIGHT)
         .try_collect::<Vec<()>>()
         .await?;
-    let workbench = Workbench::new(objects, child);
+    let workbench = Workbench::new(objects.clone(), child);
     match workbench.get(BRIEF).await {
         Ok(bytes) => {
             let brief = amended_brief(&String::from_utf8_lossy(&bytes), parent, instruction);
@@ -169,7 +169,8 @@ async fn carry_over(
         Err(StoreError::NotFound(_)) => {}
         Err(e) => return Err(e),
     }
-    crate::qa_log::message(&workbench, &format!("(continuing job {parent}) {instruction}")).await;
+    // The job row does not exist yet: no one else writes this log.
+    crate::qa_log::QaLog::new(objects, child).message(&format!("(continuing job {parent}) {instruction}")).await;
     Ok(())
 }
 

@@ -106,8 +106,8 @@ pub async fn overrule(
     use crate::tools::ask::{Asked, Asker};
     // As the clarifier does, with the default `runtime.ask` when the spec sets none.
     let options = spec.runtime.ask.clone().unwrap_or_default();
-    let workbench = Workbench::new(ctx.objects.clone(), job);
-    let asker = Asker::new(ctx.journal.clone(), workbench, ctx.inbox.clone(), options, ctx.stop.clone(), "judge");
+    let asker =
+        Asker::new(ctx.journal.clone(), ctx.qa_log.clone(), ctx.inbox.clone(), options, ctx.stop.clone(), "judge");
     let question = format!(
         "The judge found the goal unreachable (round {round}): {reason}\nChoose 1 to accept the result as it is, 2 to \
          end the job, or answer in words — amend the goal, or say why the judge is wrong — and the work goes on \

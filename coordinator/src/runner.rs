@@ -11,6 +11,7 @@ use flower_agent::provider::{Provider, SystemBlock};
 use flower_agent::tool::FatalCause;
 use flower_agent::{AgentError, AgentSession, Inbox, Journal, Outcome, SessionConfig, ToolSet};
 use flower_bus::{Notice, TaskQueue};
+use flower_model::windows::Windows;
 use flower_model::{ContentBlock, JobId, JobSpec, JobState, Role, Session, SessionId, now_ms};
 use flower_store::workspace::Workspace;
 use flower_store::{StoreError, Workbench};
@@ -38,6 +39,12 @@ pub struct JobContext {
     pub stop: crate::stop::Stop,
     /// When a running task's message is presumed gone.
     pub sweep: crate::dispatch::Sweep,
+    /// The job's qa-log, shared with whoever else logs to it in this process
+    /// (the owner, for the user's messages).
+    pub qa_log: crate::qa_log::QaLog,
+    /// The context windows learnt in this process: the run's sessions record
+    /// what a provider names, each generation's thresholds read it.
+    pub windows: Windows,
 }
 
 impl JobContext {
@@ -48,6 +55,7 @@ impl JobContext {
             provider: self.provider.clone(),
             objects: self.objects.clone(),
             cancel: self.stop.token().clone(),
+            windows: Some(self.windows.clone()),
         }
     }
 }
@@ -210,7 +218,7 @@ async fn drive(
     loop {
         // Each generation's thresholds: a window learnt from an overflow
         // error counts from the next session on.
-        let thresholds = ho.enabled.then(|| ho.thresholds(&spec.model));
+        let thresholds = ho.enabled.then(|| ho.thresholds(&spec.model, &ctx.windows));
         let agent =
             coordinator_session(ctx, spec, job_id, session).with_limits(limits.clone()).with_handoff(thresholds);
         match agent.run(std::mem::take(&mut history), input.take()).await {
@@ -445,7 +453,7 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
     if let Some(ask) = &rt.ask {
         tools.add(Arc::new(AskTool::new(crate::tools::ask::Asker::new(
             ctx.journal.clone(),
-            workbench.clone(),
+            ctx.qa_log.clone(),
             ctx.inbox.clone(),
             ask.clone(),
             ctx.stop.clone(),
@@ -485,4 +493,5 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
         ctx.stop.token().clone(),
     )
     .with_inbox(ctx.inbox.clone())
+    .with_windows(ctx.windows.clone())
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use flower_agent::provider::{Provider, SystemBlock};
 use flower_agent::{AgentSession, Journal, SessionConfig, Tool, ToolSet};
+use flower_model::windows::Windows;
 use flower_model::{JobId, JobSpec, Role, Session, SessionId, now_ms};
 use flower_store::StoreError;
 use flower_store::Workbench;
@@ -29,6 +30,8 @@ pub struct Wiring<'a> {
     pub provider: Arc<dyn Provider>,
     pub objects: Arc<dyn ObjectStore>,
     pub cancel: CancellationToken,
+    /// Where a window the provider names is recorded (the process's table).
+    pub windows: Option<Windows>,
 }
 
 /// Store (and announce) the session, and build it: `Read` over the
@@ -72,7 +75,7 @@ pub async fn open(
         cache: spec.runtime.prompt_cache,
         prune_uneventful: false,
     };
-    let session = AgentSession::new(
+    let mut session = AgentSession::new(
         config,
         w.provider,
         Arc::new(tools),
@@ -80,5 +83,8 @@ pub async fn open(
         w.journal.clone(),
         w.cancel,
     );
+    if let Some(windows) = w.windows {
+        session = session.with_windows(windows);
+    }
     Ok((id, session))
 }

@@ -1,31 +1,37 @@
 //! Context windows learnt from providers. A model's window is configured
 //! (`runtime.handoff.window`), else known from its name; when a provider
 //! rejects a request as too long and names its real limit, that limit is
-//! recorded here for the process's life and every later threshold of the
+//! recorded in the process's [`Windows`] and every later threshold of the
 //! model uses it (docs/design.md section 6).
 
 use std::collections::HashMap;
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 
-fn table() -> &'static RwLock<HashMap<String, u64>> {
-    static TABLE: OnceLock<RwLock<HashMap<String, u64>>> = OnceLock::new();
-    TABLE.get_or_init(Default::default)
+/// The windows learnt in one process, by model. A handle: clones share one
+/// table. Whoever wires a process makes one and hands it to the sessions
+/// that may hear a window (they record it) and to what computes thresholds
+/// or shows them (they read it); a process that makes two keeps two tables.
+#[derive(Clone, Debug, Default)]
+pub struct Windows {
+    table: Arc<RwLock<HashMap<String, u64>>>,
 }
 
-/// Record `model`'s real window (the smallest one heard wins: a provider
-/// may serve a model with less than its nominal window).
-pub fn learn(model: &str, window: u64) {
-    if window == 0 {
-        return;
+impl Windows {
+    /// Record `model`'s real window (the smallest one heard wins: a provider
+    /// may serve a model with less than its nominal window).
+    pub fn learn(&self, model: &str, window: u64) {
+        if window == 0 {
+            return;
+        }
+        let mut t = self.table.write().unwrap_or_else(|p| p.into_inner());
+        let known = t.entry(model.to_string()).or_insert(window);
+        *known = (*known).min(window);
     }
-    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
-    let known = t.entry(model.to_string()).or_insert(window);
-    *known = (*known).min(window);
-}
 
-/// The window learnt for `model`, if any.
-pub fn learnt(model: &str) -> Option<u64> {
-    table().read().unwrap_or_else(|p| p.into_inner()).get(model).copied()
+    /// The window learnt for `model`, if any.
+    pub fn learnt(&self, model: &str) -> Option<u64> {
+        self.table.read().unwrap_or_else(|p| p.into_inner()).get(model).copied()
+    }
 }
 
 /// The window a provider's overflow message names, in either provider's
@@ -80,10 +86,13 @@ mod tests {
 
     #[test]
     fn the_smallest_window_heard_wins() {
-        learn("m-windows-test", 9000);
-        learn("m-windows-test", 8000);
-        learn("m-windows-test", 8500);
-        assert_eq!(learnt("m-windows-test"), Some(8000));
-        assert_eq!(learnt("m-windows-unknown"), None);
+        let windows = Windows::default();
+        windows.learn("m-windows-test", 9000);
+        windows.learn("m-windows-test", 8000);
+        windows.clone().learn("m-windows-test", 8500);
+        windows.learn("m-windows-test", 0);
+        assert_eq!(windows.learnt("m-windows-test"), Some(8000));
+        assert_eq!(windows.learnt("m-windows-unknown"), None);
+        assert_eq!(Windows::default().learnt("m-windows-test"), None, "each table is its own");
     }
 }

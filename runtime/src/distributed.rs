@@ -68,6 +68,8 @@ pub struct Connected {
     pub objects: Arc<dyn ObjectStore>,
     pub providers: Arc<ConfiguredProviders>,
     pub tool_policy: Arc<ToolPolicy>,
+    /// The context windows learnt in this process, shared by its service and workers.
+    pub windows: flower_model::windows::Windows,
     max_attempts: u32,
     ack_wait: Duration,
 }
@@ -103,6 +105,7 @@ impl DistributedConfig {
             objects,
             providers: Arc::new(providers),
             tool_policy: Arc::new(self.tool_policy.clone()),
+            windows: Default::default(),
             max_attempts: self.max_attempts,
             ack_wait: self.ack_wait,
         })
@@ -126,6 +129,7 @@ impl Connected {
             objects: self.objects.clone(),
             providers: self.providers.clone(),
             tool_policy: self.tool_policy.clone(),
+            windows: self.windows.clone(),
         }
     }
 
@@ -140,6 +144,7 @@ impl Connected {
     pub fn worker(&self, mut opts: WorkerOptions) -> Arc<Worker> {
         opts.max_attempts = self.max_attempts;
         opts.heartbeat = self.ack_wait / 3;
+        opts.windows = self.windows.clone();
         let journal = Journal::new(self.store.clone(), Arc::new(self.bus.clone()));
         Worker::new(opts, journal, Arc::new(self.bus.clone()), self.objects.clone(), self.providers.clone())
     }

@@ -14,6 +14,7 @@ use flower_agent::provider::{AnthropicClient, ClientConfig, OpenAiClient, Provid
 use flower_agent::{Inbox, Journal};
 use flower_bus::{MemoryBus, Notifier};
 use flower_model::spec::{Api, ProviderKind, Route};
+use flower_model::windows::Windows;
 use flower_model::{JobId, JobSpec, JobState, SessionId, TaskState, Usage};
 use flower_sim::{Scenario, SimHandle};
 use flower_store::workspace::Workspace;
@@ -24,6 +25,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use flower_coordinator::qa_log::QaLog;
 use flower_coordinator::runner::{JobContext, run_job};
 
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +78,9 @@ pub struct EmbeddedRuntime {
     store: Arc<SqliteStore>,
     objects: Arc<dyn ObjectStore>,
     bus: MemoryBus,
+    /// The context windows learnt by this runtime's sessions (its own
+    /// unless [`EmbeddedRuntime::with_windows`] shares another's).
+    windows: Windows,
 }
 
 impl EmbeddedRuntime {
@@ -88,7 +93,19 @@ impl EmbeddedRuntime {
         let objects: Arc<dyn ObjectStore> = Arc::new(
             LocalFileSystem::new_with_prefix(home.join("objects")).map_err(|e| StoreError::Backend(e.to_string()))?,
         );
-        Ok(Self { home, store, objects, bus: MemoryBus::new() })
+        Ok(Self { home, store, objects, bus: MemoryBus::new(), windows: Windows::default() })
+    }
+
+    /// Learn and read context windows in `windows` (another runtime's of the
+    /// same process: what one job's sessions learn, the next one's use).
+    pub fn with_windows(mut self, windows: Windows) -> Self {
+        self.windows = windows;
+        self
+    }
+
+    /// The context windows learnt by this runtime's sessions.
+    pub fn windows(&self) -> Windows {
+        self.windows.clone()
     }
 
     pub fn store(&self) -> Arc<dyn Store> {
@@ -176,16 +193,18 @@ impl EmbeddedRuntime {
 
     /// Run a submitted job to its end. `cancel` stops it cleanly (state `cancelled`).
     pub async fn run(&self, job_id: JobId, cancel: CancellationToken) -> Result<RunSummary, RunError> {
-        self.run_with_inbox(job_id, cancel, Inbox::default()).await
+        self.run_with_inbox(job_id, cancel, Inbox::default(), QaLog::new(self.objects.clone(), job_id)).await
     }
 
     /// [`Self::run`], with the coordinator's `inbox` held by the caller (a
-    /// user's message pushed there reaches the running coordinator at once).
+    /// user's message pushed there reaches the running coordinator at once),
+    /// and the job's `qa_log`, where the caller logs that message.
     pub async fn run_with_inbox(
         &self,
         job_id: JobId,
         cancel: CancellationToken,
         inbox: Inbox,
+        qa_log: QaLog,
     ) -> Result<RunSummary, RunError> {
         let store: Arc<dyn Store> = self.store.clone();
         let job = store.get_job(job_id).await?;
@@ -201,8 +220,10 @@ impl EmbeddedRuntime {
         self.end(&journal, job_id, JobState::Running, None, None).await?;
 
         let shutdown = CancellationToken::new();
+        let mut options = WorkerOptions::new(format!("embedded-{}", std::process::id()), self.home.join("work"));
+        options.windows = self.windows.clone();
         let worker = Worker::new(
-            WorkerOptions::new(format!("embedded-{}", std::process::id()), self.home.join("work")),
+            options,
             journal.clone(),
             Arc::new(self.bus.clone()),
             self.objects.clone(),
@@ -220,6 +241,8 @@ impl EmbeddedRuntime {
             inbox,
             // Ctrl-C in a local run is the user's cancel.
             stop: flower_coordinator::stop::Stop::from_token(cancel),
+            qa_log,
+            windows: self.windows.clone(),
         };
         let finished = run_job(&ctx, job_id).await;
         shutdown.cancel();
@@ -259,8 +282,16 @@ impl EmbeddedRuntime {
         let (providers, sim) = self.providers(&spec).await?;
         let provider = coordinator_provider(&spec, &providers);
         let journal = Journal::new(store, self.notifier());
-        let answered =
-            flower_coordinator::aside::aside(&journal, self.objects.clone(), provider, &spec, job, question).await;
+        let answered = flower_coordinator::aside::aside(
+            &journal,
+            self.objects.clone(),
+            provider,
+            &self.windows,
+            &spec,
+            job,
+            question,
+        )
+        .await;
         if let Some(sim) = sim {
             sim.shutdown().await;
         }

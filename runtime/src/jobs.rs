@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 use flower_agent::Inbox;
 use flower_bus::Notifier;
 use flower_coordinator::app::{self, App, AppBackends, AppError, Ids, Runs, Workspaces};
+use flower_coordinator::qa_log::QaLog;
 use flower_model::policy::ToolPolicy;
+use flower_model::windows::Windows;
 use flower_model::{JobId, JobSpec};
-use flower_store::Workbench;
 use tokio_util::sync::CancellationToken;
 
 use crate::EmbeddedRuntime;
@@ -22,11 +23,24 @@ struct Running {
     runtime: Arc<EmbeddedRuntime>,
     cancel: CancellationToken,
     inbox: Inbox,
+    /// The job's questions and messages log, shared with its run.
+    qa_log: QaLog,
+}
+
+/// What reaches a running job: its runtime, stop, inbox and log.
+#[derive(Clone)]
+struct Handle {
+    runtime: Arc<EmbeddedRuntime>,
+    cancel: CancellationToken,
+    inbox: Inbox,
+    qa_log: QaLog,
 }
 
 /// The runs of this process.
 pub struct EmbeddedRuns {
     home: PathBuf,
+    /// The context windows learnt by every job of this process.
+    windows: Windows,
     running: Arc<Mutex<HashMap<JobId, Running>>>,
     tasks: Mutex<tokio::task::JoinSet<()>>,
 }
@@ -36,8 +50,10 @@ pub struct EmbeddedRuns {
 /// installed by the caller, as for `flower run`.
 pub fn embedded_app(home: &Path, policy: ToolPolicy) -> Result<(App, Arc<EmbeddedRuns>), crate::RunError> {
     let runtime = EmbeddedRuntime::open(home)?;
+    let windows = runtime.windows();
     let runs = Arc::new(EmbeddedRuns {
         home: runtime.home().to_path_buf(),
+        windows: windows.clone(),
         running: Default::default(),
         tasks: Default::default(),
     });
@@ -46,6 +62,7 @@ pub fn embedded_app(home: &Path, policy: ToolPolicy) -> Result<(App, Arc<Embedde
         objects: runtime.objects(),
         providers: Arc::new(Default::default()),
         tool_policy: Arc::new(policy),
+        windows,
     };
     let app = App::new(backends, runs.clone()).with_ids(Ids::Prefix).with_workspaces(Workspaces::Local);
     Ok((app, runs))
@@ -56,24 +73,30 @@ impl EmbeddedRuns {
         &self.home
     }
 
-    fn running(&self, job: JobId) -> Option<(Arc<EmbeddedRuntime>, CancellationToken, Inbox)> {
+    fn running(&self, job: JobId) -> Option<Handle> {
         let map = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(&job).map(|r| (r.runtime.clone(), r.cancel.clone(), r.inbox.clone()))
+        map.get(&job).map(|r| Handle {
+            runtime: r.runtime.clone(),
+            cancel: r.cancel.clone(),
+            inbox: r.inbox.clone(),
+            qa_log: r.qa_log.clone(),
+        })
     }
 
     /// Start `job` on a runtime of its own.
     fn start(&self, job: JobId) -> Result<(), crate::RunError> {
-        // A runtime of its own: its bus, workers and simulator serve this job only.
-        let runtime = Arc::new(EmbeddedRuntime::open(&self.home)?);
+        // A runtime of its own: its bus, workers and simulator serve this job
+        // only (the windows learnt are the process's, whichever job heard them).
+        let runtime = Arc::new(EmbeddedRuntime::open(&self.home)?.with_windows(self.windows.clone()));
         let cancel = CancellationToken::new();
         let inbox = Inbox::default();
-        self.running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(job, Running { runtime: runtime.clone(), cancel: cancel.clone(), inbox: inbox.clone() });
+        let qa_log = QaLog::new(runtime.objects(), job);
+        let run =
+            Running { runtime: runtime.clone(), cancel: cancel.clone(), inbox: inbox.clone(), qa_log: qa_log.clone() };
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(job, run);
         let running = self.running.clone();
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).spawn(async move {
-            match runtime.run_with_inbox(job, cancel, inbox).await {
+            match runtime.run_with_inbox(job, cancel, inbox, qa_log).await {
                 Ok(s) => tracing::info!(job = %job, state = %s.state, "job ended"),
                 Err(e) => tracing::warn!(job = %job, error = %e, "job run stopped"),
             }
@@ -114,7 +137,7 @@ impl Runs for EmbeddedRuns {
     }
 
     fn notifier(&self, job: JobId) -> Option<Arc<dyn Notifier>> {
-        self.running(job).map(|(r, _, _)| r.notifier())
+        self.running(job).map(|h| h.runtime.notifier())
     }
 
     fn reachable(&self, job: JobId) -> app::Result<()> {
@@ -127,21 +150,21 @@ impl Runs for EmbeddedRuns {
     }
 
     async fn message_stored(&self, job: JobId, message: &str) {
-        if let Some((runtime, _, inbox)) = self.running(job) {
-            inbox.push(flower_coordinator::actions::inbox_text(message));
-            flower_coordinator::qa_log::message(&Workbench::new(runtime.objects(), job), message).await;
+        if let Some(h) = self.running(job) {
+            h.inbox.push(flower_coordinator::actions::inbox_text(message));
+            h.qa_log.message(message).await;
         }
     }
 
     async fn answer_stored(&self, job: JobId) {
-        if let Some((_, _, inbox)) = self.running(job) {
-            inbox.answer_arrived();
+        if let Some(h) = self.running(job) {
+            h.inbox.answer_arrived();
         }
     }
 
     async fn cancelled(&self, job: JobId) {
-        if let Some((_, cancel, _)) = self.running(job) {
-            cancel.cancel();
+        if let Some(h) = self.running(job) {
+            h.cancel.cancel();
         }
     }
 }
@@ -170,6 +193,7 @@ pub fn reader_app(store: Arc<dyn flower_store::Store>, objects: Arc<dyn object_s
         objects,
         providers: Arc::new(Default::default()),
         tool_policy: Arc::new(Default::default()),
+        windows: Default::default(),
     };
     App::new(backends, Arc::new(Elsewhere)).with_ids(Ids::Prefix)
 }

@@ -48,6 +48,9 @@ pub struct WorkerOptions {
     /// while the message is held, before the delivery is given back for
     /// redelivery (default 2m).
     pub report_retry: Duration,
+    /// Where the sessions record a window their provider names (the
+    /// process's table; default: one of this worker's own).
+    pub windows: flower_model::windows::Windows,
 }
 
 impl WorkerOptions {
@@ -59,6 +62,7 @@ impl WorkerOptions {
             heartbeat: Duration::from_secs(10),
             keep_workdirs: false,
             report_retry: Duration::from_secs(120),
+            windows: Default::default(),
         }
     }
 }
@@ -1038,7 +1042,8 @@ impl Worker {
         );
         let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel)
             .with_held_answer()
-            .with_limits(limits);
+            .with_limits(limits)
+            .with_windows(self.opts.windows.clone());
         Ok(WorkerRun { agent, history, input, mcp })
     }
 

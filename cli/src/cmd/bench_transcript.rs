@@ -63,42 +63,73 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
     let mut rows = synthetic_transcript(a.entries);
     wordy(&mut rows);
     let bytes: usize = rows.iter().map(|e| serde_json::to_string(e).map(|s| s.len()).unwrap_or(0)).sum();
-    let (mut store_rates, mut copy_rates, mut single_rates) = (vec![], vec![], vec![]);
+    let rates = measure(&a, &store, &client, job, &rows).await?;
+    let stored = stored_per_entry(&a, &client).await?;
+    drop(client);
+    let _ = driver.await;
+    drop(store);
+    db.drop_now().await?;
+    report(&a, bytes as f64 / a.entries as f64, rates, stored)
+}
+
+/// Entries per second of each run, by writer.
+struct Rates {
+    store: Vec<f64>,
+    copy: Vec<f64>,
+    single: Vec<f64>,
+}
+
+/// Write `rows` the three ways, interleaved run by run, each run in a new
+/// session of `job`.
+async fn measure(
+    a: &TranscriptArgs,
+    store: &PostgresStore,
+    client: &tokio_postgres::Client,
+    job: JobId,
+    rows: &[Entry],
+) -> anyhow::Result<Rates> {
+    let mut rates = Rates { store: vec![], copy: vec![], single: vec![] };
     let progress = indicatif::ProgressBar::new(a.runs as u64 * 3);
     progress.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")?);
     for _ in 0..a.runs.max(1) {
         // Interleaved, so a noisy moment hurts all three alike.
         progress.set_message("store batch path");
-        let session = new_session(&store, job).await?;
-        let entries = for_session(&rows, job, session, a.entries);
+        let session = new_session(store, job).await?;
+        let entries = for_session(rows, job, session, a.entries);
         let started = Instant::now();
         for chunk in chunks(entries, a.batch) {
             store.append(Batch { entries: chunk, ..Default::default() }).await?;
         }
-        store_rates.push(a.entries as f64 / started.elapsed().as_secs_f64());
+        rates.store.push(a.entries as f64 / started.elapsed().as_secs_f64());
         progress.inc(1);
 
         progress.set_message("COPY floor");
-        let session = new_session(&store, job).await?;
-        let ready = encoded(&rows, job, session, a.entries)?;
+        let session = new_session(store, job).await?;
+        let ready = encoded(rows, job, session, a.entries)?;
         let started = Instant::now();
         for chunk in ready.chunks(a.batch) {
-            copy_floor(&client, chunk).await?;
+            copy_floor(client, chunk).await?;
         }
-        copy_rates.push(a.entries as f64 / started.elapsed().as_secs_f64());
+        rates.copy.push(a.entries as f64 / started.elapsed().as_secs_f64());
         progress.inc(1);
 
         progress.set_message("single-row floor");
-        let session = new_session(&store, job).await?;
-        let ready = encoded(&rows, job, session, a.single_row_entries.min(a.entries))?;
+        let session = new_session(store, job).await?;
+        let ready = encoded(rows, job, session, a.single_row_entries.min(a.entries))?;
         let started = Instant::now();
         for chunk in ready.chunks(a.batch) {
-            single_row_floor(&client, chunk).await?;
+            single_row_floor(client, chunk).await?;
         }
-        single_rates.push(ready.len() as f64 / started.elapsed().as_secs_f64());
+        rates.single.push(ready.len() as f64 / started.elapsed().as_secs_f64());
         progress.inc(1);
     }
     progress.finish_and_clear();
+    Ok(rates)
+}
+
+/// Bytes stored per entry (chunks, row per entry), once every entry
+/// written is checked to be stored.
+async fn stored_per_entry(a: &TranscriptArgs, client: &tokio_postgres::Client) -> anyhow::Result<(f64, f64)> {
     let sizes = client
         .query_one(
             "SELECT (SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM entry_chunks)::bigint,
@@ -116,14 +147,18 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
         (chunked as usize, row_per_entry as usize) == expected,
         "{chunked} + {row_per_entry} entries stored, {expected:?} written"
     );
-    let (stored_per_entry, row_stored_per_entry) =
-        (chunk_bytes as f64 / chunked as f64, row_bytes as f64 / row_per_entry as f64);
-    drop(client);
-    let _ = driver.await;
-    drop(store);
-    db.drop_now().await?;
+    Ok((chunk_bytes as f64 / chunked as f64, row_bytes as f64 / row_per_entry as f64))
+}
 
-    let per_entry = bytes as f64 / a.entries as f64;
+/// The figures, as JSON or as lines: medians of the runs, each floor
+/// against the store's path.
+fn report(
+    a: &TranscriptArgs,
+    per_entry: f64,
+    rates: Rates,
+    (stored_per_entry, row_stored_per_entry): (f64, f64),
+) -> anyhow::Result<ExitCode> {
+    let Rates { store: store_rates, copy: copy_rates, single: single_rates } = rates;
     let (s, c, one) = (median(store_rates.clone()), median(copy_rates.clone()), median(single_rates.clone()));
     let figures = json!({
         "entries": a.entries,

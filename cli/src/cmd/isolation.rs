@@ -149,6 +149,38 @@ impl ToolArgs {
             Some(p) => p.clone(),
             None => std::env::current_exe().context("locating this binary (the tool launcher)")?,
         };
+        let user = self.tool_user()?;
+        let hide = hidden(work_root, private, service_urls);
+        if self.tool_network == NetworkPolicy::Open {
+            tracing::warn!(
+                "--tool-network open: tools reach the host's network, the service's database, bus and API included"
+            );
+        }
+        let limits = self.task_limits()?;
+        let host = Host::prepare(work_root)?;
+        let mut launcher = Launcher {
+            program,
+            user,
+            network: self.tool_network,
+            hide,
+            cgroups: host.cgroups,
+            limits,
+            require: None,
+            bounded_dirs: host.bounded_dirs,
+            hold: Some(std::sync::Arc::new(host.hold)),
+        };
+        let scratch = work_root.join(format!(".tool-probe-{}", std::process::id()));
+        let applied = launcher.probe(&scratch).map_err(|e| {
+            anyhow::anyhow!("tool isolation could not start: {e} (--tool-isolation off runs tools without it)")
+        })?;
+        launcher.require = Some(flower_worker::launch::Required::from_applied(&applied));
+        let summary = in_force(&launcher, &applied);
+        Ok((launcher, summary))
+    }
+
+    /// Whom tools run as: `--tool-user` (another user only from root), else
+    /// `nobody` when this process is root, else this process's user (`None`).
+    fn tool_user(&self) -> anyhow::Result<Option<ToolUser>> {
         let root = flower_worker::isolation::effective_uid() == 0;
         let user =
             match (&self.tool_user, root) {
@@ -171,27 +203,47 @@ impl ToolArgs {
         {
             tracing::warn!("--tool-user {}: tools run as root", u.name);
         }
-        let mut hide: Vec<PathBuf> = DEFAULT_HIDE.iter().map(PathBuf::from).collect();
-        hide.push(work_root.to_path_buf());
-        hide.extend(private.iter().cloned());
-        for url in service_urls {
-            hide.extend(url_endpoints(url).1);
-        }
-        if self.tool_network == NetworkPolicy::Open {
-            tracing::warn!(
-                "--tool-network open: tools reach the host's network, the service's database, bus and API included"
-            );
-        }
+        Ok(user)
+    }
+
+    /// Each task's limits (processes, memory, CPUs; 0 is none).
+    fn task_limits(&self) -> anyhow::Result<TaskLimits> {
         anyhow::ensure!(
             self.tool_cpus.is_finite() && self.tool_cpus >= 0.0,
             "--tool-cpus {}: a number of CPUs, 0 or more",
             self.tool_cpus
         );
-        let limits = TaskLimits {
+        Ok(TaskLimits {
             processes: Some(self.tool_max_processes).filter(|n| *n > 0),
             memory: Some(self.tool_max_memory.as_u64()).filter(|n| *n > 0),
             cpu_millis: Some((self.tool_cpus * 1000.0).round() as u64).filter(|n| *n > 0),
-        };
+        })
+    }
+}
+
+/// What tools never see: the default paths, the work root (other tasks'
+/// folders), the process's private paths and the services' sockets.
+fn hidden(work_root: &Path, private: &[PathBuf], service_urls: &[&str]) -> Vec<PathBuf> {
+    let mut hide: Vec<PathBuf> = DEFAULT_HIDE.iter().map(PathBuf::from).collect();
+    hide.push(work_root.to_path_buf());
+    hide.extend(private.iter().cloned());
+    for url in service_urls {
+        hide.extend(url_endpoints(url).1);
+    }
+    hide
+}
+
+/// What the host gives the launcher: the work root held (what a dead
+/// worker left there cleaned up), bounded task folders when it can mount,
+/// and control groups when it has them.
+struct Host {
+    hold: std::fs::File,
+    bounded_dirs: bool,
+    cgroups: Option<std::sync::Arc<Cgroups>>,
+}
+
+impl Host {
+    fn prepare(work_root: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(work_root).with_context(|| format!("{}", work_root.display()))?;
         // Shared with every live process on this root; the first one after
         // a death unmounts what the dead left.
@@ -215,41 +267,31 @@ impl ToolArgs {
                 None
             }
         };
-        let mut launcher = Launcher {
-            program,
-            user,
-            network: self.tool_network,
-            hide,
-            cgroups,
-            limits,
-            require: None,
-            bounded_dirs,
-            hold: Some(std::sync::Arc::new(hold)),
-        };
-        let scratch = work_root.join(format!(".tool-probe-{}", std::process::id()));
-        let applied = launcher.probe(&scratch).map_err(|e| {
-            anyhow::anyhow!("tool isolation could not start: {e} (--tool-isolation off runs tools without it)")
-        })?;
-        launcher.require = Some(flower_worker::launch::Required::from_applied(&applied));
-        let (mut summary, mut missing) = launcher.describe(&applied);
-        if bounded_dirs {
-            summary.push_str("; task folders: a bounded tmpfs each");
-        } else {
-            missing.push("task folders are plain directories: their size is checked when the changes are collected, not as they are written".into());
-        }
-        if !launcher.egress_possible() {
-            missing.push("no network namespace for tools: jobs asking for egress fail (tools have no network)".into());
-        }
-        for m in &missing {
-            tracing::warn!("tool isolation: {m}");
-        }
-        if missing.is_empty() {
-            tracing::info!("tool isolation: {summary}");
-        } else {
-            tracing::warn!("tool isolation: {summary}");
-        }
-        Ok((launcher, summary))
+        Ok(Self { hold, bounded_dirs, cgroups })
     }
+}
+
+/// What the probed launcher puts in force, in a line; each missing part
+/// logged as a warning.
+fn in_force(launcher: &Launcher, applied: &flower_worker::launch::Applied) -> String {
+    let (mut summary, mut missing) = launcher.describe(applied);
+    if launcher.bounded_dirs {
+        summary.push_str("; task folders: a bounded tmpfs each");
+    } else {
+        missing.push("task folders are plain directories: their size is checked when the changes are collected, not as they are written".into());
+    }
+    if !launcher.egress_possible() {
+        missing.push("no network namespace for tools: jobs asking for egress fail (tools have no network)".into());
+    }
+    for m in &missing {
+        tracing::warn!("tool isolation: {m}");
+    }
+    if missing.is_empty() {
+        tracing::info!("tool isolation: {summary}");
+    } else {
+        tracing::warn!("tool isolation: {summary}");
+    }
+    summary
 }
 
 /// The directory of a `file://` object store URL (hidden from tools).

@@ -1,7 +1,7 @@
 //! `flower run` and `flower demo`: one job in this process, with live progress
 //! on stderr and a summary at the end.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -152,74 +152,29 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
     let policy = args.policy.policy(&super::isolation::service_credentials(&[]))?;
     // An invalid spec fails here, before anything runs or is created.
     let spec = match &args.spec {
-        Some(path) => {
-            let mut spec = match JobSpec::load(path) {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("error: {}: {e}", path.display());
-                    return Ok(ExitCode::from(2));
-                }
-            };
-            if let Some(scenario) = &spec.scenario
-                && let Err(e) = flower_sim::Scenario::load(scenario)
-            {
-                eprintln!("error: {}: scenario {}: {e}", path.display(), scenario.display());
-                return Ok(ExitCode::from(2));
-            }
-            if let Some(w) = &args.workspace {
-                anyhow::ensure!(w.is_dir(), "--workspace {}: not a directory", w.display());
-            }
-            args.overrides.apply(&mut spec);
-            if let Err(e) = spec.validate().and_then(|()| policy.check(&spec)) {
-                eprintln!("error: {}: {e}", path.display());
-                return Ok(ExitCode::from(2));
-            }
-            Some(spec)
-        }
+        Some(path) => match checked_spec(path, &args, &policy)? {
+            Ok(spec) => Some(spec),
+            Err(code) => return Ok(code),
+        },
         None => None,
     };
     let runtime = EmbeddedRuntime::open(&home).with_context(|| format!("opening {}", home.display()))?;
     // The home (database, objects, other jobs' task directories) is hidden from tools.
     args.tools.install(&runtime.home().join("work"), &[runtime.home().to_path_buf()], &[], policy)?;
     let started = Instant::now();
-    let (job, name, resuming) = match (spec, &args.resume) {
-        (_, Some(id)) => {
-            let job = runtime.store().resolve_job(id).await?;
-            let found = runtime.store().get_job(job).await?;
-            if found.state.is_terminal() {
-                eprintln!("error: job {job} already {}; nothing to resume", found.state);
-                return Ok(ExitCode::from(2));
-            }
-            (job, found.name, true)
-        }
-        (Some(spec), None) => (runtime.submit(&spec, args.workspace.as_deref()).await?, spec.name.clone(), false),
-        (None, None) => match &args.continues {
-            Some((parent, instruction)) => {
-                let parent = runtime.store().resolve_job(parent).await?;
-                let job = runtime.continue_job(parent, instruction).await?;
-                eprintln!("job {job} continues {parent}");
-                (job, runtime.store().get_job(job).await?.name, false)
-            }
-            None => anyhow::bail!("give a job spec, or --resume JOB"),
-        },
+    let (job, name, start) = match the_job(&runtime, spec, &args).await? {
+        Ok(picked) => picked,
+        Err(code) => return Ok(code),
     };
-
-    let cancel = CancellationToken::new();
-    let on_ctrl_c = cancel.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("\ncancelling the job (Ctrl-C again to abort)…");
-            on_ctrl_c.cancel();
-            if tokio::signal::ctrl_c().await.is_ok() {
-                std::process::exit(130);
-            }
-        }
-    });
+    let cancel = cancel_on_ctrl_c();
     let progress = (!args.json).then(|| {
         let p = Progress::new(&name, job);
         tokio::spawn(p.follow(runtime.store(), runtime.notifier()))
     });
-    let summary = if resuming { runtime.resume(job, cancel).await } else { runtime.run(job, cancel).await };
+    let summary = match start {
+        Start::Resume => runtime.resume(job, cancel).await,
+        Start::Fresh => runtime.run(job, cancel).await,
+    };
     if let Some(p) = progress {
         p.abort();
         let _ = p.await;
@@ -231,6 +186,94 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
         print_summary(&summary, started.elapsed());
     }
     Ok(if summary.state == JobState::Succeeded { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// The spec file at `path` with the command line's overrides, checked
+/// against its scenario, the operator's policy and `--workspace`.
+/// `Err(code)`: refused, the error printed.
+fn checked_spec(
+    path: &Path,
+    args: &RunArgs,
+    policy: &flower_model::policy::ToolPolicy,
+) -> anyhow::Result<Result<JobSpec, ExitCode>> {
+    let mut spec = match JobSpec::load(path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {}: {e}", path.display());
+            return Ok(Err(ExitCode::from(2)));
+        }
+    };
+    if let Some(scenario) = &spec.scenario
+        && let Err(e) = flower_sim::Scenario::load(scenario)
+    {
+        eprintln!("error: {}: scenario {}: {e}", path.display(), scenario.display());
+        return Ok(Err(ExitCode::from(2)));
+    }
+    if let Some(w) = &args.workspace {
+        anyhow::ensure!(w.is_dir(), "--workspace {}: not a directory", w.display());
+    }
+    args.overrides.apply(&mut spec);
+    if let Err(e) = spec.validate().and_then(|()| policy.check(&spec)) {
+        eprintln!("error: {}: {e}", path.display());
+        return Ok(Err(ExitCode::from(2)));
+    }
+    Ok(Ok(spec))
+}
+
+/// Whether a run starts its job or resumes it.
+enum Start {
+    Fresh,
+    Resume,
+}
+
+/// The job this run runs, with its name: the one `--resume` names (not
+/// ended yet), a new one from `spec`, or the continuation `flower continue`
+/// asks for. `Err(code)`: refused, the error printed.
+async fn the_job(
+    runtime: &EmbeddedRuntime,
+    spec: Option<JobSpec>,
+    args: &RunArgs,
+) -> anyhow::Result<Result<(JobId, String, Start), ExitCode>> {
+    Ok(Ok(match (spec, &args.resume) {
+        (_, Some(id)) => {
+            let job = runtime.store().resolve_job(id).await?;
+            let found = runtime.store().get_job(job).await?;
+            if found.state.is_terminal() {
+                eprintln!("error: job {job} already {}; nothing to resume", found.state);
+                return Ok(Err(ExitCode::from(2)));
+            }
+            (job, found.name, Start::Resume)
+        }
+        (Some(spec), None) => {
+            (runtime.submit(&spec, args.workspace.as_deref()).await?, spec.name.clone(), Start::Fresh)
+        }
+        (None, None) => match &args.continues {
+            Some((parent, instruction)) => {
+                let parent = runtime.store().resolve_job(parent).await?;
+                let job = runtime.continue_job(parent, instruction).await?;
+                eprintln!("job {job} continues {parent}");
+                (job, runtime.store().get_job(job).await?.name, Start::Fresh)
+            }
+            None => anyhow::bail!("give a job spec, or --resume JOB"),
+        },
+    }))
+}
+
+/// A token cancelled by the first Ctrl-C (the job is cancelled cleanly); a
+/// second one aborts the process.
+fn cancel_on_ctrl_c() -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let on_ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\ncancelling the job (Ctrl-C again to abort)…");
+            on_ctrl_c.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        }
+    });
+    cancel
 }
 
 fn print_summary(s: &RunSummary, took: Duration) {

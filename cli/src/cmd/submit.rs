@@ -134,58 +134,13 @@ async fn follow(client: &mut Client, job: &str, mut cursor: i64, json: bool) -> 
                 Ok(Some(e)) => {
                     failures = 0;
                     cursor = e.seq;
-                    if json {
-                        println!(
-                            "{}",
-                            serde_json::json!({"seq": e.seq, "at_ms": e.at_ms, "kind": e.kind, "event": serde_json::from_str::<serde_json::Value>(&e.payload_json).unwrap_or_default()})
-                        );
-                    } else if let Some(b) = &bar {
-                        b.set_message(format!("#{} {}", e.seq, e.kind));
-                        if e.kind == "question_asked" {
-                            let q: serde_json::Value = serde_json::from_str(&e.payload_json).unwrap_or_default();
-                            b.suspend(|| eprintln!("{}", show_question(job, &q)));
-                            if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-                                answer_at_terminal(client.clone(), job.to_string(), q);
-                            }
-                        } else if matches!(
-                            e.kind.as_str(),
-                            "task_queued"
-                                | "task_finished"
-                                | "job_state"
-                                | "workspace_conflict"
-                                | "question_answered"
-                                | "judge_verdict"
-                        ) {
-                            b.suspend(|| eprintln!("  #{} {} {}", e.seq, e.kind, e.payload_json));
-                        }
-                    }
+                    show_event(client, job, &e, bar.as_ref());
                 }
-                Ok(None) => {
-                    // The stream ends after the terminal state.
-                    let j = client
-                        .get(pb::GetRequest { job_id: job.to_string() })
-                        .await
-                        .map_err(status_error)?
-                        .into_inner();
-                    if let Some(b) = &bar {
-                        b.finish_and_clear();
-                    }
-                    if !json {
-                        println!(
-                            "job {} {}{}",
-                            j.id,
-                            j.state,
-                            if j.reason.is_empty() { String::new() } else { format!(": {}", j.reason) }
-                        );
-                        if !j.final_answer.is_empty() {
-                            println!("\nFinal answer:\n{}", j.final_answer.trim_end());
-                        }
-                    }
-                    if ["succeeded", "failed", "cancelled"].contains(&j.state.as_str()) {
-                        return Ok(if j.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(1) });
-                    }
-                    break;
-                }
+                // The stream ends after the terminal state.
+                Ok(None) => match ended(client, job, bar.as_ref()).await? {
+                    Some(code) => return Ok(code),
+                    None => break,
+                },
                 Err(s) => {
                     failures += 1;
                     anyhow::ensure!(failures < 30, "watch kept failing: {s}");
@@ -196,6 +151,52 @@ async fn follow(client: &mut Client, job: &str, mut cursor: i64, json: bool) -> 
             }
         }
     }
+}
+
+/// One event: a JSON line (no `bar`), else the bar's message, a question
+/// shown (and answered at a terminal) and the notable events printed.
+fn show_event(client: &Client, job: &str, e: &pb::JobEvent, bar: Option<&ProgressBar>) {
+    let Some(b) = bar else {
+        println!(
+            "{}",
+            serde_json::json!({"seq": e.seq, "at_ms": e.at_ms, "kind": e.kind, "event": serde_json::from_str::<serde_json::Value>(&e.payload_json).unwrap_or_default()})
+        );
+        return;
+    };
+    b.set_message(format!("#{} {}", e.seq, e.kind));
+    if e.kind == "question_asked" {
+        let q: serde_json::Value = serde_json::from_str(&e.payload_json).unwrap_or_default();
+        b.suspend(|| eprintln!("{}", show_question(job, &q)));
+        if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+            answer_at_terminal(client.clone(), job.to_string(), q);
+        }
+    } else if matches!(
+        e.kind.as_str(),
+        "task_queued" | "task_finished" | "job_state" | "workspace_conflict" | "question_answered" | "judge_verdict"
+    ) {
+        b.suspend(|| eprintln!("  #{} {} {}", e.seq, e.kind, e.payload_json));
+    }
+}
+
+/// After the stream ended: the job's end (printed without JSON) and the
+/// exit code, or `None` when it has not ended (watch again).
+async fn ended(client: &mut Client, job: &str, bar: Option<&ProgressBar>) -> anyhow::Result<Option<ExitCode>> {
+    let j = client.get(pb::GetRequest { job_id: job.to_string() }).await.map_err(status_error)?.into_inner();
+    if let Some(b) = bar {
+        b.finish_and_clear();
+        println!(
+            "job {} {}{}",
+            j.id,
+            j.state,
+            if j.reason.is_empty() { String::new() } else { format!(": {}", j.reason) }
+        );
+        if !j.final_answer.is_empty() {
+            println!("\nFinal answer:\n{}", j.final_answer.trim_end());
+        }
+    }
+    Ok(["succeeded", "failed", "cancelled"]
+        .contains(&j.state.as_str())
+        .then(|| if j.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(1) }))
 }
 
 /// A question as `flower watch` shows it: the text, the options, how to answer.

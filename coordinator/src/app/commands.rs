@@ -217,7 +217,8 @@ impl App {
         // No one to tell (a process reading a store it does not run): notices go nowhere.
         let notifier = self.runs.notifier(job.id).unwrap_or_else(|| std::sync::Arc::new(flower_bus::MemoryBus::new()));
         let journal = flower_agent::Journal::new(self.b.store.clone(), notifier);
-        Ok(crate::aside::aside(&journal, self.b.objects.clone(), provider, &spec, job.id, question).await?)
+        Ok(crate::aside::aside(&journal, self.b.objects.clone(), provider, &self.b.windows, &spec, job.id, question)
+            .await?)
     }
 }
 

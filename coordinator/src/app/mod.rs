@@ -83,6 +83,9 @@ pub struct AppBackends {
     pub providers: Arc<ConfiguredProviders>,
     /// MCP servers, credential variables and egress a spec may name.
     pub tool_policy: Arc<ToolPolicy>,
+    /// The context windows learnt in this process (asides learn; the
+    /// console's meter reads).
+    pub windows: flower_model::windows::Windows,
 }
 
 /// The application: cheap to clone, shared by the front-ends of a process.
@@ -128,6 +131,10 @@ impl App {
 
     pub fn objects(&self) -> &Arc<dyn ObjectStore> {
         &self.b.objects
+    }
+
+    pub fn windows(&self) -> &flower_model::windows::Windows {
+        &self.b.windows
     }
 
     pub fn runs(&self) -> &Arc<dyn Runs> {

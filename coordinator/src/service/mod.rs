@@ -29,6 +29,9 @@ pub struct Backends {
     pub providers: Arc<ConfiguredProviders>,
     /// MCP servers and credential variables a spec may name (refused at submit otherwise).
     pub tool_policy: Arc<flower_model::policy::ToolPolicy>,
+    /// The context windows learnt in this process (read by the runs'
+    /// thresholds; shared with a console or worker of the same process).
+    pub windows: flower_model::windows::Windows,
 }
 
 #[derive(Clone, Debug)]
@@ -170,6 +173,7 @@ pub fn app(b: &Backends, owner: Arc<owner::Owner>, max_request_bytes: usize) -> 
             objects: b.objects.clone(),
             providers: b.providers.clone(),
             tool_policy: b.tool_policy.clone(),
+            windows: b.windows.clone(),
         },
         Arc::new(runs),
     )

@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::Backends;
+use crate::qa_log::QaLog;
 use crate::runner::{JobContext, run_job};
 use crate::stop::{Stop, StopCause};
 
@@ -29,6 +30,8 @@ struct Running {
     lease: Lease,
     stop: Stop,
     inbox: Inbox,
+    /// The job's qa-log: the run's and the user's messages take turns on it.
+    qa_log: QaLog,
     /// Events of this job already looked at (for interrupts and cancels).
     cursor: i64,
 }
@@ -151,8 +154,10 @@ impl Owner {
                 }
             };
             let cursor = store.events(job, 0, u32::MAX).await.ok().and_then(|e| e.last().map(|e| e.seq)).unwrap_or(0);
-            let running = Running { lease: lease.clone(), stop: Stop::default(), inbox: Inbox::default(), cursor };
-            let (stop, inbox) = (running.stop.clone(), running.inbox.clone());
+            let qa_log = QaLog::new(self.backends.objects.clone(), job);
+            let running =
+                Running { lease: lease.clone(), stop: Stop::default(), inbox: Inbox::default(), qa_log, cursor };
+            let (stop, inbox, qa_log) = (running.stop.clone(), running.inbox.clone(), running.qa_log.clone());
             self.lock().insert(job, running);
             tracing::info!(job = %job, epoch = lease.epoch, replica = %self.replica, "job owned");
             let span = tracing::info_span!("job", job = %job, epoch = lease.epoch);
@@ -160,11 +165,14 @@ impl Owner {
                 flower_bus::trace::continue_trace(&span, &tp);
             }
             let me = self.clone();
-            tokio::spawn(tracing::Instrument::instrument(async move { me.run_one(lease, stop, inbox).await }, span));
+            tokio::spawn(tracing::Instrument::instrument(
+                async move { me.run_one(lease, stop, inbox, qa_log).await },
+                span,
+            ));
         }
     }
 
-    async fn run_one(self: Arc<Self>, lease: Lease, stop: Stop, inbox: Inbox) {
+    async fn run_one(self: Arc<Self>, lease: Lease, stop: Stop, inbox: Inbox, qa_log: QaLog) {
         let job = lease.job;
         let b = &self.backends;
         let journal = Journal::new(b.store.clone(), b.notifier.clone()).fenced(lease.fence());
@@ -188,6 +196,8 @@ impl Owner {
                 epoch: lease.epoch,
                 inbox,
                 stop,
+                qa_log,
+                windows: b.windows.clone(),
             };
             // A store error is not a lost lease: while the lease holds (the
             // renewal loop stops the run when it is lost), the run is
@@ -270,12 +280,12 @@ impl Owner {
                 _ => {}
             }
         }
+        let qa_log = r.qa_log.clone();
         drop(lock);
         if !messages.is_empty() {
-            let workbench = flower_store::Workbench::new(self.backends.objects.clone(), job);
             tokio::spawn(async move {
                 for text in messages {
-                    crate::qa_log::message(&workbench, &text).await;
+                    qa_log.message(&text).await;
                 }
             });
         }

@@ -16,7 +16,7 @@ use flower_agent::tool::FatalCause;
 use flower_agent::{Inbox, Journal, Tool, ToolContext, ToolError, ToolOutput};
 use flower_model::spec::AskOptions;
 use flower_model::{EventKind, JobId, JobState, now_ms};
-use flower_store::{Batch, StoreError, Workbench};
+use flower_store::{Batch, StoreError};
 use serde_json::{Value, json};
 
 /// An answer is looked for at least this often without a wake-up (wake-ups
@@ -34,7 +34,7 @@ pub const NO_ANSWER: &str = "no answer";
 #[derive(Clone)]
 pub struct Asker {
     journal: Journal,
-    workbench: Workbench,
+    qa_log: crate::qa_log::QaLog,
     inbox: Inbox,
     options: AskOptions,
     stop: crate::stop::Stop,
@@ -56,13 +56,13 @@ pub enum Asked {
 impl Asker {
     pub fn new(
         journal: Journal,
-        workbench: Workbench,
+        qa_log: crate::qa_log::QaLog,
         inbox: Inbox,
         options: AskOptions,
         stop: crate::stop::Stop,
         role: &str,
     ) -> Self {
-        Self { journal, workbench, inbox, options, stop, role: role.to_string() }
+        Self { journal, qa_log, inbox, options, stop, role: role.to_string() }
     }
 
     pub fn options(&self) -> &AskOptions {
@@ -85,8 +85,8 @@ impl Asker {
         if q.asked_at.is_none() {
             if q.count >= self.options.max_asks {
                 let why = format!("{NO_ANSWER} (the job's {} questions are asked: runtime.ask.max_asks)", q.count);
-                crate::qa_log::question(&self.workbench, &self.role, id, question, options).await;
-                crate::qa_log::answer(&self.workbench, id, &why).await;
+                self.qa_log.question(&self.role, id, question, options).await;
+                self.qa_log.answer(id, &why).await;
                 return Ok(Asked::Answer { text: why, option: None, by: "limit".into() });
             }
             let asked = EventKind::QuestionAsked {
@@ -100,7 +100,7 @@ impl Asker {
             self.journal.announce(&written).await;
             q.read(&written.events, id);
             self.set_state(job, JobState::WaitingForUser).await?;
-            crate::qa_log::question(&self.workbench, &self.role, id, question, options).await;
+            self.qa_log.question(&self.role, id, question, options).await;
         }
         let deadline_ms = q.asked_at.unwrap_or_else(now_ms) + self.options.timeout.as_millis() as i64;
         while q.answer.is_none() {
@@ -130,7 +130,7 @@ impl Asker {
         }
         let (text, option, by) = q.answer.unwrap_or_else(|| (NO_ANSWER.into(), None, "timeout".into()));
         self.set_state(job, JobState::Running).await?;
-        crate::qa_log::answer(&self.workbench, id, &logged(&text, option, &by)).await;
+        self.qa_log.answer(id, &logged(&text, option, &by)).await;
         Ok(Asked::Answer { text, option, by })
     }
 
