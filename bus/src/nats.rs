@@ -265,16 +265,23 @@ fn notice_to_pb(n: &Notice) -> pb::Notice {
             committed: e.committed,
             no_changeset: !e.changeset,
             workbench_untouched: e.workbench_untouched,
+            task_state: pb::TaskState::from(e.state).into(),
+            usage: Some((&e.usage).into()),
         }),
     }
 }
 
 fn ended_from_pb(e: pb::TaskEnded) -> std::result::Result<TaskEnded, String> {
-    let state: flower_model::TaskState = e.state.parse().map_err(|e| format!("ended.state: {e}"))?;
+    let state = flower_proto::convert::task_state(e.task_state, &e.state)
+        .ok_or_else(|| format!("ended.state: `{}` is not a task state", e.state))?;
     if !state.is_terminal() {
         return Err(format!("ended.state: `{}` is not an end", state.as_str()));
     }
-    let usage = serde_json::from_str(&e.usage_json).map_err(|err| format!("ended.usage_json: {err}"))?;
+    let usage = match &e.usage {
+        Some(u) => u.into(),
+        // From a sender that predates the typed field.
+        None => serde_json::from_str(&e.usage_json).map_err(|err| format!("ended.usage_json: {err}"))?,
+    };
     Ok(TaskEnded {
         attempt: e.attempt,
         state,

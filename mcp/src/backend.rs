@@ -20,7 +20,7 @@ pub type BackendResult<T> = Result<T, AppError>;
 pub struct JobView {
     pub job_id: String,
     pub name: String,
-    pub state: String,
+    pub state: JobState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -32,7 +32,7 @@ pub struct JobView {
 
 impl JobView {
     pub fn ended(&self) -> bool {
-        is_end(&self.state)
+        self.state.is_terminal()
     }
 }
 
@@ -83,7 +83,7 @@ pub fn view(j: &flower_model::Job) -> JobView {
     JobView {
         job_id: j.id.to_string(),
         name: j.name.clone(),
-        state: j.state.to_string(),
+        state: j.state,
         reason: j.reason.clone(),
         final_answer: j.final_answer.clone(),
         usage: serde_json::to_value(j.usage).unwrap_or_default(),

@@ -25,6 +25,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use flower_agent::surface::SearchIndex;
 use flower_coordinator::tools::ask::Reply;
+use flower_model::JobState;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult,
     PaginatedRequestParams, ProgressNotificationParam, ResourceContents, ServerCapabilities, ServerConfig, Tool,
@@ -355,7 +356,7 @@ impl FlowerMcp {
         let j = self.inner.jobs.job(job).await?;
         let mut v = serde_json::to_value(&j).unwrap_or_default();
         v["ended"] = json!(j.ended());
-        if j.state == "waiting_for_user" {
+        if j.state == JobState::WaitingForUser {
             let events = self.all_events(&j.job_id).await?;
             if let Some(q) = backend::pending_question(&events) {
                 v["question"] = q;
@@ -396,7 +397,7 @@ impl FlowerMcp {
             let now = tokio::time::Instant::now();
             let end = if j.ended() {
                 Some("ended")
-            } else if j.state == "waiting_for_user" {
+            } else if j.state == JobState::WaitingForUser {
                 Some("waiting_for_user")
             } else if now >= deadline {
                 Some("timeout")
@@ -785,7 +786,7 @@ mod tests {
         JobView {
             job_id: "0f0f0f0f-0000-4000-8000-000000000001".into(),
             name: "one".into(),
-            state: "succeeded".into(),
+            state: JobState::Succeeded,
             reason: None,
             final_answer: Some("done".into()),
             usage: Value::Null,

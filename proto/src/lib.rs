@@ -1,10 +1,19 @@
 //! The wire contract: the `Flower` gRPC service and the task/notice messages the
 //! bus carries between coordinators and workers.
 //!
-//! Leaf crate: generated types only, no I/O and no behaviour. Anything that
-//! interprets these messages lives with its caller.
+//! Generated types and their conversions from and to the domain's
+//! ([`convert`]); no I/O and no behaviour. Anything that interprets these
+//! messages lives with its caller.
+//!
+//! Version: `flower.v1` grows compatibly. Typed fields were added beside the
+//! strings older clients read (`Job.job_state` beside `Job.state`,
+//! `Session.session_role` beside `role`, `JobEvent.detail` beside
+//! `payload_json`, `TaskEnded.task_state` and `usage` beside `state` and
+//! `usage_json`): senders fill both, readers prefer the typed field and fall
+//! back to the string from an older sender.
 
 pub mod codec;
+pub mod convert;
 
 /// `flower.v1`: generated from `proto/flower/v1/flower.proto`.
 #[allow(clippy::all, clippy::unwrap_used, clippy::expect_used)]

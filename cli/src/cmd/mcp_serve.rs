@@ -150,6 +150,8 @@ struct GrpcJobs {
 }
 
 fn job_view(j: pb::Job) -> JobView {
+    // A state this client does not know reads as running: not ended.
+    let state = j.typed_state().unwrap_or(flower_model::JobState::Running);
     let opt = |s: String| (!s.is_empty()).then_some(s);
     let usage = j.usage.map(|u| {
         serde_json::json!({
@@ -162,7 +164,7 @@ fn job_view(j: pb::Job) -> JobView {
     JobView {
         job_id: j.id,
         name: j.name,
-        state: j.state,
+        state,
         reason: opt(j.reason),
         final_answer: opt(j.final_answer),
         usage: usage.unwrap_or_default(),

@@ -164,7 +164,7 @@ fn show_event(client: &Client, job: &str, e: &pb::JobEvent, bar: Option<&Progres
         return;
     };
     b.set_message(format!("#{} {}", e.seq, e.kind));
-    if e.kind == "question_asked" {
+    if matches!(e.detail, Some(pb::job_event::Detail::QuestionAsked(_))) {
         let q: serde_json::Value = serde_json::from_str(&e.payload_json).unwrap_or_default();
         b.suspend(|| eprintln!("{}", show_question(job, &q)));
         if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
@@ -194,9 +194,10 @@ async fn ended(client: &mut Client, job: &str, bar: Option<&ProgressBar>) -> any
             println!("\nFinal answer:\n{}", j.final_answer.trim_end());
         }
     }
-    Ok(["succeeded", "failed", "cancelled"]
-        .contains(&j.state.as_str())
-        .then(|| if j.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(1) }))
+    let state = j.typed_state();
+    Ok(state
+        .filter(|s| s.is_terminal())
+        .map(|s| if s == flower_model::JobState::Succeeded { ExitCode::SUCCESS } else { ExitCode::from(1) }))
 }
 
 /// A question as `flower watch` shows it: the text, the options, how to answer.

@@ -70,33 +70,11 @@ impl Api {
 }
 
 pub fn job_to_pb(j: &Job) -> pb::Job {
-    pb::Job {
-        id: j.id.to_string(),
-        name: j.name.clone(),
-        state: j.state.as_str().into(),
-        reason: j.reason.clone().unwrap_or_default(),
-        final_answer: j.final_answer.clone().unwrap_or_default(),
-        created_at_ms: j.created_at,
-        updated_at_ms: j.updated_at,
-        usage: Some(pb::Usage {
-            input_tokens: j.usage.input_tokens,
-            output_tokens: j.usage.output_tokens,
-            cache_creation_input_tokens: j.usage.cache_creation_input_tokens,
-            cache_read_input_tokens: j.usage.cache_read_input_tokens,
-        }),
-        continues_job_id: j.continues.as_ref().map(|l| l.parent.to_string()).unwrap_or_default(),
-        instruction: j.continues.as_ref().map(|l| l.instruction.clone()).unwrap_or_default(),
-    }
+    j.into()
 }
 
 fn event_to_pb(e: &flower_model::Event) -> pb::JobEvent {
-    pb::JobEvent {
-        job_id: e.job_id.to_string(),
-        seq: e.seq,
-        at_ms: e.at,
-        kind: e.kind.name().into(),
-        payload_json: serde_json::to_string(&e.kind).unwrap_or_default(),
-    }
+    e.into()
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -186,6 +164,7 @@ impl Flower for Api {
                 label: s.label.clone(),
                 task_id: s.task_id.map(|t| t.to_string()).unwrap_or_default(),
                 entries,
+                session_role: pb::Role::from(s.role).into(),
             });
         }
         if r.session_id.is_empty() {
