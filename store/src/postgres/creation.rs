@@ -13,7 +13,7 @@ use crate::rules;
 use crate::{Fence, Result};
 
 /// The advisory-lock space of task rows being created (the two-key form,
-/// which does not overlap the one-key space of [`MIGRATION_LOCK`]).
+/// which does not overlap the one-key space of [`super::MIGRATION_LOCK`]).
 pub(super) const TASK_LOCK_CLASS: i32 = 0x666c_7774;
 
 /// A task id's advisory-lock key (a collision only makes a claim wait for
@@ -25,7 +25,8 @@ pub(super) fn task_lock_key(id: TaskId) -> i32 {
 
 /// Take the creation locks of `tasks` (exclusive, to the transaction's
 /// end): a claim of one of them waits for this transaction (see
-/// [`claim_locked`]), so its message may be published before the commit.
+/// `claim_locked` in [`super::claims`]), so its message may be published
+/// before the commit.
 async fn lock_new_tasks(tx: &Tx<'_>, tasks: &[Task]) -> Result<()> {
     if tasks.is_empty() {
         return Ok(());

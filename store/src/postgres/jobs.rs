@@ -2,7 +2,9 @@
 //! counted, moved between states as [`rules::set_job_state`] decides, and
 //! found orphaned (no live lease).
 
+use deadpool_postgres::ClientWrapper;
 use flower_model::{Job, JobId, JobState, Usage, now_ms};
+use tokio_postgres::Row;
 
 use super::events::write_events;
 use super::leases::check_fence;
@@ -10,8 +12,6 @@ use super::transaction::{db_execute, db_query, db_query_one, db_query_opt};
 use super::{PostgresStore, corrupt, from_json, json, parse, written};
 use crate::rules;
 use crate::{Fence, NewJob, Result, StoreError, Written};
-use deadpool_postgres::ClientWrapper;
-use tokio_postgres::Row;
 
 const JOB_COLS: &str =
     "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at, parent, instruction";

@@ -10,21 +10,22 @@
 //! uuids, never one round trip or one row per entry.
 //! A fenced write takes the lease row `FOR SHARE`, so a takeover cannot commit
 //! in the middle of it. Every decision about tasks, jobs and leases is
-//! [`rules`]'s, made on rows loaded `FOR UPDATE` in the writing transaction, so
-//! it still holds when its rows are stored.
+//! [`crate::rules`]'s, made on rows loaded `FOR UPDATE` in the writing
+//! transaction, so it still holds when its rows are stored.
 //!
 //! # Layout
 //! - this file: the pool and its session settings, the schema check and
-//!   migrations, and the [`Store`] impl, which hands each call to its table's module
-//! - [`transaction`]: the store's own transactions on a pooled connection, the statement helpers
-//! - [`jobs`]: job rows (create, read, state, orphans)
-//! - [`tasks`]: task rows (insert, update, read, the required ends), ends, heartbeats, cancels
-//! - [`creation`]: the advisory locks a task row's creator holds, with the fence check
-//! - [`claims`]: claims, alone or in groups, with their sessions and ends
-//! - [`transcripts`]: sessions, transcript entries stored as chunks, and batches
-//! - [`events`]: job events numbered from the job row's counter, the commit sent with them, relaxed turns
-//! - [`leases`]: job leases and the fence check
-//! - [`scratch`]: throwaway databases for tests and benchmarks
+//!   migrations, and the [`Store`] impl, which hands each call to its
+//!   table's module
+//! - `transaction`: the store's own transactions on a pooled connection, the statement helpers
+//! - `jobs`: job rows (create, read, state, orphans)
+//! - `tasks`: task rows (insert, update, read, the required ends), ends, heartbeats, cancels
+//! - `creation`: the advisory locks a task row's creator holds, with the fence check
+//! - `claims`: claims, alone or in groups, with their sessions and ends
+//! - `transcripts`: sessions, transcript entries stored as chunks, and batches
+//! - `events`: job events numbered from the job row's counter, the commit sent with them, relaxed turns
+//! - `leases`: job leases and the fence check
+//! - `scratch`: throwaway databases for tests and benchmarks
 
 mod claims;
 mod creation;

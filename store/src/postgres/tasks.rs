@@ -3,19 +3,42 @@
 //! ends a batch requires checked; and the writes of an end, a heartbeat and
 //! a job's cancel.
 
+use deadpool_postgres::ClientWrapper;
 use flower_model::{Event, EventKind, JobId, SessionId, Task, TaskId, TaskOutcome, Usage, now_ms};
+use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::creation::fence_and_lock;
-use super::events::{flush_marked, write_events, write_events_ending};
+use super::events::{Durability, flush_marked, write_events, write_events_ending};
 use super::leases::check_fence;
 use super::transaction::{Tx, db_execute, db_query, db_query_opt};
 use super::transcripts::write_entries;
 use super::{PostgresStore, from_json, json, parse, written};
 use crate::rules::{self, TaskChange};
 use crate::{Batch, Fence, Result, StoreError, TaskEnd, Written};
-use deadpool_postgres::ClientWrapper;
-use tokio_postgres::Row;
+
+/// A task row's columns, in [`decode_task`]'s order.
+pub(super) const TASK_COLS: &str = "id, job_id, parent_session, tool_use_id, worker, mandate, description, state, attempt, claimed_by, report, error, usage, created_at, updated_at";
+
+pub(super) fn decode_task(r: &Row) -> Result<Task> {
+    Ok(Task {
+        id: TaskId(r.get(0)),
+        job_id: JobId(r.get(1)),
+        parent_session: SessionId(r.get(2)),
+        tool_use_id: r.get(3),
+        worker: r.get(4),
+        mandate: r.get(5),
+        description: r.get(6),
+        state: parse(r.get::<_, &str>(7))?,
+        attempt: r.get::<_, i32>(8) as u32,
+        claimed_by: r.get(9),
+        report: r.get(10),
+        error: r.get(11),
+        usage: from_json(r.get(12))?,
+        created_at: r.get(13),
+        updated_at: r.get(14),
+    })
+}
 
 /// Store the mutable columns of task rows as [`rules`] decided them, in one statement.
 pub(super) async fn write_tasks(tx: &Tx<'_>, tasks: &[&Task]) -> Result<()> {
@@ -50,28 +73,6 @@ pub(super) const WRITE_TASKS: &str =
 async fn apply_task_changes(tx: &Tx<'_>, changes: Vec<TaskChange>) -> Result<Vec<Event>> {
     write_tasks(tx, &changes.iter().map(|c| &c.task).collect::<Vec<_>>()).await?;
     write_events(tx, changes.into_iter().map(|c| (c.task.job_id, c.event)).collect(), None).await
-}
-
-pub(super) const TASK_COLS: &str = "id, job_id, parent_session, tool_use_id, worker, mandate, description, state, attempt, claimed_by, report, error, usage, created_at, updated_at";
-
-pub(super) fn decode_task(r: &Row) -> Result<Task> {
-    Ok(Task {
-        id: TaskId(r.get(0)),
-        job_id: JobId(r.get(1)),
-        parent_session: SessionId(r.get(2)),
-        tool_use_id: r.get(3),
-        worker: r.get(4),
-        mandate: r.get(5),
-        description: r.get(6),
-        state: parse(r.get::<_, &str>(7))?,
-        attempt: r.get::<_, i32>(8) as u32,
-        claimed_by: r.get(9),
-        report: r.get(10),
-        error: r.get(11),
-        usage: from_json(r.get(12))?,
-        created_at: r.get(13),
-        updated_at: r.get(14),
-    })
 }
 
 async fn load_task(c: &ClientWrapper, id: TaskId) -> Result<Task> {
@@ -210,7 +211,7 @@ pub(super) async fn create_tasks(
                 fence_and_lock(tx, fence, &tasks).await?;
                 let mut events = Vec::new();
                 let out = insert_tasks(tx, &tasks, &mut events).await?;
-                let (events, ending) = write_events_ending(tx, events, None, false).await?;
+                let (events, ending) = write_events_ending(tx, events, None, Durability::Synchronous).await?;
                 Ok(((out, written(events)), ending))
             })
         })
@@ -280,7 +281,7 @@ pub(super) async fn finish_task_with(
                     insert_tasks(tx, &batch.tasks, &mut events)
                 )?;
                 events.push((change.task.job_id, change.event));
-                let (events, ending) = write_events_ending(tx, events, batch.usage, false).await?;
+                let (events, ending) = write_events_ending(tx, events, batch.usage, Durability::Synchronous).await?;
                 Ok(((change.task, Written { events, entry_seqs, tasks }), ending))
             })
         })

@@ -25,7 +25,7 @@ impl PostgresStore {
     }
 
     /// Run `f` in one transaction, which `f` may end itself: its last
-    /// statement carrying the `COMMIT` ([`write_events_ending`]).
+    /// statement carrying the `COMMIT` ([`super::events::write_events_ending`]).
     ///
     /// The `BEGIN` costs no round trip of its own: it is sent, and the
     /// statements of `f` queue behind it on the connection; its answer is

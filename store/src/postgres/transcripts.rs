@@ -3,7 +3,7 @@
 //! counter, the reads of both, and a batch ([`crate::Store::append`]) — entries,
 //! events, usage and task rows in one transaction.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use flower_model::{Entry, EventKind, JobId, Role, Session, SessionId, TaskId};
 use tokio_postgres::Row;
@@ -11,7 +11,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::creation::{fence_and_lock, fence_and_lock_statements};
-use super::events::{flush_marked, relaxed_turn, write_events, write_events_ending};
+use super::events::{batch_durability, flush_marked, write_events, write_events_ending};
 use super::tasks::{INSERT_TASKS, REQUIRED, check_required, insert_tasks};
 use super::transaction::{Tx, db_execute, db_query, db_query_opt, prepare_all};
 use super::{PostgresStore, corrupt, parse, written};
@@ -202,7 +202,7 @@ impl Chunk {
 
 /// Insert session rows in one statement (idempotent, as [`insert_session`]);
 /// the ids of those this statement created.
-pub(super) async fn insert_sessions(tx: &Tx<'_>, sessions: &[&Session]) -> Result<std::collections::HashSet<Uuid>> {
+pub(super) async fn insert_sessions(tx: &Tx<'_>, sessions: &[&Session]) -> Result<HashSet<SessionId>> {
     if sessions.is_empty() {
         return Ok(Default::default());
     }
@@ -217,7 +217,7 @@ pub(super) async fn insert_sessions(tx: &Tx<'_>, sessions: &[&Session]) -> Resul
         ats.push(s.created_at);
     }
     let rows = db_query(tx, INSERT_SESSIONS, &[&ids, &jobs, &roles, &labels, &tasks, &ats]).await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    Ok(rows.iter().map(|r| SessionId(r.get(0))).collect())
 }
 
 /// [`insert_sessions`]'s statement.
@@ -319,8 +319,8 @@ pub(super) async fn append(store: &PostgresStore, batch: Batch) -> Result<Writte
                     check_required(tx, &batch.requires),
                     release
                 )?;
-                let relaxed = relaxed_turn(batch.fence, &tasks, &events, batch.usage.as_ref());
-                let (events, ending) = write_events_ending(tx, events, batch.usage, relaxed).await?;
+                let durability = batch_durability(batch.fence, &tasks, &events, batch.usage.as_ref());
+                let (events, ending) = write_events_ending(tx, events, batch.usage, durability).await?;
                 Ok((Written { events, entry_seqs, tasks }, ending))
             })
         })
