@@ -707,6 +707,7 @@ pub async fn a_turn_and_its_calls_tasks_commit_together(store: &dyn Store) {
 /// that does not exist, not at all, with the error that says why; a row
 /// already there (a turn written again) is reported as it is and not queued
 /// again.
+#[allow(clippy::too_many_lines)]
 pub async fn a_fenced_turn_is_stored_whole_or_refused_whole(store: &dyn Store) {
     let job = new_job(store, None).await;
     let lease = store.acquire_lease(job, "coordinator-a", 60_000).await.unwrap().expect("a free lease");
@@ -1076,6 +1077,7 @@ pub async fn an_attempt_claims_and_ends_in_one_write(store: &dyn Store) {
     assert_eq!(store.get_job(job).await.unwrap().usage.output_tokens, 7 * 17);
 }
 
+#[allow(clippy::too_many_lines)]
 pub async fn claims_are_written_together(store: &dyn Store) {
     let (job, other) = (new_job(store, None).await, new_job(store, None).await);
     let coordinator = coordinator_session(store, job).await;

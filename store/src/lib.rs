@@ -4,9 +4,10 @@
 //!
 //! # Layout
 //! - [`Store`] (this file): the boundary trait every backend implements
-//! - [`rules`]: the task, job, lease and fence rules both backends run
+//! - [`rules`]: the task, job, lease and fence rules both backends run, and
+//!   the decisions of a group of claims written together
 //! - [`sqlite`]: the embedded backend (one file under the run directory)
-//! - [`postgres`]: the distributed backend
+//! - [`postgres`]: the distributed backend, a module per table family
 //! - [`migrations`]: each backend's versioned schema, applied in order at start
 //! - [`workbench`]: `scripts/`, `artifacts/`, `notes/`, `spill/` of a job on object storage
 //! - [`workspace`]: content-addressed workspace snapshots and task changesets

@@ -1,17 +1,26 @@
-//! The rules both backends keep, written once: what a claim, a finish, a
-//! heartbeat or a cancel of tasks decides, how a job moves between states,
-//! when a lease is taken, renewed or given up, and when a fenced write is
-//! refused (docs/design.md sections 2 to 4).
+//! The rules both backends keep, written once: what a claim (with the end
+//! offered to it), a finish, a heartbeat or a cancel of tasks decides, how a
+//! job moves between states, when a lease is taken, renewed or given up, and
+//! when a fenced write is refused (docs/design.md sections 2 to 4); and what
+//! a group of claims written together decides, and how its numbered events
+//! go back to each claim (Postgres writes claims in groups, SQLite one by
+//! one, each through [`claim_ending`]).
 //!
 //! Every function here is pure: it takes the rows as the backend loaded them
 //! (inside the writing transaction, locked where the backend locks) and the
 //! request, and returns what to write — whole rows, with the events reporting
 //! them — or what to answer without writing. A backend only runs SQL around
 //! these decisions: load, decide, store the returned rows, number the events.
+//! (An end offered to a claim is asked for through a closure, only once the
+//! claim takes its task: asking closes the offer.)
 
-use flower_model::{EventKind, Job, JobId, JobState, Session, Task, TaskOutcome, TaskState, Usage};
+use std::collections::{HashMap, HashSet, VecDeque};
 
-use crate::{Claim, Fence, Lease, StoreError, TaskEnd};
+use flower_model::{
+    Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, TaskState, Usage,
+};
+
+use crate::{Batch, Claim, ClaimAnswer, ClaimRequest, Fence, Lease, OfferedEnd, StoreError, TaskEnd, Written};
 
 /// A task row to store and the event reporting it, written in one transaction.
 #[derive(Clone, Debug, PartialEq)]
@@ -51,6 +60,50 @@ pub fn claim(task: &Task, attempt: u32, worker_id: &str, now: i64) -> ClaimDecis
     next.updated_at = now;
     let event = EventKind::TaskStarted { task: task.id, attempt, worker_id: worker_id.to_string() };
     ClaimDecision::Take(TaskChange { task: next, event })
+}
+
+/// What a claim decides together with the end its attempt offered
+/// (docs/design.md section 3, "Claim and end in one write"); held for one
+/// write: not worth a box.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum ClaimEnding {
+    /// Answer without writing, as [`ClaimDecision::Answer`].
+    Answer(Claim),
+    /// Store the claim, then the end when one is taken along.
+    Take { claim: TaskChange, end: Option<TakenEnd> },
+}
+
+/// An end taken in its claim's transaction: the row after it, with its
+/// event, and the batch committed before it.
+#[derive(Clone, Debug)]
+pub struct TakenEnd {
+    pub change: TaskChange,
+    pub batch: Batch,
+}
+
+/// [`claim`], and when the claim takes the task, the end its attempt
+/// offered: `offered` ([`crate::EndOffer::decide`], which closes the offer)
+/// is asked then and only then — a claim that is not taken takes no end and
+/// leaves the offer open. The end is taken when [`finish`] accepts it on
+/// the claimed row; an end it refuses goes the ordinary way
+/// ([`crate::Store::finish_task_with`]), where the refusal is handled.
+pub fn claim_ending(
+    task: &Task,
+    attempt: u32,
+    worker_id: &str,
+    now: i64,
+    offered: impl FnOnce() -> Option<OfferedEnd>,
+) -> ClaimEnding {
+    let taken = match claim(task, attempt, worker_id, now) {
+        ClaimDecision::Answer(answer) => return ClaimEnding::Answer(answer),
+        ClaimDecision::Take(change) => change,
+    };
+    let end = offered().and_then(|offer| {
+        let change = finish(&taken.task, attempt, offer.outcome, offer.usage, now).ok()?;
+        Some(TakenEnd { change, batch: offer.batch })
+    });
+    ClaimEnding::Take { claim: taken, end }
 }
 
 /// End `task` from `attempt` with `outcome`. Only the attempt holding a
@@ -94,10 +147,6 @@ pub fn finish(
     Ok(TaskChange { task: next, event })
 }
 
-/// A worker's heartbeat for `attempt`: the row to store (only `updated_at`
-/// moves on), or `None` when that attempt no longer holds a running task.
-/// A heartbeat writes no event: it is not news, only a sign of life for the
-/// sweeper.
 /// Whether `task` is stored ended as `required` says ([`crate::Batch::requires`]).
 pub fn ended_as(task: &Task, required: &TaskEnd) -> bool {
     task.state == required.state && task.attempt == required.attempt
@@ -110,6 +159,10 @@ pub fn unconfirmed(required: &TaskEnd) -> StoreError {
     StoreError::Unconfirmed { task: required.task, state: required.state, attempt: required.attempt }
 }
 
+/// A worker's heartbeat for `attempt`: the row to store (only `updated_at`
+/// moves on), or `None` when that attempt no longer holds a running task.
+/// A heartbeat writes no event: it is not news, only a sign of life for the
+/// sweeper.
 pub fn heartbeat(task: &Task, attempt: u32, now: i64) -> Option<Task> {
     if task.state != TaskState::Running || task.attempt != attempt {
         return None;
@@ -226,144 +279,234 @@ fn holds(current: Option<&Lease>, lease: &Lease) -> bool {
     current.is_some_and(|c| c.owner == lease.owner && c.epoch == lease.epoch)
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+/// One claim of a group, decided (held for one write, a group's worth: not
+/// worth a box).
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum GroupClaim {
+    /// The task has no row: that claim's [`StoreError::NotFound`].
+    Missing(TaskId),
+    /// Answer without writing.
+    Answered(Claim),
+    /// The claim takes its task.
+    Taken {
+        claim: TaskChange,
+        /// The claim's session when this claim opens it: the first claim
+        /// of the group that takes a task names it.
+        opens: Option<Session>,
+        /// The end taken along, its batch's entries moved to
+        /// [`GroupDecision::entries`].
+        end: Option<TakenEnd>,
+        /// How many of [`GroupDecision::entries`] are its end's.
+        entries: usize,
+    },
+}
 
-    use flower_model::{SessionId, TaskOutcome};
+/// What a group of claims decides ([`crate::Store::claim_tasks_ending`]):
+/// per claim, what it does; and what the group writes before its events.
+#[derive(Clone, Debug, Default)]
+pub struct GroupDecision {
+    /// Per claim, in the order given.
+    pub claims: Vec<GroupClaim>,
+    /// The task rows to store: each task taken once, as the last claim of
+    /// it left it, in the order first taken.
+    pub rows: Vec<Task>,
+    /// The fences of the ends taken, each once.
+    pub fences: Vec<Fence>,
+    /// The task ends the ends' batches require, in claim order.
+    pub required: Vec<TaskEnd>,
+    /// The entries of the ends' batches, end after end in claim order.
+    pub entries: Vec<Entry>,
+}
 
-    use super::*;
-
-    fn task() -> Task {
-        Task::queued(JobId::random(), SessionId::random(), "toolu_1", "w", "d", "m")
+impl GroupDecision {
+    /// The sessions the group opens, in claim order.
+    pub fn sessions(&self) -> Vec<&Session> {
+        self.claims
+            .iter()
+            .filter_map(|c| match c {
+                GroupClaim::Taken { opens, .. } => opens.as_ref(),
+                _ => None,
+            })
+            .collect()
     }
 
-    fn claimed(t: &Task, attempt: u32) -> Task {
-        match claim(t, attempt, "w", 1) {
-            ClaimDecision::Take(c) => c.task,
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_claim_takes_a_newer_attempt_and_refuses_the_rest() {
-        let t = task();
-        let one = claimed(&t, 1);
-        assert_eq!((one.state, one.attempt, one.claimed_by.as_deref()), (TaskState::Running, 1, Some("w")));
-        assert_eq!(claim(&one, 1, "x", 2), ClaimDecision::Answer(Claim::Superseded { current_attempt: 1 }));
-        let two = claimed(&one, 3);
-        assert_eq!(claim(&two, 2, "x", 2), ClaimDecision::Answer(Claim::Superseded { current_attempt: 3 }));
-        let done = finish(&two, 3, TaskOutcome::Succeeded { report: "r".into() }, Usage::default(), 3).unwrap().task;
-        // Ended beats stale: even an older attempt hears that the task is done.
-        for attempt in [1, 3, 4] {
-            assert_eq!(claim(&done, attempt, "x", 4), ClaimDecision::Answer(Claim::AlreadyFinished(done.clone())));
-        }
-    }
-
-    #[test]
-    fn only_the_holding_attempt_finishes_once() {
-        let t = claimed(&claimed(&task(), 1), 2);
-        let ok = TaskOutcome::Succeeded { report: "r".into() };
-        assert!(matches!(
-            finish(&t, 1, ok.clone(), Usage::default(), 5),
-            Err(StoreError::Superseded { attempt: 1, current_attempt: 2, .. })
-        ));
-        assert!(matches!(finish(&t, 3, ok.clone(), Usage::default(), 5), Err(StoreError::NotClaimed { .. })));
-        assert!(matches!(finish(&task(), 0, ok.clone(), Usage::default(), 5), Err(StoreError::NotClaimed { .. })));
-        let usage = Usage { input_tokens: 3, ..Default::default() };
-        let done = finish(&t, 2, TaskOutcome::Failed { error: "e".into() }, usage, 5).unwrap();
-        assert_eq!(
-            (done.task.state, done.task.error.as_deref(), done.task.updated_at),
-            (TaskState::Failed, Some("e"), 5)
-        );
-        assert_eq!(done.event, EventKind::TaskFinished { task: t.id, attempt: 2, succeeded: false, usage });
-        assert!(matches!(
-            finish(&done.task, 2, ok, usage, 6),
-            Err(StoreError::AlreadyFinished { state: TaskState::Failed, .. })
-        ));
-    }
-
-    #[test]
-    fn heartbeats_only_from_the_running_attempt() {
-        let t = claimed(&task(), 2);
-        assert_eq!(heartbeat(&t, 2, 9).map(|t| t.updated_at), Some(9));
-        assert!(heartbeat(&t, 1, 9).is_none());
-        assert!(heartbeat(&task(), 0, 9).is_none(), "a queued task is not running");
-    }
-
-    #[test]
-    fn cancels_come_in_dispatch_order_and_skip_ended_tasks() {
-        let job = JobId::random();
-        let session = SessionId::random();
-        let mut tasks: Vec<Task> =
-            (0..6).map(|i| Task::queued(job, session, &format!("toolu_{i}"), "w", "d", "m")).collect();
-        for (i, t) in tasks.iter_mut().enumerate() {
-            t.created_at = 100 - (i as i64 % 3);
-        }
-        tasks[0] = finish(&claimed(&tasks[0], 1), 1, TaskOutcome::Failed { error: "x".into() }, Usage::default(), 1)
-            .unwrap()
-            .task;
-        tasks[1] = claimed(&tasks[1], 4);
-        let changes = cancel(&tasks, "stop", 7);
-        let mut want: Vec<&Task> = tasks[1..].iter().collect();
-        want.sort_by_key(|t| (t.created_at, t.id));
-        assert_eq!(
-            changes.iter().map(|c| c.task.id).collect::<Vec<_>>(),
-            want.iter().map(|t| t.id).collect::<Vec<_>>()
-        );
-        let mut reversed = tasks.clone();
-        reversed.reverse();
-        assert_eq!(cancel(&reversed, "stop", 7), changes, "the load order does not matter");
-        let running = changes.iter().find(|c| c.task.id == tasks[1].id).unwrap();
-        assert_eq!(
-            running.event,
-            EventKind::TaskFinished { task: tasks[1].id, attempt: 4, succeeded: false, usage: Usage::default() }
-        );
-        assert!(
-            changes.iter().all(|c| c.task.state == TaskState::Cancelled && c.task.error.as_deref() == Some("stop"))
-        );
-    }
-
-    #[test]
-    fn leases_are_taken_kept_and_lost_by_epoch() {
-        let job = JobId::random();
-        let a = acquire_lease(None, job, "a", 10, 100).unwrap();
-        assert_eq!((a.epoch, a.expires_at), (1, 110));
-        assert!(acquire_lease(Some(&a), job, "b", 50, 100).is_none(), "a live lease is not taken");
-        assert_eq!(acquire_lease(Some(&a), job, "a", 50, 100).map(|l| l.epoch), Some(1), "its owner keeps it");
-        let b = acquire_lease(Some(&a), job, "b", 111, 100).unwrap();
-        assert_eq!((b.owner.as_str(), b.epoch), ("b", 2));
-        assert!(renew_lease(Some(&b), &a, 120, 100).is_none(), "the old owner lost it");
-        assert_eq!(renew_lease(Some(&b), &b, 500, 100).map(|l| l.expires_at), Some(600), "even past expiry");
-        assert_eq!(release_lease(Some(&b), &b).map(|l| l.expires_at), Some(0));
-        assert!(release_lease(None, &b).is_none());
-    }
-
-    #[test]
-    fn an_ended_job_stays_ended_and_keeps_its_answer() {
-        let mut job = Job {
-            id: JobId::random(),
-            name: "n".into(),
-            state: JobState::Running,
-            reason: None,
-            spec: serde_json::json!({}),
-            final_answer: Some("42".into()),
-            idempotency_key: None,
-            usage: Usage::default(),
-            created_at: 0,
-            updated_at: 0,
-            continues: None,
-        };
-        let done = set_job_state(&job, JobState::Succeeded, None, None, 3).unwrap();
-        assert_eq!(done.job.final_answer.as_deref(), Some("42"));
-        job.state = JobState::Cancelled;
-        assert!(matches!(
-            set_job_state(&job, JobState::Running, None, None, 4),
-            Err(StoreError::JobEnded { state: JobState::Cancelled, .. })
-        ));
-        let fence = Fence { job: job.id, epoch: 2 };
-        assert!(check_fence(fence, 2).is_ok());
-        assert!(matches!(check_fence(fence, 3), Err(StoreError::Fenced { given: 2, current: 3, .. })));
-        assert!(matches!(check_fence(fence, 0), Err(StoreError::Fenced { current: 0, .. })), "no lease, no owner");
+    /// The ends taken, in claim order.
+    pub fn ends(&self) -> impl Iterator<Item = &TakenEnd> {
+        self.claims.iter().filter_map(|c| match c {
+            GroupClaim::Taken { end, .. } => end.as_ref(),
+            _ => None,
+        })
     }
 }
+
+/// Decide a group of claims (docs/design.md section 3, "Claims written
+/// together") on `rows`, the tasks' rows as loaded (locked): each claim in
+/// order, on its row as the claims before it left it, so a later claim of
+/// the same task sees the earlier one's change — as that claim alone,
+/// written after them, would have. `offered` is each claim's end offer, as
+/// in [`claim_ending`]: asked only of a claim that takes its task.
+pub fn claim_group(
+    mut rows: HashMap<TaskId, Task>,
+    claims: &[ClaimRequest],
+    now: i64,
+    mut offered: impl FnMut(&ClaimRequest) -> Option<OfferedEnd>,
+) -> GroupDecision {
+    let mut group = GroupDecision::default();
+    let mut opened: HashSet<SessionId> = HashSet::new();
+    for c in claims {
+        let Some(task) = rows.get(&c.task) else {
+            group.claims.push(GroupClaim::Missing(c.task));
+            continue;
+        };
+        let (claim, mut end) = match claim_ending(task, c.attempt, &c.worker_id, now, || offered(c)) {
+            ClaimEnding::Answer(answer) => {
+                group.claims.push(GroupClaim::Answered(answer));
+                continue;
+            }
+            ClaimEnding::Take { claim, end } => (claim, end),
+        };
+        let last = end.as_ref().map_or(&claim.task, |e| &e.change.task).clone();
+        rows.insert(c.task, last.clone());
+        match group.rows.iter_mut().find(|row| row.id == last.id) {
+            Some(row) => *row = last,
+            None => group.rows.push(last),
+        }
+        let opens = c.session.as_ref().filter(|s| opened.insert(s.id)).cloned();
+        let mut entries = 0;
+        if let Some(end) = &mut end {
+            if let Some(fence) = end.batch.fence.filter(|f| !group.fences.contains(f)) {
+                group.fences.push(fence);
+            }
+            group.required.extend(end.batch.requires.iter().copied());
+            entries = end.batch.entries.len();
+            group.entries.append(&mut end.batch.entries);
+        }
+        group.claims.push(GroupClaim::Taken { claim, opens, end, entries });
+    }
+    group
+}
+
+/// The task rows a taken end's batch inserted (each with whether it was
+/// created then), and the `task_queued` events of those created.
+#[derive(Clone, Debug, Default)]
+pub struct EndTasks {
+    pub tasks: Vec<(Task, bool)>,
+    pub queued: Vec<(JobId, EventKind)>,
+}
+
+/// A group's claims stored but for their events: the events to number, the
+/// usage to add, and per claim what its answer is made of.
+#[derive(Clone, Debug, Default)]
+pub struct GroupEvents {
+    /// Every claim's events in one list, each claim's together, in the
+    /// order its own write would have them.
+    pub events: Vec<(JobId, EventKind)>,
+    pub usage: Vec<(JobId, Usage)>,
+    pub claims: Vec<Unnumbered>,
+}
+
+/// One claim of a group, written: what its answer is made of once its
+/// events are numbered ([`answer_group`]).
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum Unnumbered {
+    Missing(TaskId),
+    Answered(Claim),
+    Taken {
+        task: Task,
+        /// The job of each of its events, in order: the first `claimed`
+        /// are the claim's, the rest its end's.
+        jobs: Vec<JobId>,
+        claimed: usize,
+        end: Option<EndWritten>,
+    },
+}
+
+/// An end written in a group: the ended row, its entries' numbers, the
+/// task rows its batch created.
+pub type EndWritten = (Task, Vec<i64>, Vec<(Task, bool)>);
+
+/// The events of a group's claims, each claim's in the order its own write
+/// would have them: the claim's, its session's start when the group's
+/// insert created the session (`opened`) and this claim opens it, then its
+/// end's batch events, the `task_queued` of the rows the batch created, and
+/// the end's. `ends` holds what each taken end's batch inserted and
+/// `entry_seqs` the numbers of [`GroupDecision::entries`], both in claim
+/// order.
+pub fn group_events(
+    claims: Vec<GroupClaim>,
+    opened: &HashSet<SessionId>,
+    ends: Vec<EndTasks>,
+    entry_seqs: Vec<i64>,
+) -> GroupEvents {
+    let (mut ends, mut seqs) = (ends.into_iter(), entry_seqs.into_iter());
+    let mut out = GroupEvents::default();
+    for decided in claims {
+        let (claim, opens, end, entries) = match decided {
+            GroupClaim::Missing(id) => {
+                out.claims.push(Unnumbered::Missing(id));
+                continue;
+            }
+            GroupClaim::Answered(answer) => {
+                out.claims.push(Unnumbered::Answered(answer));
+                continue;
+            }
+            GroupClaim::Taken { claim, opens, end, entries } => (claim, opens, end, entries),
+        };
+        let start = out.events.len();
+        out.events.push((claim.task.job_id, claim.event));
+        if let Some(session) = opens.filter(|s| opened.contains(&s.id)) {
+            out.events.push((session.job_id, session_started(&session)));
+        }
+        let claimed = out.events.len() - start;
+        let end = end.map(|TakenEnd { change, batch }| {
+            let inserted = ends.next().unwrap_or_default();
+            out.events.extend(batch.events);
+            out.events.extend(inserted.queued);
+            out.events.push((change.task.job_id, change.event));
+            out.usage.extend(batch.usage);
+            (change.task, seqs.by_ref().take(entries).collect(), inserted.tasks)
+        });
+        let jobs = out.events[start..].iter().map(|(job, _)| *job).collect();
+        out.claims.push(Unnumbered::Taken { task: claim.task, jobs, claimed, end });
+    }
+    out
+}
+
+/// Each claim's answer, as that claim alone would have had it, from the
+/// group's events as numbered: per job in the order of
+/// [`GroupEvents::events`], so each claim takes its events from the front
+/// of its jobs' queues. A task with no row is that claim's
+/// [`StoreError::NotFound`].
+pub fn answer_group(
+    claims: Vec<Unnumbered>,
+    mut numbered: Vec<Event>,
+) -> Result<Vec<Result<ClaimAnswer, StoreError>>, StoreError> {
+    numbered.sort_by_key(|e| (e.job_id, e.seq));
+    let mut queues: HashMap<JobId, VecDeque<Event>> = HashMap::new();
+    for event in numbered {
+        queues.entry(event.job_id).or_default().push_back(event);
+    }
+    let mut answers = Vec::with_capacity(claims.len());
+    for claim in claims {
+        answers.push(match claim {
+            Unnumbered::Missing(id) => Err(StoreError::NotFound(format!("task {id}"))),
+            Unnumbered::Answered(answer) => Ok((answer, None)),
+            Unnumbered::Taken { task, jobs, claimed, end } => {
+                let mut events = Vec::with_capacity(jobs.len());
+                for job in jobs {
+                    let event = queues.get_mut(&job).and_then(VecDeque::pop_front);
+                    events.push(event.ok_or_else(|| StoreError::Backend(format!("job {job}: events lost")))?);
+                }
+                let ended = events.split_off(claimed.min(events.len()));
+                let end = end.map(|(task, entry_seqs, tasks)| (task, Written { events: ended, entry_seqs, tasks }));
+                Ok((Claim::Claimed { task, events }, end))
+            }
+        });
+    }
+    Ok(answers)
+}
+
+#[cfg(test)]
+mod tests;

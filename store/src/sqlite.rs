@@ -18,7 +18,7 @@ use flower_model::{
 };
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
-use crate::rules::{self, ClaimDecision, TaskChange};
+use crate::rules::{self, ClaimEnding, TaskChange};
 use crate::{
     Batch, Claim, ClaimAnswer, ClaimRequest, EndOffer, Fence, Lease, NewJob, Result, Store, StoreError, Written,
     migrations,
@@ -212,6 +212,12 @@ fn finish_loaded(
 ) -> Result<(Task, Written)> {
     check_fence(tx, batch.fence)?;
     let change = rules::finish(task, attempt, outcome, usage, now_ms())?;
+    store_end(tx, change, batch)
+}
+
+/// Store an end [`rules`] decided, with `batch` committed before it (its
+/// fence already checked).
+fn store_end(tx: &Transaction<'_>, change: TaskChange, batch: Batch) -> Result<(Task, Written)> {
     check_required(tx, &batch.requires)?;
     let entry_seqs = write_entries(tx, batch.entries)?;
     if let Some((job, usage)) = batch.usage {
@@ -239,25 +245,24 @@ const JOB_COLS: &str =
 
 /// [`Store::claim_task_ending`] inside `tx`.
 fn claim_in(tx: &Transaction<'_>, claim: &ClaimRequest) -> Result<ClaimAnswer> {
-    let (id, attempt) = (claim.task, claim.attempt);
+    let id = claim.task;
     let task = load_task(tx, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-    let change = match rules::claim(&task, attempt, &claim.worker_id, now_ms()) {
-        ClaimDecision::Answer(answer) => return Ok((answer, None)),
-        ClaimDecision::Take(change) => change,
-    };
-    // An end its rules refuse goes the ordinary way, where the refusal is
-    // handled. (This backend never stages.)
-    let ending = claim
-        .end
-        .decide()
-        .filter(|offered| rules::finish(&change.task, attempt, offered.outcome.clone(), offered.usage, 0).is_ok());
+    let (change, end) =
+        match rules::claim_ending(&task, claim.attempt, &claim.worker_id, now_ms(), || claim.end.decide()) {
+            ClaimEnding::Answer(answer) => return Ok((answer, None)),
+            ClaimEnding::Take { claim: change, end } => (change, end),
+        };
     let (task, event) = apply_task_change(tx, change)?;
     let mut events = vec![event];
     if let Some(session) = &claim.session {
         events.extend(insert_session(tx, session)?);
     }
-    let ended = match ending {
-        Some(offered) => Some(finish_loaded(tx, &task, attempt, offered.outcome, offered.usage, offered.batch)?),
+    // The end is never staged here: this backend publishes after the commit.
+    let ended = match end {
+        Some(end) => {
+            check_fence(tx, end.batch.fence)?;
+            Some(store_end(tx, end.change, end.batch)?)
+        }
         None => None,
     };
     Ok((Claim::Claimed { task, events }, ended))

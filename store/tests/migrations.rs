@@ -217,6 +217,7 @@ fn pg_admin_url() -> String {
 }
 
 #[tokio::test]
+#[allow(clippy::too_many_lines)]
 async fn a_postgres_database_of_the_last_release_migrates_forward() {
     let db = ScratchDatabase::create(&pg_admin_url()).await.unwrap();
     let old = Release::new();
