@@ -18,6 +18,7 @@ use flower_model::{JobId, JobSpec, JobState, SessionId, TaskState, Usage};
 use flower_sim::{Scenario, SimHandle};
 use flower_store::workspace::Workspace;
 use flower_store::{NewJob, SqliteStore, Store, StoreError, Workbench};
+use flower_worker::isolation::ToolSetup;
 use flower_worker::{Worker, WorkerOptions};
 use object_store::local::LocalFileSystem;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -150,7 +151,12 @@ impl EmbeddedRuntime {
     /// Continue a job whose process died: its unfinished tasks go back on the
     /// queue as new attempts, and the coordinator resumes its stored main
     /// thread through the pruning loader.
-    pub async fn resume(&self, job_id: JobId, cancel: CancellationToken) -> Result<RunSummary, RunError> {
+    pub async fn resume(
+        &self,
+        job_id: JobId,
+        tools: &ToolSetup,
+        cancel: CancellationToken,
+    ) -> Result<RunSummary, RunError> {
         let job = self.store.get_job(job_id).await?;
         if job.state.is_terminal() {
             return Err(RunError::Store(StoreError::JobEnded { job: job_id, state: job.state }));
@@ -171,12 +177,18 @@ impl EmbeddedRuntime {
                 self.bus.publish_resumed(msg, t.attempt);
             }
         }
-        self.run(job_id, cancel).await
+        self.run(job_id, tools, cancel).await
     }
 
-    /// Run a submitted job to its end. `cancel` stops it cleanly (state `cancelled`).
-    pub async fn run(&self, job_id: JobId, cancel: CancellationToken) -> Result<RunSummary, RunError> {
-        self.run_with_inbox(job_id, cancel, Inbox::default()).await
+    /// Run a submitted job to its end, its tools started as `tools` says.
+    /// `cancel` stops it cleanly (state `cancelled`).
+    pub async fn run(
+        &self,
+        job_id: JobId,
+        tools: &ToolSetup,
+        cancel: CancellationToken,
+    ) -> Result<RunSummary, RunError> {
+        self.run_with_inbox(job_id, tools, cancel, Inbox::default()).await
     }
 
     /// [`Self::run`], with the coordinator's `inbox` held by the caller (a
@@ -184,6 +196,7 @@ impl EmbeddedRuntime {
     pub async fn run_with_inbox(
         &self,
         job_id: JobId,
+        tools: &ToolSetup,
         cancel: CancellationToken,
         inbox: Inbox,
     ) -> Result<RunSummary, RunError> {
@@ -202,7 +215,7 @@ impl EmbeddedRuntime {
 
         let shutdown = CancellationToken::new();
         let worker = Worker::new(
-            WorkerOptions::new(format!("embedded-{}", std::process::id()), self.home.join("work")),
+            WorkerOptions::new(format!("embedded-{}", std::process::id()), self.home.join("work"), tools.clone()),
             journal.clone(),
             Arc::new(self.bus.clone()),
             self.objects.clone(),

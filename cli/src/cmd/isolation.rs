@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use flower_model::policy::{McpAllow, ToolPolicy};
 use flower_worker::isolation::{
-    Cgroups, DEFAULT_HIDE, Launcher, NetworkPolicy, TaskLimits, ToolIsolation, ToolUser, install,
+    Cgroups, DEFAULT_HIDE, Launcher, NetworkPolicy, Probed, TaskLimits, ToolSetup, ToolUser,
 };
 
 /// What job specs may make a worker start or hand out.
@@ -109,32 +109,33 @@ pub struct ToolArgs {
 }
 
 impl ToolArgs {
-    /// Set up tool isolation for this process (probing the launcher once in
-    /// `work_root`) and install it with `policy`; the line saying what is in
-    /// force. Whatever of the full isolation this host refuses is logged as
-    /// a warning, once. `private` directories (the work root, a local store)
-    /// are hidden from tools: a task sees its own directory, not its
-    /// neighbours' nor the store's.
-    pub fn install(
+    /// How this process runs tools, with `policy`: the launcher probed once
+    /// in `work_root` (an error when it cannot run: tool isolation is not
+    /// dropped for want of it), or, with `--tool-isolation off`, tools run
+    /// directly; and the line saying what is in force. Whatever of the full
+    /// isolation this host refuses is logged as a warning, once. `private`
+    /// directories (the work root, a local store) are hidden from tools: a
+    /// task sees its own directory, not its neighbours' nor the store's.
+    pub fn setup(
         &self,
         work_root: &Path,
         private: &[PathBuf],
         service_urls: &[&str],
         policy: ToolPolicy,
-    ) -> anyhow::Result<String> {
+    ) -> anyhow::Result<(ToolSetup, String)> {
         let described = policy.describe();
         if !self.tool_isolation {
             let line = format!(
                 "tool isolation off: tools run directly as this process's user, only their environment cleaned; {described}"
             );
             tracing::warn!("{line}");
-            install(ToolIsolation::None, policy);
-            return Ok(line);
+            flower_worker::isolation::close_own_proc_entries();
+            return Ok((ToolSetup::direct(policy), line));
         }
-        let (launcher, summary) = self.launcher(work_root, private, service_urls)?;
+        let (probed, summary) = self.launcher(work_root, private, service_urls)?;
+        flower_worker::isolation::close_own_proc_entries();
         let line = format!("tool isolation: {summary}; {described}");
-        install(ToolIsolation::Launcher(launcher), policy);
-        Ok(line)
+        Ok((ToolSetup::launched(probed, policy), line))
     }
 
     /// The launcher these flags describe, probed once in `work_root`, and
@@ -144,7 +145,7 @@ impl ToolArgs {
         work_root: &Path,
         private: &[PathBuf],
         service_urls: &[&str],
-    ) -> anyhow::Result<(Launcher, String)> {
+    ) -> anyhow::Result<(Probed, String)> {
         let program = match &self.tool_launcher {
             Some(p) => p.clone(),
             None => std::env::current_exe().context("locating this binary (the tool launcher)")?,
@@ -215,7 +216,7 @@ impl ToolArgs {
                 None
             }
         };
-        let mut launcher = Launcher {
+        let launcher = Launcher {
             program,
             user,
             network: self.tool_network,
@@ -227,17 +228,16 @@ impl ToolArgs {
             hold: Some(std::sync::Arc::new(hold)),
         };
         let scratch = work_root.join(format!(".tool-probe-{}", std::process::id()));
-        let applied = launcher.probe(&scratch).map_err(|e| {
+        let probed = launcher.probe(&scratch).map_err(|e| {
             anyhow::anyhow!("tool isolation could not start: {e} (--tool-isolation off runs tools without it)")
         })?;
-        launcher.require = Some(flower_worker::launch::Required::from_applied(&applied));
-        let (mut summary, mut missing) = launcher.describe(&applied);
+        let (mut summary, mut missing) = probed.describe();
         if bounded_dirs {
             summary.push_str("; task folders: a bounded tmpfs each");
         } else {
             missing.push("task folders are plain directories: their size is checked when the changes are collected, not as they are written".into());
         }
-        if !launcher.egress_possible() {
+        if !probed.launcher().egress_possible() {
             missing.push("no network namespace for tools: jobs asking for egress fail (tools have no network)".into());
         }
         for m in &missing {
@@ -248,7 +248,7 @@ impl ToolArgs {
         } else {
             tracing::warn!("tool isolation: {summary}");
         }
-        Ok((launcher, summary))
+        Ok((probed, summary))
     }
 }
 

@@ -78,11 +78,11 @@ pub async fn run(home: PathBuf, args: McpServeArgs) -> anyhow::Result<ExitCode> 
         Arc::new(GrpcJobs { client, url: args.server.server.clone().unwrap_or_default() })
     } else {
         let policy = args.policy.policy(&super::isolation::service_credentials(&[]))?;
-        let jobs = EmbeddedJobs::open(&home, policy.clone()).with_context(|| format!("opening {}", home.display()))?;
+        std::fs::create_dir_all(&home).with_context(|| format!("opening {}", home.display()))?;
         let home = home.canonicalize().unwrap_or(home);
         // As `flower run`: the home (database, objects, other jobs' task directories) is hidden from tools.
-        args.tools.install(&home.join("work"), std::slice::from_ref(&home), &[], policy)?;
-        Arc::new(jobs)
+        let (tools, _) = args.tools.setup(&home.join("work"), std::slice::from_ref(&home), &[], policy)?;
+        Arc::new(EmbeddedJobs::open(&home, tools).with_context(|| format!("opening {}", home.display()))?)
     };
     let base = match &args.spec_root {
         Some(dir) => dir.canonicalize().with_context(|| format!("--spec-root {}", dir.display()))?,

@@ -180,7 +180,7 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let runtime = EmbeddedRuntime::open(&home).with_context(|| format!("opening {}", home.display()))?;
     // The home (database, objects, other jobs' task directories) is hidden from tools.
-    args.tools.install(&runtime.home().join("work"), &[runtime.home().to_path_buf()], &[], policy)?;
+    let (tools, _) = args.tools.setup(&runtime.home().join("work"), &[runtime.home().to_path_buf()], &[], policy)?;
     let started = Instant::now();
     let (job, name, resuming) = match (spec, &args.resume) {
         (_, Some(id)) => {
@@ -219,7 +219,8 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
         let p = Progress::new(&name, job);
         tokio::spawn(p.follow(runtime.store(), runtime.notifier()))
     });
-    let summary = if resuming { runtime.resume(job, cancel).await } else { runtime.run(job, cancel).await };
+    let summary =
+        if resuming { runtime.resume(job, &tools, cancel).await } else { runtime.run(job, &tools, cancel).await };
     if let Some(p) = progress {
         p.abort();
         let _ = p.await;

@@ -10,9 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flower_agent::Inbox;
 use flower_coordinator::tools::ask::{AnswerError, Reply};
-use flower_model::policy::ToolPolicy;
 use flower_model::{Entry, JobId, JobSpec, JobState, Role};
 use flower_store::{StoreError, Workbench};
+use flower_worker::isolation::ToolSetup;
 use serde::Serialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -142,19 +142,21 @@ struct Running {
 pub struct EmbeddedJobs {
     home: PathBuf,
     runtime: EmbeddedRuntime,
-    policy: ToolPolicy,
+    /// How the jobs' tools start, and the policy their specs are checked against.
+    tools: ToolSetup,
     running: Arc<Mutex<HashMap<JobId, Running>>>,
     tasks: tokio::sync::Mutex<tokio::task::JoinSet<()>>,
 }
 
 impl EmbeddedJobs {
-    /// Open (creating) the home. Tool isolation must be installed by the caller, as for `flower run`.
-    pub fn open(home: &std::path::Path, policy: ToolPolicy) -> Result<Self, crate::embedded::RunError> {
+    /// Open (creating) the home; the jobs' tools start as `tools` says (set
+    /// up by the caller, as for `flower run`).
+    pub fn open(home: &std::path::Path, tools: ToolSetup) -> Result<Self, crate::embedded::RunError> {
         let runtime = EmbeddedRuntime::open(home)?;
         Ok(Self {
             home: runtime.home().to_path_buf(),
             runtime,
-            policy,
+            tools,
             running: Default::default(),
             tasks: Default::default(),
         })
@@ -186,7 +188,7 @@ impl Jobs for EmbeddedJobs {
     }
 
     async fn submit(&self, spec: JobSpec) -> Result<JobView, BackendError> {
-        self.policy.check(&spec).map_err(|e| BackendError::Invalid(e.to_string()))?;
+        self.tools.policy().check(&spec).map_err(|e| BackendError::Invalid(e.to_string()))?;
         if let Some(scenario) = &spec.scenario
             && let Err(e) = flower_sim::Scenario::load(scenario)
         {
@@ -205,8 +207,9 @@ impl Jobs for EmbeddedJobs {
             .unwrap_or_else(|p| p.into_inner())
             .insert(job, Running { runtime: runtime.clone(), cancel: cancel.clone(), inbox: inbox.clone() });
         let running = self.running.clone();
+        let tools = self.tools.clone();
         self.tasks.lock().await.spawn(async move {
-            match runtime.run_with_inbox(job, cancel, inbox).await {
+            match runtime.run_with_inbox(job, &tools, cancel, inbox).await {
                 Ok(s) => tracing::info!(job = %job, state = %s.state, "job ended"),
                 Err(e) => tracing::warn!(job = %job, error = %e, "job run stopped"),
             }
