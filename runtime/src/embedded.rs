@@ -19,6 +19,7 @@ use flower_model::{JobId, JobSpec, JobState, SessionId, TaskState, Usage};
 use flower_sim::{Scenario, SimHandle};
 use flower_store::workspace::Workspace;
 use flower_store::{NewJob, SqliteStore, Store, StoreError, Workbench};
+use flower_worker::isolation::ToolSetup;
 use flower_worker::{Worker, WorkerOptions};
 use object_store::local::LocalFileSystem;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -167,7 +168,12 @@ impl EmbeddedRuntime {
     /// Continue a job whose process died: its unfinished tasks go back on the
     /// queue as new attempts, and the coordinator resumes its stored main
     /// thread through the pruning loader.
-    pub async fn resume(&self, job_id: JobId, cancel: CancellationToken) -> Result<RunSummary, RunError> {
+    pub async fn resume(
+        &self,
+        job_id: JobId,
+        tools: &ToolSetup,
+        cancel: CancellationToken,
+    ) -> Result<RunSummary, RunError> {
         let job = self.store.get_job(job_id).await?;
         if job.state.is_terminal() {
             return Err(RunError::Store(StoreError::JobEnded { job: job_id, state: job.state }));
@@ -188,12 +194,18 @@ impl EmbeddedRuntime {
                 self.bus.publish_resumed(msg, t.attempt);
             }
         }
-        self.run(job_id, cancel).await
+        self.run(job_id, tools, cancel).await
     }
 
-    /// Run a submitted job to its end. `cancel` stops it cleanly (state `cancelled`).
-    pub async fn run(&self, job_id: JobId, cancel: CancellationToken) -> Result<RunSummary, RunError> {
-        self.run_with_inbox(job_id, cancel, Inbox::default(), QaLog::new(self.objects.clone(), job_id)).await
+    /// Run a submitted job to its end, its tools started as `tools` says.
+    /// `cancel` stops it cleanly (state `cancelled`).
+    pub async fn run(
+        &self,
+        job_id: JobId,
+        tools: &ToolSetup,
+        cancel: CancellationToken,
+    ) -> Result<RunSummary, RunError> {
+        self.run_with_inbox(job_id, tools, cancel, Inbox::default(), QaLog::new(self.objects.clone(), job_id)).await
     }
 
     /// [`Self::run`], with the coordinator's `inbox` held by the caller (a
@@ -202,6 +214,7 @@ impl EmbeddedRuntime {
     pub async fn run_with_inbox(
         &self,
         job_id: JobId,
+        tools: &ToolSetup,
         cancel: CancellationToken,
         inbox: Inbox,
         qa_log: QaLog,
@@ -220,7 +233,8 @@ impl EmbeddedRuntime {
         self.end(&journal, job_id, JobState::Running, None, None).await?;
 
         let shutdown = CancellationToken::new();
-        let mut options = WorkerOptions::new(format!("embedded-{}", std::process::id()), self.home.join("work"));
+        let mut options =
+            WorkerOptions::new(format!("embedded-{}", std::process::id()), self.home.join("work"), tools.clone());
         options.windows = self.windows.clone();
         let worker = Worker::new(
             options,

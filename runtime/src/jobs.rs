@@ -11,9 +11,9 @@ use flower_agent::Inbox;
 use flower_bus::Notifier;
 use flower_coordinator::app::{self, App, AppBackends, AppError, Ids, Runs, Workspaces};
 use flower_coordinator::qa_log::QaLog;
-use flower_model::policy::ToolPolicy;
 use flower_model::windows::Windows;
 use flower_model::{JobId, JobSpec};
+use flower_worker::isolation::ToolSetup;
 use tokio_util::sync::CancellationToken;
 
 use crate::EmbeddedRuntime;
@@ -39,6 +39,8 @@ struct Handle {
 /// The runs of this process.
 pub struct EmbeddedRuns {
     home: PathBuf,
+    /// How the jobs' tools start (made at start: isolation probed).
+    tools: ToolSetup,
     /// The context windows learnt by every job of this process.
     windows: Windows,
     running: Arc<Mutex<HashMap<JobId, Running>>>,
@@ -46,13 +48,15 @@ pub struct EmbeddedRuns {
 }
 
 /// The application over the home at `home`, its jobs run here; and the runs,
-/// to wait for at exit ([`EmbeddedRuns::drain`]). Tool isolation must be
-/// installed by the caller, as for `flower run`.
-pub fn embedded_app(home: &Path, policy: ToolPolicy) -> Result<(App, Arc<EmbeddedRuns>), crate::RunError> {
+/// to wait for at exit ([`EmbeddedRuns::drain`]); the jobs' tools start as
+/// `tools` says (set up by the caller, as for `flower run`).
+pub fn embedded_app(home: &Path, tools: ToolSetup) -> Result<(App, Arc<EmbeddedRuns>), crate::RunError> {
     let runtime = EmbeddedRuntime::open(home)?;
     let windows = runtime.windows();
+    let policy = tools.policy().clone();
     let runs = Arc::new(EmbeddedRuns {
         home: runtime.home().to_path_buf(),
+        tools,
         windows: windows.clone(),
         running: Default::default(),
         tasks: Default::default(),
@@ -95,8 +99,9 @@ impl EmbeddedRuns {
             Running { runtime: runtime.clone(), cancel: cancel.clone(), inbox: inbox.clone(), qa_log: qa_log.clone() };
         self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(job, run);
         let running = self.running.clone();
+        let tools = self.tools.clone();
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).spawn(async move {
-            match runtime.run_with_inbox(job, cancel, inbox, qa_log).await {
+            match runtime.run_with_inbox(job, &tools, cancel, inbox, qa_log).await {
                 Ok(s) => tracing::info!(job = %job, state = %s.state, "job ended"),
                 Err(e) => tracing::warn!(job = %job, error = %e, "job run stopped"),
             }

@@ -1,22 +1,28 @@
 //! How this worker process runs tools (`Bash`, MCP stdio servers) and what
-//! a job spec may make it start: set once at start by the binary
-//! ([`install`]), read by the tools.
+//! a job spec may make it start: one value, a [`ToolSetup`], made once at
+//! start by the binary and handed to the runner ([`crate::WorkerOptions`]),
+//! which hands it on to each task's tools ([`crate::tools::ToolLimits`]) and
+//! MCP launches. Nothing here is a process-wide setting: a process that did
+//! not say how its tools run has no worker to run them.
 //!
 //! [`ToolIsolation::Launcher`] starts every command through `flower
 //! tool-exec` ([`crate::launch`]): another user when the worker is root,
 //! its own PID, mount and network namespaces (no network unless the
 //! operator opened it), the rest of the file tree read-only, Landlock where
 //! the kernel has it, in a control group of its task ([`crate::cgroup`])
-//! with the task's limits.
+//! with the task's limits. Only a [`Probed`] launcher is put in force: it
+//! ran once at start, and every later launch must put in force what that
+//! run found, or refuse to run. A launcher that cannot run is an error for
+//! the caller (`flower worker` stops), never a quiet fallback.
 //! [`ToolIsolation::None`] runs commands directly as this process's user
-//! with only their environment cleaned; it is what a process gets when
-//! nothing was installed (tests running the worker in their own binary,
-//! which cannot start `flower`), and what `--tool-isolation off` asks for.
+//! with only their environment cleaned: what `--tool-isolation off` asks
+//! for, and what a process that cannot start `flower` chooses (tests
+//! running the worker in their own binary).
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use flower_model::policy::ToolPolicy;
 use nix::fcntl::{AtFlags, OFlag};
@@ -94,10 +100,9 @@ pub struct Launcher {
 }
 
 /// How tools are started (see the module doc).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub enum ToolIsolation {
     /// Directly, as this process's user, with a cleaned environment only.
-    #[default]
     None,
     /// Through `flower tool-exec`.
     Launcher(Launcher),
@@ -112,8 +117,22 @@ impl ToolIsolation {
     }
 }
 
+/// What a launch is for: to run its command, or to report what it would
+/// put in force (the probe at start).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    Run,
+    Report,
+}
+
 impl Launcher {
-    fn options(&self, cwd: &Path, argv: Vec<OsString>, report: bool, launch: &Launch) -> crate::launch::LaunchOptions {
+    fn options(
+        &self,
+        cwd: &Path,
+        argv: Vec<OsString>,
+        purpose: Purpose,
+        launch: &Launch,
+    ) -> crate::launch::LaunchOptions {
         // What no control group holds falls back to a resource limit.
         let held = self.cgroups.as_ref().map(|c| c.enforces()).unwrap_or_default();
         crate::launch::LaunchOptions {
@@ -131,7 +150,7 @@ impl Launcher {
             require: self.require,
             confine: cwd.to_path_buf(),
             hide: self.hide.clone(),
-            report,
+            report: purpose == Purpose::Report,
             init: None,
             argv,
         }
@@ -151,7 +170,7 @@ impl Launcher {
             .current_dir(cwd)
             .env_clear()
             .envs(env)
-            .env(crate::launch::OPTIONS_ENV, self.options(cwd, argv, false, launch).to_env());
+            .env(crate::launch::OPTIONS_ENV, self.options(cwd, argv, Purpose::Run, launch).to_env());
         c
     }
 
@@ -188,8 +207,16 @@ impl Launcher {
     }
 
     /// Run the launcher once in `scratch` (made and removed here) and read
-    /// what it put in force.
-    pub fn probe(&self, scratch: &Path) -> Result<Applied, String> {
+    /// what it put in force: from then on every launch must put in force as
+    /// much, or refuse to run. An error: the launcher could not run here.
+    pub fn probe(mut self, scratch: &Path) -> Result<Probed, String> {
+        let applied = self.report_once(scratch)?;
+        self.require = Some(crate::launch::Required::from_applied(&applied));
+        Ok(Probed { launcher: self, applied })
+    }
+
+    /// One launch that reports what it puts in force instead of running a command.
+    fn report_once(&self, scratch: &Path) -> Result<Applied, String> {
         std::fs::create_dir_all(scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
         let scratch = scratch.canonicalize().map_err(|e| format!("{}: {e}", scratch.display()))?;
         let result = (|| {
@@ -204,7 +231,7 @@ impl Launcher {
                 .env("PATH", TOOL_PATH)
                 .env(
                     crate::launch::OPTIONS_ENV,
-                    self.options(&scratch, vec!["true".into()], true, &Launch::default()).to_env(),
+                    self.options(&scratch, vec!["true".into()], Purpose::Report, &Launch::default()).to_env(),
                 )
                 .stdin(std::process::Stdio::null())
                 .output()
@@ -393,43 +420,78 @@ pub fn effective_uid() -> u32 {
     Uid::effective().as_raw()
 }
 
-type Installed = (Arc<ToolIsolation>, Arc<ToolPolicy>);
-
-static INSTALLED: RwLock<Option<Installed>> = RwLock::new(None);
-
-/// Set how this process runs tools and what specs may ask of it. The
-/// process's own `/proc` entries become root's (not dumpable), so a tool
+/// Make this process's own `/proc` entries root's (not dumpable), so a tool
 /// running as the same user cannot read its environment or memory there.
-pub fn install(isolation: ToolIsolation, policy: ToolPolicy) {
+/// Called once at start by a process that runs tools, whatever their isolation.
+pub fn close_own_proc_entries() {
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
         tracing::warn!(error = %e, "this process stays dumpable: a tool running as its user could read its /proc entries");
     }
-    let mut slot = INSTALLED.write().unwrap_or_else(|p| p.into_inner());
-    *slot = Some((Arc::new(isolation), Arc::new(policy)));
 }
 
-fn installed_pair() -> Installed {
-    let slot = INSTALLED.read().unwrap_or_else(|p| p.into_inner());
-    match &*slot {
-        Some(pair) => pair.clone(),
-        None => {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                tracing::info!("no tool isolation configured in this process: tools run directly as its user");
-            });
-            (Arc::new(ToolIsolation::None), Arc::new(ToolPolicy::default()))
-        }
+/// A launcher that ran once on this host ([`Launcher::probe`]), and what it
+/// put in force there: what every later launch requires.
+#[derive(Clone, Debug)]
+pub struct Probed {
+    launcher: Launcher,
+    applied: Applied,
+}
+
+impl Probed {
+    pub fn launcher(&self) -> &Launcher {
+        &self.launcher
+    }
+
+    /// What is in force, in one line, and what of the full isolation is
+    /// missing on this host (see [`Launcher::describe`]).
+    pub fn describe(&self) -> (String, Vec<String>) {
+        self.launcher.describe(&self.applied)
     }
 }
 
-/// How tools start in this process ([`ToolIsolation::None`] unless installed).
-pub fn installed() -> Arc<ToolIsolation> {
-    installed_pair().0
+/// How this worker starts tools, and the policy job specs are checked
+/// against (what MCP servers, variables and destinations they may name):
+/// made once at start, handed to whatever starts tools (see the module doc).
+#[derive(Clone, Debug)]
+pub struct ToolSetup {
+    isolation: Arc<ToolIsolation>,
+    policy: Arc<ToolPolicy>,
 }
 
-/// The policy specs are checked against ([`ToolPolicy::default`] unless installed).
-pub fn policy() -> Arc<ToolPolicy> {
-    installed_pair().1
+impl ToolSetup {
+    /// Tools start directly, as this process's user, their environment
+    /// cleaned and nothing else: the operator's `--tool-isolation off`, or
+    /// a process that cannot start the launcher (a test's own binary).
+    pub fn direct(policy: ToolPolicy) -> Self {
+        Self { isolation: Arc::new(ToolIsolation::None), policy: Arc::new(policy) }
+    }
+
+    /// Tools start through the launcher, requiring of every launch what its
+    /// probe found in force.
+    pub fn launched(probed: Probed, policy: ToolPolicy) -> Self {
+        Self { isolation: Arc::new(ToolIsolation::Launcher(probed.launcher)), policy: Arc::new(policy) }
+    }
+
+    /// How tools start.
+    pub fn isolation(&self) -> &Arc<ToolIsolation> {
+        &self.isolation
+    }
+
+    /// The launcher, when tools start through one.
+    pub fn launcher(&self) -> Option<&Launcher> {
+        self.isolation.launcher()
+    }
+
+    /// The policy job specs are checked against.
+    pub fn policy(&self) -> &ToolPolicy {
+        &self.policy
+    }
+
+    /// Whether task folders are a tmpfs of their own ([`crate::taskdir`]):
+    /// the launcher found at start that this process may mount one.
+    pub fn bounded_dirs(&self) -> bool {
+        self.launcher().is_some_and(|l| l.bounded_dirs)
+    }
 }
 
 #[cfg(test)]

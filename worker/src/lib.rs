@@ -2,13 +2,15 @@
 //! working directory, and returns a report.
 //!
 //! # Layout
-//! - [`runner`]: the task consumer (claim → run → report → ack), heartbeats, cancel
+//! - [`runner`]: the task consumer (claim → run → report → ack), heartbeats, cancel; a
+//!   first delivery's run beside its claim; task folders and their reuse
 //! - `claims`: claims asked for together written in one transaction
 //! - [`tools`]: the hands-on tools (`Read`, `Write`, `Edit`, `Bash`, `Glob`, `Grep`)
 //! - [`sandbox`]: the working directory as a capability (paths opened beneath it)
 //! - [`prompts`]: the worker role's base system prompt
 //! - [`mcp`]: MCP client connections; each server's tools as `mcp__<server>__<tool>`
-//! - [`isolation`]: how tools start (through the launcher, or directly) and the spec policy
+//! - [`isolation`]: how tools start (through the launcher, or directly) and the spec policy:
+//!   one value made at start and handed to the runner ([`WorkerOptions::tools`])
 //! - [`launch`]: the launcher (`flower tool-exec`): namespaces, mounts, another user, Landlock,
 //!   seccomp where there is no network namespace, resource limits
 //! - [`egress`]: a task's egress proxy: the granted destinations, checked per connection

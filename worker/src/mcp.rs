@@ -5,8 +5,8 @@
 //! (`env_from`, `token_env`), never from the spec itself; a stdio server
 //! starts with a cleared environment plus those variables. Which servers
 //! may start and which variables may be named is the worker's policy
-//! ([`crate::isolation::policy`]), checked again here before anything
-//! starts; a stdio server starts through the tool launcher like `Bash`.
+//! ([`crate::isolation::ToolSetup::policy`]), checked again here before
+//! anything starts; a stdio server starts through the tool launcher like `Bash`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
+use flower_model::policy::ToolPolicy;
 use flower_model::spec::McpServerSpec;
 use rmcp::model::{CallToolRequestParams, ClientConfig, ContentBlock};
 use rmcp::service::{Peer, RunningService};
@@ -97,13 +98,13 @@ impl McpClients {
 
 /// Connect to every server of `servers` and list their tools, in server
 /// order then each server's own order (a stable tool block). Nothing starts
-/// unless every server passes the worker's policy.
+/// unless every server passes the worker's `policy`.
 pub async fn connect(
     servers: &BTreeMap<String, McpServerSpec>,
     cwd: &Path,
     limits: &crate::tools::ToolLimits,
+    policy: &ToolPolicy,
 ) -> Result<(Vec<McpTool>, McpClients), String> {
-    let policy = crate::isolation::policy();
     for (server, spec) in servers {
         policy.check_server(server, spec).map_err(|e| format!("refused by this worker's policy: {e}"))?;
     }

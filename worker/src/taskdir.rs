@@ -5,18 +5,13 @@
 //! bound while they happen ("No space left on device"), not after, and a
 //! host's disk never fills from a task folder. Elsewhere the folder is a
 //! plain directory and the bound is kept at the end, when the changes are
-//! collected (the worker says which at start).
+//! collected (the worker says which at start;
+//! [`crate::isolation::ToolSetup::bounded_dirs`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
-
-/// Whether task folders get a tmpfs of their own in this process (the
-/// launcher found at start that this process may mount one).
-pub fn bounded() -> bool {
-    crate::isolation::installed().launcher().is_some_and(|l| l.bounded_dirs)
-}
 
 /// Whether this process may mount a tmpfs (tried once in `scratch`, made
 /// and removed here).

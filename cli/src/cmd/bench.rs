@@ -29,6 +29,7 @@ use flower_sim::scenario::{RoleScript, Step, ToolCall};
 use flower_store::postgres::ScratchDatabase;
 use flower_store::{PostgresStore, Store};
 use flower_worker::WorkerOptions;
+use flower_worker::isolation::ToolSetup;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -701,7 +702,9 @@ impl Cluster {
         let work = tempfile::tempdir()?;
         let mut pools = Vec::new();
         for i in 0..a.workers {
-            let opts = WorkerOptions::new(format!("bench-worker-{i}"), work.path().join(i.to_string()));
+            // Stand-ins for worker processes, in this one: tools start directly.
+            let tools = ToolSetup::direct(Default::default());
+            let opts = WorkerOptions::new(format!("bench-worker-{i}"), work.path().join(i.to_string()), tools);
             let w = config.connect().await?.with_providers(timed_providers(sim_url, false, timings)?).worker(opts);
             pools.push(tokio::spawn(w.run(a.concurrency, shutdown.clone())));
         }

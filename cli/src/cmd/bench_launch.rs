@@ -48,7 +48,8 @@ pub async fn launch(a: LaunchArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(a.launches > 0 && a.rounds > 0, "--launches and --rounds: at least 1");
     let scratch = tempfile::tempdir()?;
     let work_root = scratch.path().join("work");
-    let (launcher, summary) = a.tools.launcher(&work_root, &[], &[])?;
+    let (probed, summary) = a.tools.launcher(&work_root, &[], &[])?;
+    let launcher = probed.launcher();
     let task: PathBuf = work_root.join("task");
     std::fs::create_dir_all(&task)?;
     launcher.hand_over(&task).await.context("handing the task directory to the tool user")?;

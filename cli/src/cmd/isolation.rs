@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use flower_model::policy::{McpAllow, ToolPolicy};
 use flower_worker::isolation::{
-    Cgroups, DEFAULT_HIDE, Launcher, NetworkPolicy, TaskLimits, ToolIsolation, ToolUser, install,
+    Cgroups, DEFAULT_HIDE, Launcher, NetworkPolicy, Probed, TaskLimits, ToolSetup, ToolUser,
 };
 
 /// What job specs may make a worker start or hand out.
@@ -109,32 +109,33 @@ pub struct ToolArgs {
 }
 
 impl ToolArgs {
-    /// Set up tool isolation for this process (probing the launcher once in
-    /// `work_root`) and install it with `policy`; the line saying what is in
-    /// force. Whatever of the full isolation this host refuses is logged as
-    /// a warning, once. `private` directories (the work root, a local store)
-    /// are hidden from tools: a task sees its own directory, not its
-    /// neighbours' nor the store's.
-    pub fn install(
+    /// How this process runs tools, with `policy`: the launcher probed once
+    /// in `work_root` (an error when it cannot run: tool isolation is not
+    /// dropped for want of it), or, with `--tool-isolation off`, tools run
+    /// directly; and the line saying what is in force. Whatever of the full
+    /// isolation this host refuses is logged as a warning, once. `private`
+    /// directories (the work root, a local store) are hidden from tools: a
+    /// task sees its own directory, not its neighbours' nor the store's.
+    pub fn setup(
         &self,
         work_root: &Path,
         private: &[PathBuf],
         service_urls: &[&str],
         policy: ToolPolicy,
-    ) -> anyhow::Result<String> {
+    ) -> anyhow::Result<(ToolSetup, String)> {
         let described = policy.describe();
         if !self.tool_isolation {
             let line = format!(
                 "tool isolation off: tools run directly as this process's user, only their environment cleaned; {described}"
             );
             tracing::warn!("{line}");
-            install(ToolIsolation::None, policy);
-            return Ok(line);
+            flower_worker::isolation::close_own_proc_entries();
+            return Ok((ToolSetup::direct(policy), line));
         }
-        let (launcher, summary) = self.launcher(work_root, private, service_urls)?;
+        let (probed, summary) = self.launcher(work_root, private, service_urls)?;
+        flower_worker::isolation::close_own_proc_entries();
         let line = format!("tool isolation: {summary}; {described}");
-        install(ToolIsolation::Launcher(launcher), policy);
-        Ok(line)
+        Ok((ToolSetup::launched(probed, policy), line))
     }
 
     /// The launcher these flags describe, probed once in `work_root`, and
@@ -144,7 +145,7 @@ impl ToolArgs {
         work_root: &Path,
         private: &[PathBuf],
         service_urls: &[&str],
-    ) -> anyhow::Result<(Launcher, String)> {
+    ) -> anyhow::Result<(Probed, String)> {
         let program = match &self.tool_launcher {
             Some(p) => p.clone(),
             None => std::env::current_exe().context("locating this binary (the tool launcher)")?,
@@ -158,7 +159,7 @@ impl ToolArgs {
         }
         let limits = self.task_limits()?;
         let host = Host::prepare(work_root)?;
-        let mut launcher = Launcher {
+        let launcher = Launcher {
             program,
             user,
             network: self.tool_network,
@@ -170,12 +171,11 @@ impl ToolArgs {
             hold: Some(std::sync::Arc::new(host.hold)),
         };
         let scratch = work_root.join(format!(".tool-probe-{}", std::process::id()));
-        let applied = launcher.probe(&scratch).map_err(|e| {
+        let probed = launcher.probe(&scratch).map_err(|e| {
             anyhow::anyhow!("tool isolation could not start: {e} (--tool-isolation off runs tools without it)")
         })?;
-        launcher.require = Some(flower_worker::launch::Required::from_applied(&applied));
-        let summary = in_force(&launcher, &applied);
-        Ok((launcher, summary))
+        let summary = in_force(&probed);
+        Ok((probed, summary))
     }
 
     /// Whom tools run as: `--tool-user` (another user only from root), else
@@ -273,8 +273,9 @@ impl Host {
 
 /// What the probed launcher puts in force, in a line; each missing part
 /// logged as a warning.
-fn in_force(launcher: &Launcher, applied: &flower_worker::launch::Applied) -> String {
-    let (mut summary, mut missing) = launcher.describe(applied);
+fn in_force(probed: &Probed) -> String {
+    let (mut summary, mut missing) = probed.describe();
+    let launcher = probed.launcher();
     if launcher.bounded_dirs {
         summary.push_str("; task folders: a bounded tmpfs each");
     } else {

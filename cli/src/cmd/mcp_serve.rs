@@ -78,12 +78,13 @@ pub async fn run(home: PathBuf, args: McpServeArgs) -> anyhow::Result<ExitCode> 
         Arc::new(GrpcJobs { client, url: args.server.server.clone().unwrap_or_default() })
     } else {
         let policy = args.policy.policy(&super::isolation::service_credentials(&[]))?;
-        let (app, embedded) = flower_runtime::jobs::embedded_app(&home, policy.clone())
-            .with_context(|| format!("opening {}", home.display()))?;
-        let describe = format!("the embedded store at {} (jobs run in this process)", embedded.home().display());
+        std::fs::create_dir_all(&home).with_context(|| format!("opening {}", home.display()))?;
         let home = home.canonicalize().unwrap_or(home);
         // As `flower run`: the home (database, objects, other jobs' task directories) is hidden from tools.
-        args.tools.install(&home.join("work"), std::slice::from_ref(&home), &[], policy)?;
+        let (tools, _) = args.tools.setup(&home.join("work"), std::slice::from_ref(&home), &[], policy)?;
+        let (app, embedded) =
+            flower_runtime::jobs::embedded_app(&home, tools).with_context(|| format!("opening {}", home.display()))?;
+        let describe = format!("the embedded store at {} (jobs run in this process)", embedded.home().display());
         runs = Some(embedded);
         Arc::new(AppJobs::new(app, describe))
     };

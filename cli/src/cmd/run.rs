@@ -160,7 +160,7 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let runtime = EmbeddedRuntime::open(&home).with_context(|| format!("opening {}", home.display()))?;
     // The home (database, objects, other jobs' task directories) is hidden from tools.
-    args.tools.install(&runtime.home().join("work"), &[runtime.home().to_path_buf()], &[], policy)?;
+    let (tools, _) = args.tools.setup(&runtime.home().join("work"), &[runtime.home().to_path_buf()], &[], policy)?;
     let started = Instant::now();
     let (job, name, start) = match the_job(&runtime, spec, &args).await? {
         Ok(picked) => picked,
@@ -172,8 +172,8 @@ pub async fn run(home: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
         tokio::spawn(p.follow(runtime.store(), runtime.notifier()))
     });
     let summary = match start {
-        Start::Resume => runtime.resume(job, cancel).await,
-        Start::Fresh => runtime.run(job, cancel).await,
+        Start::Resume => runtime.resume(job, &tools, cancel).await,
+        Start::Fresh => runtime.run(job, &tools, cancel).await,
     };
     if let Some(p) = progress {
         p.abort();

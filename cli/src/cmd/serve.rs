@@ -222,13 +222,13 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         }
     };
     std::fs::create_dir_all(&work).with_context(|| format!("--work-dir {}", work.display()))?;
-    let isolation = args.tools.install(
+    let (tools, isolation) = args.tools.setup(
         &work,
         &super::isolation::local_store(&args.backends.object_store).into_iter().collect::<Vec<_>>(),
         &[&args.backends.database_url, &args.backends.nats_url],
         args.backends.tool_policy()?,
     )?;
-    let worker = connected.worker(WorkerOptions::new(id.clone(), work));
+    let worker = connected.worker(WorkerOptions::new(id.clone(), work, tools));
     println!("flower worker {id} consuming tasks (concurrency {}, {})", args.concurrency, super::runtime_threads());
     println!("{isolation}");
     // A worker's store holds every job, but counting them is the

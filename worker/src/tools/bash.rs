@@ -4,6 +4,7 @@
 //! With the launcher ([`crate::isolation`]) the command also runs as another
 //! user in its own namespaces, unable to write outside the working directory.
 
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,9 +16,10 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
 
-use crate::cgroup::{Counters, TaskGroup};
+use crate::cgroup::{Counters, Leaf, TaskGroup};
 use crate::isolation::{TOOL_PATH, ToolIsolation};
 use crate::sandbox::Sandbox;
 use crate::tools::ToolLimits;
@@ -58,11 +60,24 @@ fn limits_note(l: &crate::cgroup::TaskLimits, hit: Counters) -> String {
     note
 }
 
+/// How a command starts, as far as its environment goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via<'a> {
+    /// Directly, as the worker's user.
+    Directly,
+    /// Through the launcher; `user`: the other user it runs as, if any.
+    Launcher { user: Option<&'a str> },
+}
+
 /// The environment a command gets: the allowlist, plus fixed values
-/// (`USER`/`LOGNAME` name `user` when the command runs as another user).
-/// A launched command's `PATH` is the system's ([`TOOL_PATH`]), never the
-/// worker's, which may name the service's own directories.
-pub fn command_env(workdir: &std::path::Path, user: Option<&str>, launched: bool) -> Vec<(String, String)> {
+/// (`USER`/`LOGNAME` name the tool user when the command runs as another
+/// user). A launched command's `PATH` is the system's ([`TOOL_PATH`]),
+/// never the worker's, which may name the service's own directories.
+pub fn command_env(workdir: &std::path::Path, via: Via<'_>) -> Vec<(String, String)> {
+    let (user, launched) = match via {
+        Via::Directly => (None, false),
+        Via::Launcher { user } => (user, true),
+    };
     let mut env: Vec<(String, String)> = PASS_THROUGH
         .iter()
         .filter(|k| user.is_none() || !matches!(**k, "USER" | "LOGNAME"))
@@ -112,6 +127,126 @@ enum Ended {
     Cancelled,
 }
 
+/// A started command: its process, and when it was launched in a control
+/// group, the task's group and the launch's leaf in it.
+struct Started {
+    child: Child,
+    group: Option<Arc<TaskGroup>>,
+    leaf: Option<Leaf>,
+}
+
+impl BashTool {
+    /// `command` started in `root`: directly, or through the launcher (the
+    /// directory handed to the tool user first, the launch a new leaf of
+    /// the task's control group), in a process group of its own.
+    async fn start(&self, root: &Path, command: &str) -> Result<Started, ToolError> {
+        let mut leaf = None;
+        let mut group: Option<Arc<TaskGroup>> = None;
+        let mut cmd = match &*self.limits.isolation {
+            ToolIsolation::None => {
+                let mut c = Command::new("bash");
+                c.arg("-c").arg(command).env_clear().envs(command_env(root, Via::Directly));
+                c
+            }
+            ToolIsolation::Launcher(l) => {
+                l.hand_over(root).await.map_err(|e| {
+                    ToolError::RespondToModel(format!("could not hand the working directory to the command: {e}"))
+                })?;
+                let made = self.limits.leaf().await.map_err(|e| {
+                    ToolError::RespondToModel(format!("could not make the command's control group: {e}"))
+                })?;
+                (group, leaf) = made.unzip();
+                let launch = self.limits.launch(leaf.as_ref());
+                let mut env = command_env(root, Via::Launcher { user: l.user_name() });
+                env.extend(self.limits.launch_env());
+                l.command(root, vec!["bash".into(), "-c".into(), command.into()], &launch, env)
+            }
+        };
+        let child = cmd
+            .current_dir(root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| ToolError::RespondToModel(format!("could not start bash: {e}")))?;
+        Ok(Started { child, group, leaf })
+    }
+}
+
+/// Read both of the child's output streams into `captured` (up to `limit`).
+fn capture(child: &mut Child, captured: &Arc<Mutex<Captured>>, limit: usize) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut readers = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        readers.push(tokio::spawn(pump(out, captured.clone(), limit)));
+    }
+    if let Some(err) = child.stderr.take() {
+        readers.push(tokio::spawn(pump(err, captured.clone(), limit)));
+    }
+    readers
+}
+
+/// Wait for the command to exit, its timeout, or the call's cancel; on the
+/// last two, its process group is killed.
+async fn wait_or_kill(child: &mut Child, timeout: Duration, cancel: &CancellationToken) -> Result<Ended, ToolError> {
+    let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    let ended = tokio::select! {
+        status = child.wait() => Ended::Exited(status.map_err(|e| ToolError::RespondToModel(e.to_string()))?),
+        _ = tokio::time::sleep(timeout) => Ended::TimedOut,
+        _ = cancel.cancelled() => Ended::Cancelled,
+    };
+    if !matches!(ended, Ended::Exited(_)) {
+        if let Some(pgid) = pgid {
+            // The group may already be gone; that is the wanted state.
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+        let _ = child.wait().await;
+    }
+    Ok(ended)
+}
+
+/// Whatever the command left running (a `setsid` daemon included) ends
+/// with it: the launch's leaf is killed whole and removed. What the kernel
+/// stopped during the launch (its group's counters since `before`).
+async fn close_launch(leaf: Option<Leaf>, group: Option<&Arc<TaskGroup>>, before: Counters) -> Counters {
+    let (Some(leaf), Some(g)) = (leaf, group) else { return Counters::default() };
+    let hit = Counters::of_launch(leaf.counters(), before, g.counters());
+    let _ = tokio::task::spawn_blocking(move || leaf.close()).await;
+    hit
+}
+
+/// What the model reads of the command: its output, how it ended, what the
+/// kernel stopped at a limit; and whether the call failed.
+fn verdict(
+    c: Captured,
+    ended: &Ended,
+    timeout: Duration,
+    group: Option<&Arc<TaskGroup>>,
+    hit: Counters,
+) -> (String, bool) {
+    let mut text = String::from_utf8_lossy(&c.bytes).into_owned();
+    if c.dropped > 0 {
+        text.push_str(&format!("\n[output cut: {} more bytes not captured]", c.dropped));
+    }
+    let (suffix, mut is_error) = match ended {
+        Ended::Exited(s) if s.success() => (String::new(), false),
+        Ended::Exited(s) => (format!("\n[exit code {}]", s.code().map_or("signal".into(), |c| c.to_string())), true),
+        Ended::TimedOut => (format!("\n[timed out after {} ms; process group killed]", timeout.as_millis()), true),
+        Ended::Cancelled => ("\n[cancelled; process group killed]".into(), true),
+    };
+    text.push_str(&suffix);
+    if let Some(g) = group {
+        text.push_str(&limits_note(g.limits(), hit));
+    }
+    // A command the kernel stopped at a limit failed, whatever its own status.
+    is_error |= hit.oom_kills > 0 || hit.forks_refused > 0;
+    if text.trim().is_empty() {
+        text = "(no output)".into();
+    }
+    (text, is_error)
+}
+
 #[async_trait]
 impl Tool for BashTool {
     fn name(&self) -> &str {
@@ -143,92 +278,18 @@ impl Tool for BashTool {
         let timeout =
             uint_field(&input, "timeout")?.map_or(self.limits.bash_timeout, Duration::from_millis).min(MAX_TIMEOUT);
         let root = self.sandbox.root().to_path_buf();
-        let mut leaf = None;
-        let mut group: Option<Arc<TaskGroup>> = None;
-        let mut cmd = match &*self.limits.isolation {
-            ToolIsolation::None => {
-                let mut c = Command::new("bash");
-                c.arg("-c").arg(&command).env_clear().envs(command_env(&root, None, false));
-                c
-            }
-            ToolIsolation::Launcher(l) => {
-                l.hand_over(&root).await.map_err(|e| {
-                    ToolError::RespondToModel(format!("could not hand the working directory to the command: {e}"))
-                })?;
-                let made = self.limits.leaf().await.map_err(|e| {
-                    ToolError::RespondToModel(format!("could not make the command's control group: {e}"))
-                })?;
-                (group, leaf) = made.unzip();
-                let launch = self.limits.launch(leaf.as_ref());
-                let mut env = command_env(&root, l.user_name(), true);
-                env.extend(self.limits.launch_env());
-                l.command(&root, vec!["bash".into(), "-c".into(), command.clone().into()], &launch, env)
-            }
-        };
-        let mut child = cmd
-            .current_dir(&root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| ToolError::RespondToModel(format!("could not start bash: {e}")))?;
-        let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+        let Started { mut child, group, leaf } = self.start(&root, &command).await?;
         let before = group.as_ref().map(|g| g.counters()).unwrap_or_default();
         let captured = Arc::new(Mutex::new(Captured::default()));
-        let mut readers = Vec::new();
-        if let Some(out) = child.stdout.take() {
-            readers.push(tokio::spawn(pump(out, captured.clone(), self.limits.bash_output_limit)));
-        }
-        if let Some(err) = child.stderr.take() {
-            readers.push(tokio::spawn(pump(err, captured.clone(), self.limits.bash_output_limit)));
-        }
-        let ended = tokio::select! {
-            status = child.wait() => Ended::Exited(status.map_err(|e| ToolError::RespondToModel(e.to_string()))?),
-            _ = tokio::time::sleep(timeout) => Ended::TimedOut,
-            _ = ctx.cancel.cancelled() => Ended::Cancelled,
-        };
-        if !matches!(ended, Ended::Exited(_)) {
-            if let Some(pgid) = pgid {
-                // The group may already be gone; that is the wanted state.
-                let _ = killpg(pgid, Signal::SIGKILL);
-            }
-            let _ = child.wait().await;
-        }
-        // Whatever the command left running (a `setsid` daemon included)
-        // ends with it: the launch's group is killed whole.
-        let mut hit = Counters::default();
-        if let (Some(leaf), Some(g)) = (leaf, &group) {
-            hit = Counters::of_launch(leaf.counters(), before, g.counters());
-            let _ = tokio::task::spawn_blocking(move || leaf.close()).await;
-        }
+        let readers = capture(&mut child, &captured, self.limits.bash_output_limit);
+        let ended = wait_or_kill(&mut child, timeout, &ctx.cancel).await?;
+        let hit = close_launch(leaf, group.as_ref(), before).await;
         for r in readers {
             // Background children that kept the pipes open: stop waiting after a moment.
             let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
         }
         let c = std::mem::take(&mut *captured.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut text = String::from_utf8_lossy(&c.bytes).into_owned();
-        if c.dropped > 0 {
-            text.push_str(&format!("\n[output cut: {} more bytes not captured]", c.dropped));
-        }
-        let (suffix, mut is_error) = match ended {
-            Ended::Exited(s) if s.success() => (String::new(), false),
-            Ended::Exited(s) => {
-                (format!("\n[exit code {}]", s.code().map_or("signal".into(), |c| c.to_string())), true)
-            }
-            Ended::TimedOut => (format!("\n[timed out after {} ms; process group killed]", timeout.as_millis()), true),
-            Ended::Cancelled => ("\n[cancelled; process group killed]".into(), true),
-        };
-        text.push_str(&suffix);
-        if let Some(g) = &group {
-            text.push_str(&limits_note(g.limits(), hit));
-        }
-        // A command the kernel stopped at a limit failed, whatever its own status.
-        is_error |= hit.oom_kills > 0 || hit.forks_refused > 0;
-        if text.trim().is_empty() {
-            text = "(no output)".into();
-        }
+        let (text, is_error) = verdict(c, &ended, timeout, group.as_ref(), hit);
         // The verdict is recorded when the call is made; a later, different
         // policy never re-judges this entry.
         let mut out = ToolOutput { is_error, ..ToolOutput::text(text) };

@@ -18,8 +18,18 @@ impl EditTool {
     }
 }
 
-/// The edited text, or why the edit cannot be made.
-pub fn apply_edit(text: &str, old: &str, new: &str, replace_all: bool) -> Result<(String, usize), String> {
+/// Which occurrences of `old_string` an edit replaces (its `replace_all`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Occurrences {
+    /// The only one: an `old_string` found more than once is refused.
+    One,
+    /// Every one.
+    All,
+}
+
+/// The edited text and how many occurrences were replaced, or why the edit
+/// cannot be made.
+pub fn apply_edit(text: &str, old: &str, new: &str, which: Occurrences) -> Result<(String, usize), String> {
     if old.is_empty() {
         return Err("old_string is empty; use Write to create a file".into());
     }
@@ -27,10 +37,10 @@ pub fn apply_edit(text: &str, old: &str, new: &str, replace_all: bool) -> Result
         return Err("old_string and new_string are the same; nothing to change".into());
     }
     let n = text.matches(old).count();
-    match (n, replace_all) {
+    match (n, which) {
         (0, _) => Err("old_string was not found in the file (it must match exactly, whitespace included)".into()),
-        (1, _) | (_, true) => Ok((text.replace(old, new), n)),
-        (n, false) => Err(format!(
+        (1, _) | (_, Occurrences::All) => Ok((text.replace(old, new), n)),
+        (n, Occurrences::One) => Err(format!(
             "old_string occurs {n} times; give more surrounding context to make it unique, or set replace_all"
         )),
     }
@@ -62,13 +72,16 @@ impl Tool for EditTool {
         let given = str_field(&input, "file_path")?.to_string();
         let old = str_field(&input, "old_string")?.to_string();
         let new = str_field(&input, "new_string")?.to_string();
-        let all = input.get("replace_all").and_then(Value::as_bool).unwrap_or(false);
+        let which = match input.get("replace_all").and_then(Value::as_bool) {
+            Some(true) => Occurrences::All,
+            _ => Occurrences::One,
+        };
         let rel = self.sandbox.relative(&given)?;
         let sb = self.sandbox.clone();
         tokio::task::spawn_blocking(move || {
             let text = sb.dir().read_to_string(&rel).map_err(|e| sb.io_error(&given, e))?;
             let (edited, n) =
-                apply_edit(&text, &old, &new, all).map_err(|m| ToolError::RespondToModel(format!("{given}: {m}")))?;
+                apply_edit(&text, &old, &new, which).map_err(|m| ToolError::RespondToModel(format!("{given}: {m}")))?;
             write_beneath(&sb, &given, &rel, &edited)?;
             Ok(ToolOutput::text(format!("edited {given}: {n} replacement(s)")))
         })
@@ -83,10 +96,10 @@ mod tests {
 
     #[test]
     fn edits_must_be_unique_unless_replace_all() {
-        assert_eq!(apply_edit("a b a", "b", "c", false).unwrap(), ("a c a".to_string(), 1));
-        assert!(apply_edit("a b a", "a", "c", false).unwrap_err().contains("occurs 2 times"));
-        assert_eq!(apply_edit("a b a", "a", "c", true).unwrap(), ("c b c".to_string(), 2));
-        assert!(apply_edit("a", "z", "c", false).is_err());
-        assert!(apply_edit("a", "", "c", false).is_err());
+        assert_eq!(apply_edit("a b a", "b", "c", Occurrences::One).unwrap(), ("a c a".to_string(), 1));
+        assert!(apply_edit("a b a", "a", "c", Occurrences::One).unwrap_err().contains("occurs 2 times"));
+        assert_eq!(apply_edit("a b a", "a", "c", Occurrences::All).unwrap(), ("c b c".to_string(), 2));
+        assert!(apply_edit("a", "z", "c", Occurrences::One).is_err());
+        assert!(apply_edit("a", "", "c", Occurrences::One).is_err());
     }
 }
