@@ -175,7 +175,7 @@ async fn carry_over(
 }
 
 fn backend(e: object_store::Error) -> StoreError {
-    StoreError::Backend(e.to_string())
+    StoreError::backend_from(e)
 }
 
 async fn remove_prefix(objects: &dyn ObjectStore, prefix: &str) {

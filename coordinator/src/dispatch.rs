@@ -63,7 +63,7 @@ pub enum DispatchError {
 /// as after an outage, instead of failing the job.
 fn taken_back(e: StoreError) -> DispatchError {
     match e {
-        StoreError::NotFound(what) => DispatchError::Store(StoreError::Backend(format!(
+        StoreError::NotFound(what) => DispatchError::Store(StoreError::backend(format!(
             "{what}: the store no longer has it (a crash took back the write that created it)"
         ))),
         e => e.into(),
@@ -106,7 +106,7 @@ impl TaskWriter {
         if start {
             tokio::spawn(self.clone().drain());
         }
-        rx.await.map_err(|_| StoreError::Backend("the task writer stopped".into()))?
+        rx.await.map_err(|_| StoreError::backend("the task writer stopped"))?
     }
 
     async fn drain(self: Arc<Self>) {

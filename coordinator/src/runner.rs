@@ -356,12 +356,12 @@ fn decide_end(outcome: Result<Result<Outcome, AgentError>, String>) -> Result<En
         // not stored: the owner rides them out by resuming the run.
         Err(
             AgentError::Store(
-                e @ (StoreError::Fenced { .. } | StoreError::Backend(_) | StoreError::Unconfirmed { .. }),
+                e @ (StoreError::Fenced { .. } | StoreError::Backend { .. } | StoreError::Unconfirmed { .. }),
             )
             | AgentError::Tool {
                 cause:
                     FatalCause::Store(
-                        e @ (StoreError::Fenced { .. } | StoreError::Backend(_) | StoreError::Unconfirmed { .. }),
+                        e @ (StoreError::Fenced { .. } | StoreError::Backend { .. } | StoreError::Unconfirmed { .. }),
                     ),
                 ..
             },

@@ -91,9 +91,8 @@ impl EmbeddedRuntime {
         std::fs::create_dir_all(home.join("objects")).map_err(home_err)?;
         let home = home.canonicalize().map_err(home_err)?;
         let store = Arc::new(SqliteStore::open(&home.join("flower.db"))?);
-        let objects: Arc<dyn ObjectStore> = Arc::new(
-            LocalFileSystem::new_with_prefix(home.join("objects")).map_err(|e| StoreError::Backend(e.to_string()))?,
-        );
+        let objects: Arc<dyn ObjectStore> =
+            Arc::new(LocalFileSystem::new_with_prefix(home.join("objects")).map_err(StoreError::backend_from)?);
         Ok(Self { home, store, objects, bus: MemoryBus::new(), windows: Windows::default() })
     }
 

@@ -90,9 +90,15 @@ pub enum StoreError {
     /// stored, and the task's next attempt reports again.
     #[error("task {task} was not stored {} at attempt {attempt}, which this write was built on", state.as_str())]
     Unconfirmed { task: TaskId, state: TaskState, attempt: u32 },
-    /// The database or object store failed; may be transient.
-    #[error("storage backend: {0}")]
-    Backend(String),
+    /// The database or object store failed; may be transient. `source` is
+    /// the backend's own error, when there is one (for logs and callers that
+    /// look deeper).
+    #[error("storage backend: {message}")]
+    Backend {
+        message: String,
+        #[source]
+        source: Option<BackendSource>,
+    },
     /// Stored data could not be decoded (written by an incompatible version).
     #[error("corrupt stored data: {0}")]
     Corrupt(String),
@@ -100,6 +106,26 @@ pub enum StoreError {
     /// coordinator took it over. Not retryable; the writer must stop.
     #[error("fenced: job {job} is owned by epoch {current}, not {given}")]
     Fenced { job: JobId, given: i64, current: i64 },
+}
+
+/// A backend's own error, kept inside [`StoreError::Backend`].
+pub type BackendSource = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+impl StoreError {
+    /// A backend failure described in words (no underlying error to keep).
+    pub fn backend(message: impl Into<String>) -> Self {
+        StoreError::Backend { message: message.into(), source: None }
+    }
+
+    /// A backend failure, its own error kept as the source.
+    pub fn backend_from(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Backend { message: e.to_string(), source: Some(std::sync::Arc::new(e)) }
+    }
+
+    /// A backend failure in `context` (a path, a URL), its own error kept as the source.
+    pub fn backend_in(context: impl std::fmt::Display, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Backend { message: format!("{context}: {e}"), source: Some(std::sync::Arc::new(e)) }
+    }
 }
 
 impl flower_model::Classify for StoreError {
@@ -115,7 +141,7 @@ impl flower_model::Classify for StoreError {
             StoreError::TooLarge { .. } => K::TooLarge,
             StoreError::Unconfirmed { .. } => K::Conflict,
             StoreError::Fenced { .. } => K::Fenced,
-            StoreError::Backend(_) => K::Unavailable,
+            StoreError::Backend { .. } => K::Unavailable,
             StoreError::SchemaBehind { .. } | StoreError::Corrupt(_) => K::Internal,
         }
     }
@@ -512,5 +538,24 @@ pub async fn scan_events(store: &dyn Store, job: JobId, after_seq: i64, mut each
         if page.len() < SCAN_PAGE as usize {
             return Ok(cursor);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backend_failure_keeps_its_source_and_kind() {
+        let e = StoreError::backend_in("/var/lib/flower/objects", std::io::Error::other("disk full"));
+        assert_eq!(e.to_string(), "storage backend: /var/lib/flower/objects: disk full");
+        let source = std::error::Error::source(&e).expect("the io error is kept");
+        assert_eq!(source.to_string(), "disk full");
+        assert_eq!(flower_model::Classify::kind(&e), flower_model::ErrorKind::Unavailable);
+        assert!(std::error::Error::source(&StoreError::backend("in words only")).is_none());
+        // An unstored end a write was built on is a state that moved on, not an outage.
+        let task = TaskId::derive(JobId::random(), flower_model::SessionId::random(), "t");
+        let unconfirmed = StoreError::Unconfirmed { task, state: TaskState::Succeeded, attempt: 2 };
+        assert_eq!(flower_model::Classify::kind(&unconfirmed), flower_model::ErrorKind::Conflict);
     }
 }

@@ -45,9 +45,10 @@ pub fn scan(root: &Path, skip: &[&str]) -> Result<Manifest> {
     }
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let rd = std::fs::read_dir(&dir).map_err(|e| StoreError::Backend(format!("read {}: {e}", dir.display())))?;
+        let rd =
+            std::fs::read_dir(&dir).map_err(|e| StoreError::backend_in(format_args!("read {}", dir.display()), e))?;
         for item in rd {
-            let item = item.map_err(|e| StoreError::Backend(e.to_string()))?;
+            let item = item.map_err(StoreError::backend_from)?;
             let path = item.path();
             let rel = match path.strip_prefix(root) {
                 Ok(r) => r.to_string_lossy().replace('\\', "/"),
@@ -56,7 +57,7 @@ pub fn scan(root: &Path, skip: &[&str]) -> Result<Manifest> {
             if dir == root && skip.contains(&rel.as_str()) {
                 continue;
             }
-            let meta = std::fs::symlink_metadata(&path).map_err(|e| StoreError::Backend(e.to_string()))?;
+            let meta = std::fs::symlink_metadata(&path).map_err(StoreError::backend_from)?;
             if meta.is_dir() {
                 stack.push(path);
             } else if meta.is_file() {
@@ -68,12 +69,13 @@ pub fn scan(root: &Path, skip: &[&str]) -> Result<Manifest> {
 }
 
 fn hash_file(path: &Path) -> Result<FileRef> {
-    let mut f = std::fs::File::open(path).map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
+    let mut f =
+        std::fs::File::open(path).map_err(|e| StoreError::backend_in(format_args!("open {}", path.display()), e))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut size = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let n = f.read(&mut buf).map_err(StoreError::backend_from)?;
         if n == 0 {
             break;
         }
@@ -88,7 +90,7 @@ pub fn write_file(root: &Path, rel: &str, bytes: &[u8]) -> Result<()> {
     check_relative(rel)?;
     let path = root.join(rel);
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| StoreError::Backend(e.to_string()))?;
+        std::fs::create_dir_all(parent).map_err(StoreError::backend_from)?;
     }
-    std::fs::write(&path, bytes).map_err(|e| StoreError::Backend(format!("write {}: {e}", path.display())))
+    std::fs::write(&path, bytes).map_err(|e| StoreError::backend_in(format_args!("write {}", path.display()), e))
 }

@@ -38,7 +38,7 @@ impl S3Options {
 }
 
 fn bad(url: &str, why: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("object store `{url}`: {why}"))
+    StoreError::backend(format!("object store `{url}`: {why}"))
 }
 
 /// Open the store `url` names.
@@ -84,7 +84,7 @@ const PARTS_IN_FLIGHT: usize = 2;
 /// else in parts of [`PART`] bytes (at most a few parts held at once), so a
 /// task's multi-gigabyte file never sits in a worker's memory.
 pub async fn put_file(store: &dyn ObjectStore, key: &ObjPath, path: &Path) -> Result<()> {
-    let io = |e: std::io::Error| StoreError::Backend(format!("{}: {e}", path.display()));
+    let io = |e: std::io::Error| StoreError::backend_in(path.display(), e);
     let mut file = tokio::fs::File::open(path).await.map_err(io)?;
     let size = file.metadata().await.map_err(io)?.len();
     if size <= PART as u64 {

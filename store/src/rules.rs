@@ -497,7 +497,7 @@ pub fn answer_group(
                 let mut events = Vec::with_capacity(jobs.len());
                 for job in jobs {
                     let event = queues.get_mut(&job).and_then(VecDeque::pop_front);
-                    events.push(event.ok_or_else(|| StoreError::Backend(format!("job {job}: events lost")))?);
+                    events.push(event.ok_or_else(|| StoreError::backend(format!("job {job}: events lost")))?);
                 }
                 let ended = events.split_off(claimed.min(events.len()));
                 let end = end.map(|(task, entry_seqs, tasks)| (task, Written { events: ended, entry_seqs, tasks }));

@@ -33,8 +33,8 @@ pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
 }
 
-fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
+fn backend(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::backend_from(e)
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
@@ -90,7 +90,7 @@ impl SqliteStore {
     async fn run<T: Send + 'static>(&self, f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static) -> Result<T> {
         let conn = self.conn.clone();
         tokio::task::spawn_blocking(move || {
-            let mut guard = conn.lock().map_err(|_| backend("sqlite connection poisoned"))?;
+            let mut guard = conn.lock().map_err(|_| StoreError::backend("sqlite connection poisoned"))?;
             f(&mut guard)
         })
         .await

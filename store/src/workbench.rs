@@ -59,7 +59,7 @@ pub struct SyncReport {
 pub(crate) fn obj_err(e: object_store::Error) -> StoreError {
     match e {
         object_store::Error::NotFound { path, .. } => StoreError::NotFound(path),
-        other => StoreError::Backend(other.to_string()),
+        other => StoreError::backend_from(other),
     }
 }
 
@@ -223,7 +223,7 @@ impl Workbench {
         let mkdirs = dir.clone();
         blocking(move || {
             for f in FOLDERS {
-                std::fs::create_dir_all(mkdirs.join(f)).map_err(|e| StoreError::Backend(e.to_string()))?;
+                std::fs::create_dir_all(mkdirs.join(f)).map_err(StoreError::backend_from)?;
             }
             Ok(())
         })
@@ -263,7 +263,7 @@ impl Workbench {
 }
 
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Backend(e.to_string()))?
+    tokio::task::spawn_blocking(f).await.map_err(StoreError::backend_from)?
 }
 
 fn human_size(n: u64) -> String {

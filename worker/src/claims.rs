@@ -53,7 +53,7 @@ impl ClaimWriter {
             let writer = self.clone();
             tokio::spawn(async move { writer.write_all().await });
         }
-        answer.await.unwrap_or_else(|_| Err(StoreError::Backend("the claim writer stopped".into())))
+        answer.await.unwrap_or_else(|_| Err(StoreError::backend("the claim writer stopped")))
     }
 
     /// Write what waits, group after group, until nothing does.

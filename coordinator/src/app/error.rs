@@ -68,7 +68,7 @@ impl From<StoreError> for AppError {
                 tracing::warn!(error = %m, "request refused by the store");
                 Self::new(kind, "a field of this request cannot be stored (control characters or an oversized value)")
             }
-            StoreError::Backend(m) => {
+            StoreError::Backend { message: m, .. } => {
                 tracing::warn!(error = %m, "store unavailable");
                 Self::new(kind, "the store is unavailable; retry later")
             }

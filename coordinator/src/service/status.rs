@@ -56,7 +56,7 @@ mod tests {
 
     #[test]
     fn only_a_backend_failure_is_unavailable_and_its_words_stay_in_the_log() {
-        let e = from_store(StoreError::Backend("connection to /var/run/postgresql refused".into()));
+        let e = from_store(StoreError::backend("connection to /var/run/postgresql refused"));
         assert_eq!(e.code(), Code::Unavailable);
         assert!(!e.message().contains("/var/run"), "{}", e.message());
         assert_eq!(from_store(StoreError::Invalid("invalid byte sequence 0x00".into())).code(), Code::InvalidArgument);

@@ -173,7 +173,7 @@ pub(super) async fn claim_task_ending(
 ) -> Result<(Claim, Option<(Task, Written)>)> {
     let claim = ClaimRequest { task: id, attempt, worker_id: worker_id.to_string(), session, end: end.clone() };
     let mut answers = claim_group(store, vec![claim]).await?;
-    answers.pop().unwrap_or_else(|| Err(StoreError::Backend(format!("task {id}: no answer to its claim"))))
+    answers.pop().unwrap_or_else(|| Err(StoreError::backend(format!("task {id}: no answer to its claim"))))
 }
 
 pub(super) async fn claim_tasks_ending(

@@ -200,7 +200,7 @@ impl JobEvents {
         let row = row.ok_or_else(|| StoreError::NotFound(format!("job {}", self.job)))?;
         let (last, inserted): (i64, i64) = (row.get(0), row.get(1));
         if inserted != self.n {
-            return Err(StoreError::Backend(format!("job {}: {inserted} of {} events stored", self.job, self.n)));
+            return Err(StoreError::backend(format!("job {}: {inserted} of {} events stored", self.job, self.n)));
         }
         let (job_id, first, at) = (self.job, last - self.n + 1, self.at);
         Ok(self.kinds.into_iter().zip(first..).map(|(kind, seq)| Event { job_id, seq, at, kind }).collect())

@@ -71,7 +71,7 @@ pub(super) async fn acquire_lease(
                         return Ok(Some(lease));
                     }
                 }
-                Err(StoreError::Backend(format!("the lease of job {job} kept changing while being taken")))
+                Err(StoreError::backend(format!("the lease of job {job} kept changing while being taken")))
             })
         })
         .await

@@ -61,8 +61,8 @@ pub struct PostgresStore {
     pool: Pool,
 }
 
-fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
+fn backend(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::backend_from(e)
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
@@ -77,8 +77,11 @@ impl From<tokio_postgres::Error> for StoreError {
             // character) and 54 (program limit: an index row too large) say the
             // value itself cannot be stored: retrying cannot help.
             Some(db) if matches!(&db.code().code()[..2], "22" | "54") => StoreError::Invalid(db.message().to_string()),
-            Some(db) => StoreError::Backend(db.message().to_string()),
-            None => StoreError::Backend(e.to_string()),
+            Some(db) => {
+                let message = db.message().to_string();
+                StoreError::Backend { message, source: Some(std::sync::Arc::new(e)) }
+            }
+            None => StoreError::backend_from(e),
         }
     }
 }
@@ -125,7 +128,7 @@ impl PostgresStore {
     /// Connect; an older schema is migrated, or refused, as `policy` says.
     pub async fn connect_with(url: &str, max_connections: usize, policy: SchemaPolicy) -> Result<Self> {
         let mut config: tokio_postgres::Config =
-            url.parse().map_err(|e| StoreError::Backend(format!("database URL `{url}`: {e}")))?;
+            url.parse().map_err(|e| StoreError::backend(format!("database URL `{url}`: {e}")))?;
         // Every statement takes its index, whatever the planner's statistics
         // say (docs/design.md section 3, "Keyed statements take their index");
         // options in the URL come after, and win.

@@ -20,7 +20,7 @@ impl ScratchDatabase {
         let name = format!("flower_scratch_{}", Uuid::new_v4().simple());
         let (client, conn) = tokio_postgres::connect(admin_url, NoTls)
             .await
-            .map_err(|e| StoreError::Backend(format!("cannot reach Postgres at {admin_url}: {e}")))?;
+            .map_err(|e| StoreError::backend(format!("cannot reach Postgres at {admin_url}: {e}")))?;
         let driver = tokio::spawn(conn);
         client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
         drop(client);

@@ -87,7 +87,7 @@ struct Held(Option<deadpool_postgres::Client>);
 
 impl Held {
     fn client(&self) -> Result<&ClientWrapper> {
-        self.0.as_deref().ok_or_else(|| StoreError::Backend("connection already released".into()))
+        self.0.as_deref().ok_or_else(|| StoreError::backend("connection already released"))
     }
 
     /// The connection is outside any transaction: back to the pool.

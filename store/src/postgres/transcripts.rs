@@ -154,7 +154,7 @@ impl Part {
         }
         let chunks = self.bodies.len() as i64;
         if rows.first().map(|r| r.get::<_, i64>(2)) != Some(chunks) {
-            return Err(StoreError::Backend(format!("{chunks} transcript chunks written, fewer stored")));
+            return Err(StoreError::backend(format!("{chunks} transcript chunks written, fewer stored")));
         }
         Ok(self.placed.iter().map(|&(s, offset)| base[&self.sessions[s]] + offset).collect())
     }

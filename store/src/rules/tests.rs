@@ -383,5 +383,5 @@ fn a_claim_whose_events_were_not_numbered_fails_the_group() {
     let a = task();
     let group = decide(&[&a], &[request(&a, 1, None, None)]);
     let written = group_events(group.claims, &HashSet::new(), vec![], vec![]);
-    assert!(matches!(answer_group(written.claims, vec![]), Err(StoreError::Backend(_))));
+    assert!(matches!(answer_group(written.claims, vec![]), Err(StoreError::Backend { .. })));
 }

@@ -154,7 +154,7 @@ impl Worker {
                 end: offer.clone(),
             };
             match self.claims.claim(request).await {
-                Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
+                Err(StoreError::Backend { message: e, .. }) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(%task, attempt, error = %e, "claim not recorded yet; retrying");
                     self.hold(delivery, &mut held, pause).await;
                     tokio::time::sleep(pause).await;

@@ -131,12 +131,12 @@ impl Worker {
                     held = Batch::default();
                     self.stage_notice(task, attempt, &outcome, usage, &mut held, notice, workbench);
                 }
-                Err(StoreError::Backend(e)) if tokio::time::Instant::now() < give_up => {
+                Err(StoreError::Backend { message: e, .. }) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(task = %task.id, attempt, error = %e, "report not recorded yet; retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_MAX);
                 }
-                Err(StoreError::Backend(e)) => {
+                Err(StoreError::Backend { message: e, .. }) => {
                     tracing::warn!(task = %task.id, attempt, error = %e, "report not recorded; giving the delivery back");
                     return Recorded::GaveUp;
                 }

@@ -62,8 +62,8 @@ impl Filler {
             let path = self.path.clone();
             tokio::task::spawn_blocking(move || crate::taskdir::resize(&path, room))
                 .await
-                .map_err(|e| StoreError::Backend(e.to_string()))?
-                .map_err(|e| StoreError::Backend(format!("bounding {}: {e}", self.path.display())))?;
+                .map_err(StoreError::backend_from)?
+                .map_err(|e| StoreError::backend_in(format_args!("bounding {}", self.path.display()), e))?;
         }
         Ok(())
     }
@@ -204,8 +204,8 @@ impl Worker {
             Ok::<_, std::io::Error>(())
         })
         .await
-        .map_err(|e| StoreError::Backend(e.to_string()))?
-        .map_err(|e| StoreError::Backend(format!("{}: {e}", workdir.display())))
+        .map_err(StoreError::backend_from)?
+        .map_err(|e| StoreError::backend_in(workdir.display(), e))
     }
 
     /// Keep what the attempt wrote (see [`Worker::collect`]), then remove its

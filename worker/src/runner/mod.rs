@@ -119,7 +119,7 @@ impl Failure {
     }
 
     fn store(context: &str, e: StoreError) -> Self {
-        let retryable = matches!(e, StoreError::Backend(_));
+        let retryable = matches!(e, StoreError::Backend { .. });
         Self { reason: if context.is_empty() { e.to_string() } else { format!("{context}: {e}") }, retryable }
     }
 }
