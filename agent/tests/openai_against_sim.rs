@@ -4,6 +4,8 @@
 //! server and of a dropped stream, fast failure of a bad request, and the
 //! overflow error's class and window.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! non-streaming assembly, retries of retryable failures, fast failure of
 //! fatal ones.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! Both bus implementations against the one suite, plus the JetStream-specific
 //! behaviours (heartbeats, the delivery limit).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
 //! Trace context carried across the queue continues the same trace.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use flower_bus::trace::{continue_trace, current_traceparent};
 use opentelemetry::trace::TracerProvider as _;

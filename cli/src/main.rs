@@ -10,6 +10,8 @@
 //! - `cmd/isolation.rs`: tool isolation and spec policy flags; `flower tool-exec`, the tool launcher
 //! - `cpu_latency.rs`: `--cpu-latency-us`, the CPU latency request a process holds
 //! - `home.rs`: where the embedded mode keeps its state
+// Tests may be long; the code they test may not (clippy.toml).
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -11,6 +11,8 @@
 //! CSRF value derived from the token (or, without one, from a secret of
 //! this process), and job content is never trusted: all text is escaped and
 //! a content security policy allows only the console's own script.
+// Tests may be long; the code they test may not (clippy.toml).
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -3,6 +3,8 @@
 //! went out, staged, before the run listened — reads that end once it
 //! commits, not at its next recheck. Real Postgres (a scratch database).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! to announce the first model response's stream; once that notice came,
 //! the shape is released and a later child's message asks for nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,6 +7,8 @@
 //!   layer: never on `worker`, `sim` or `runtime`, and never on a store
 //!   backend's driver.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use serde_json::Value;
 

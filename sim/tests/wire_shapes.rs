@@ -1,6 +1,8 @@
 //! The simulator's HTTP responses, read raw: event order and field shapes of
 //! the Anthropic Messages API.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use serde_json::{Value, json};
 

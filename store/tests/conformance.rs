@@ -1,6 +1,8 @@
 //! Every backend against the one conformance suite: one test per check per
 //! backend (`store_conformance_tests!`), so one failure hides no other.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use std::sync::Arc;
 

@@ -2,6 +2,8 @@
 //! `tests/fixtures/`, with rows in that release's encoding) migrates forward
 //! to the latest version, its rows intact and usable.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use flower_model::{
     ContentBlock, Entry, EntryKind, EventKind, JobId, JobState, Role, SessionId, Task, TaskOutcome, TaskState, Usage,

@@ -2,6 +2,8 @@
 //! real HTTP (in-process for `provider: sim`, a `flower sim` server process
 //! otherwise). Each test has its own `FLOWER_HOME`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 mod ask;
 mod bench;

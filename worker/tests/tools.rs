@@ -1,5 +1,7 @@
 //! The worker tools on a real directory: confinement, Bash limits, edits, search.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+// A test reads top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use std::time::{Duration, Instant};
 

@@ -70,10 +70,21 @@ pub async fn console(a: ConsoleArgs) -> anyhow::Result<ExitCode> {
         ("transcript, first page", format!("{base}/jobs/{job}/sessions/{main}")),
         ("transcript, pruned view", format!("{base}/jobs/{job}/sessions/{main}?view=pruned")),
     ];
+    let measured = measure(&pages, a.rounds).await;
+    shutdown.cancel();
+    if let Some(db) = scratch {
+        db.drop_now().await?;
+    }
+    report(&a, &pages, measured?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Each page read `rounds` times: its median time and its size.
+async fn measure(pages: &[(&str, String)], rounds: usize) -> anyhow::Result<Vec<(Duration, usize)>> {
     let http = reqwest::Client::new();
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); pages.len()];
     let mut sizes = vec![0usize; pages.len()];
-    for _ in 0..a.rounds.max(1) {
+    for _ in 0..rounds.max(1) {
         for (i, (_, url)) in pages.iter().enumerate() {
             let start = Instant::now();
             let r = http.get(url).send().await?;
@@ -82,21 +93,21 @@ pub async fn console(a: ConsoleArgs) -> anyhow::Result<ExitCode> {
             times[i].push(start.elapsed());
         }
     }
-    shutdown.cancel();
-    if let Some(db) = scratch {
-        db.drop_now().await?;
-    }
-    let median = |t: &mut Vec<Duration>| {
-        t.sort();
-        t[t.len() / 2]
-    };
+    Ok(times
+        .into_iter()
+        .zip(sizes)
+        .map(|(mut t, size)| {
+            t.sort();
+            (t[t.len() / 2], size)
+        })
+        .collect())
+}
+
+/// The figures, as a table or (`--json`) one JSON line.
+fn report(a: &ConsoleArgs, pages: &[(&str, String)], measured: Vec<(Duration, usize)>) {
     let store_name = if a.postgres.is_some() { "postgres" } else { "sqlite" };
-    let rows: Vec<(String, f64, usize)> = pages
-        .iter()
-        .zip(times.iter_mut())
-        .zip(&sizes)
-        .map(|(((name, _), t), size)| (name.to_string(), median(t).as_secs_f64() * 1e3, *size))
-        .collect();
+    let rows: Vec<(&str, f64, usize)> =
+        pages.iter().zip(measured).map(|((name, _), (t, size))| (*name, t.as_secs_f64() * 1e3, size)).collect();
     if a.json {
         let v: Vec<_> =
             rows.iter().map(|(n, ms, b)| serde_json::json!({"page": n, "median_ms": ms, "bytes": b})).collect();
@@ -113,7 +124,6 @@ pub async fn console(a: ConsoleArgs) -> anyhow::Result<ExitCode> {
             println!("  {n:<26} {ms:>8.1} ms  {:>8} bytes", b);
         }
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// A job with `entries` main-thread entries (turns of a delegation and its
