@@ -1,7 +1,7 @@
 //! The protocol-independent part of `flower mcp-serve`: reading tool
-//! arguments into their types (every error names its field), job specs from text or from an
-//! operator's template with a new goal, and artifact paths that cannot leave
-//! the workbench's `artifacts/`.
+//! arguments into their types (every error names its field), job specs from
+//! text or from an operator's template with a new goal, and artifact paths
+//! that cannot leave the workbench's `artifacts/`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

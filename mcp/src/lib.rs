@@ -15,7 +15,7 @@
 
 pub mod args;
 pub mod backend;
-pub mod catalog;
+mod catalog;
 mod error;
 
 use std::net::SocketAddr;
