@@ -17,7 +17,7 @@ use flower_model::usage::estimate_tokens;
 use flower_model::{EventKind, Role};
 
 use crate::provider::{SystemBlock, ToolDef};
-use crate::tool::{Tool, ToolContext, ToolError, ToolOutput, ToolSet, uint_field};
+use crate::tool::{Tool, ToolContext, ToolError, ToolOutput, ToolSet, args, schema_of};
 
 /// The discovery tool's name.
 pub const SEARCH_TOOLS: &str = "search_tools";
@@ -192,6 +192,16 @@ impl SearchIndex {
     }
 }
 
+/// The arguments of `search_tools`.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct SearchArgs {
+    /// What you want to do, in a few words (e.g. "create a ticket").
+    query: String,
+    /// Most matches to return (default 5).
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
+    limit: Option<u64>,
+}
+
 /// `search_tools(query, limit)`: finds tools of the session's surface and
 /// loads the deferred ones it found (all at once: one rewrite).
 pub struct SearchTools {
@@ -216,14 +226,7 @@ impl Tool for SearchTools {
     }
 
     fn input_schema(&self) -> serde_json::Value {
-        serde_json::json!({
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "What you want to do, in a few words (e.g. \"create a ticket\")."},
-                "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "description": "Most matches to return (default 5)."}
-            },
-            "required": ["query"]
-        })
+        schema_of::<SearchArgs>()
     }
 
     fn concurrency_safe(&self) -> bool {
@@ -231,8 +234,8 @@ impl Tool for SearchTools {
     }
 
     async fn call(&self, input: serde_json::Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let query = crate::tool::str_field(&input, "query")?.to_string();
-        let limit = uint_field(&input, "limit")?.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+        let SearchArgs { query, limit } = args(input)?;
+        let limit = limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
         let found = self.index.search(&query, limit as usize);
         if found.is_empty() {
             let mut out = ToolOutput::text(format!("No tool matched \"{query}\": {MISS_HINT}."));
@@ -310,6 +313,21 @@ mod tests {
             "Memory",
         );
         s
+    }
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            SearchTools::new(&ToolSet::new()).input_schema(),
+            serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "What you want to do, in a few words (e.g. \"create a ticket\")."},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "description": "Most matches to return (default 5)."}
+                },
+                "required": ["query"]
+            })
+        );
     }
 
     #[test]

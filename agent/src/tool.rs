@@ -15,7 +15,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::provider::ToolDef;
 
+pub mod args;
 pub mod read;
+
+pub use args::{ArgsError, args, parse_args, schema_of};
 
 /// What a tool call may know about where it runs.
 #[derive(Clone, Debug)]
@@ -209,24 +212,5 @@ impl ToolSet {
         let mut defs = self.defs();
         defs.extend(loaded.iter().filter(|n| self.is_deferred(n)).filter_map(|n| self.def(n)));
         defs
-    }
-}
-
-/// Read a required string field of a tool input, or explain what is missing.
-pub fn str_field<'a>(input: &'a serde_json::Value, field: &str) -> Result<&'a str, ToolError> {
-    input
-        .get(field)
-        .and_then(serde_json::Value::as_str)
-        .ok_or_else(|| ToolError::RespondToModel(format!("missing string field `{field}` in the tool input")))
-}
-
-/// Read an optional non-negative integer field.
-pub fn uint_field(input: &serde_json::Value, field: &str) -> Result<Option<u64>, ToolError> {
-    match input.get(field) {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| ToolError::RespondToModel(format!("field `{field}` must be a non-negative integer"))),
     }
 }

@@ -12,10 +12,13 @@
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Outcome, Tool, ToolContext, ToolError, ToolOutput};
 use flower_model::{ContentBlock, EventKind, JobId, JobSpec, Role};
 use flower_store::{Batch, StoreError, Workbench};
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
 
 use crate::runner::JobContext;
 use crate::side::Side;
@@ -264,6 +267,24 @@ pub fn next_round_instruction(round: u32, rounds: u32, failed: &[String], reason
     text
 }
 
+/// The arguments of `verdict`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct VerdictArgs {
+    verdict: VerdictKind,
+    /// For not_yet: each check that failed, and what is missing
+    failed: Option<Vec<String>>,
+    reason: String,
+}
+
+// Which verdict (no doc comment: it would be sent as the field's description).
+#[derive(Clone, Copy, Debug, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum VerdictKind {
+    Achieved,
+    NotYet,
+    Unreachable,
+}
+
 struct VerdictTool {
     slot: Arc<Mutex<Option<Verdict>>>,
 }
@@ -281,36 +302,24 @@ impl Tool for VerdictTool {
     }
 
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "verdict": {"type": "string", "enum": ["achieved", "not_yet", "unreachable"]},
-                "failed": {"type": "array", "items": {"type": "string"}, "description": "For not_yet: each check that failed, and what is missing"},
-                "reason": {"type": "string"}
-            },
-            "required": ["verdict", "reason"]
-        })
+        schema_of::<VerdictArgs>()
     }
 
     async fn call(&self, input: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let reason = input["reason"].as_str().unwrap_or_default().trim().to_string();
+        let a: VerdictArgs = args(input)?;
+        let reason = a.reason.trim().to_string();
         if reason.is_empty() {
             return Err(ToolError::RespondToModel("`reason` is required".into()));
         }
-        let failed: Vec<String> = input["failed"]
-            .as_array()
-            .map(|a| {
-                a.iter().filter_map(|v| v.as_str()).map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
-            })
-            .unwrap_or_default();
-        let verdict = match input["verdict"].as_str() {
-            Some("achieved") => Verdict::Achieved { reason },
-            Some("not_yet") if failed.is_empty() => {
+        let failed: Vec<String> =
+            a.failed.unwrap_or_default().iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        let verdict = match a.verdict {
+            VerdictKind::Achieved => Verdict::Achieved { reason },
+            VerdictKind::NotYet if failed.is_empty() => {
                 return Err(ToolError::RespondToModel("`not_yet` needs the failed checks in `failed`".into()));
             }
-            Some("not_yet") => Verdict::NotYet { failed, reason },
-            Some("unreachable") => Verdict::Unreachable { reason },
-            _ => return Err(ToolError::RespondToModel("`verdict` is achieved, not_yet or unreachable".into())),
+            VerdictKind::NotYet => Verdict::NotYet { failed, reason },
+            VerdictKind::Unreachable => Verdict::Unreachable { reason },
         };
         let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_some() {
@@ -318,5 +327,27 @@ impl Tool for VerdictTool {
         }
         *slot = Some(verdict);
         Ok(ToolOutput::text("verdict recorded"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            schema_of::<VerdictArgs>(),
+            json!({
+                "type": "object",
+                "properties": {
+                    "verdict": {"type": "string", "enum": ["achieved", "not_yet", "unreachable"]},
+                    "failed": {"type": "array", "items": {"type": "string"}, "description": "For not_yet: each check that failed, and what is missing"},
+                    "reason": {"type": "string"}
+                },
+                "required": ["verdict", "reason"]
+            })
+        );
     }
 }

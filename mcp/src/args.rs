@@ -1,12 +1,14 @@
 //! The protocol-independent part of `flower mcp-serve`: reading tool
-//! arguments (every error names its field), job specs from text or from an
-//! operator's template with a new goal, and artifact paths that cannot leave
-//! the workbench's `artifacts/`.
+//! arguments into their types (every error names its field), job specs from
+//! text or from an operator's template with a new goal, and artifact paths
+//! that cannot leave the workbench's `artifacts/`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use flower_model::{JobSpec, SpecError};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 /// A bad argument: the field and what is wrong with it.
@@ -26,83 +28,86 @@ impl ArgError {
 /// The longest text argument taken (a spec, a message, an answer).
 pub const MAX_TEXT: usize = 256 * 1024;
 
-/// A call's arguments, read field by field.
-pub struct ToolArgs<'a> {
-    args: &'a Map<String, Value>,
+/// A call's arguments as `T`, checked first against `T`'s own schema (the
+/// one the catalog shows, [`flower_agent::tool::schema_of`]): a field the
+/// tool does not take is refused (a misspelt name must not be ignored); a
+/// string must be one, without NUL, at most [`MAX_TEXT`] bytes, one of its
+/// `enum` when it has one, and not blank when required; an integer must be
+/// a whole number within its `minimum`/`maximum`; a boolean true or false.
+/// `null` is an absent field. What is left (a missing field, a value out of
+/// a type's range) serde refuses, naming the field.
+pub fn parse<T: DeserializeOwned + JsonSchema>(args: &Map<String, Value>) -> Result<T, ArgError> {
+    let schema = flower_agent::tool::schema_of::<T>();
+    let empty = Map::new();
+    let props = schema["properties"].as_object().unwrap_or(&empty);
+    let required: Vec<&str> = schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    if let Some(unknown) = args.keys().find(|k| !props.contains_key(*k)) {
+        let known: Vec<&str> = props.keys().map(String::as_str).collect();
+        return Err(ArgError::new(
+            &cut(unknown, 64),
+            format!("not a parameter of this tool (it takes: {})", known.join(", ")),
+        ));
+    }
+    let mut checked = Map::new();
+    for (field, value) in args {
+        if value.is_null() {
+            continue;
+        }
+        let value = check(field, value, &props[field], required.contains(&field.as_str()))?;
+        checked.insert(field.clone(), value);
+    }
+    flower_agent::tool::parse_args(Value::Object(checked)).map_err(|e| ArgError::new(&e.field, e.message))
 }
 
-impl<'a> ToolArgs<'a> {
-    /// Refuses a field the tool does not take (a misspelt name must not be ignored).
-    pub fn new(args: &'a Map<String, Value>, known: &[&str]) -> Result<Self, ArgError> {
-        if let Some(unknown) = args.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(ArgError::new(
-                &cut(unknown, 64),
-                format!("not a parameter of this tool (it takes: {})", known.join(", ")),
-            ));
-        }
-        Ok(Self { args })
-    }
-
-    /// An optional string: present, a string, without NUL, at most `MAX_TEXT` bytes.
-    pub fn opt_str(&self, field: &str) -> Result<Option<&'a str>, ArgError> {
-        match self.args.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if s.contains('\0') => Err(ArgError::new(field, "must not contain NUL")),
-            Some(Value::String(s)) if s.len() > MAX_TEXT => {
-                Err(ArgError::new(field, format!("{} bytes, more than the {MAX_TEXT} allowed", s.len())))
+/// One argument against its property's schema; a whole number given as a
+/// float (`5.0`) comes back as an integer.
+fn check(field: &str, v: &Value, schema: &Value, required: bool) -> Result<Value, ArgError> {
+    match schema["type"].as_str() {
+        Some("string") => {
+            let s = match v {
+                Value::String(s) => s,
+                other => return Err(ArgError::new(field, format!("expected a string, got {}", type_name(other)))),
+            };
+            if s.contains('\0') {
+                return Err(ArgError::new(field, "must not contain NUL"));
             }
-            Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(other) => Err(ArgError::new(field, format!("expected a string, got {}", type_name(other)))),
-        }
-    }
-
-    /// A required, non-blank string.
-    pub fn str(&self, field: &str) -> Result<&'a str, ArgError> {
-        match self.opt_str(field)? {
-            Some(s) if !s.trim().is_empty() => Ok(s),
-            Some(_) => Err(ArgError::new(field, "must not be empty")),
-            None => Err(ArgError::new(field, "missing (required)")),
-        }
-    }
-
-    /// An optional integer within `min..=max`.
-    pub fn opt_uint(&self, field: &str, min: u64, max: u64) -> Result<Option<u64>, ArgError> {
-        let v = match self.args.get(field) {
-            None | Some(Value::Null) => return Ok(None),
-            Some(v) => v,
-        };
-        let n = match v {
-            Value::Number(n) => {
-                n.as_u64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64))
+            if s.len() > MAX_TEXT {
+                return Err(ArgError::new(field, format!("{} bytes, more than the {MAX_TEXT} allowed", s.len())));
             }
-            _ => None,
-        };
-        match n {
-            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
-            Some(n) => Err(ArgError::new(field, format!("{n} is out of range ({min} to {max})"))),
-            None => Err(ArgError::new(field, format!("expected a whole number from {min} to {max}, got {}", short(v)))),
+            if let Some(choices) = schema["enum"].as_array()
+                && !choices.contains(v)
+            {
+                let choices: Vec<&str> = choices.iter().filter_map(Value::as_str).collect();
+                return Err(ArgError::new(field, format!("`{}` is not one of: {}", cut(s, 64), choices.join(", "))));
+            }
+            if required && s.trim().is_empty() {
+                return Err(ArgError::new(field, "must not be empty"));
+            }
+            Ok(v.clone())
         }
-    }
-
-    /// An optional boolean.
-    pub fn opt_bool(&self, field: &str) -> Result<Option<bool>, ArgError> {
-        match self.args.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(other) => Err(ArgError::new(field, format!("expected true or false, got {}", type_name(other)))),
-        }
-    }
-
-    /// An optional string that must be one of `choices`.
-    pub fn opt_choice(&self, field: &str, choices: &[&'static str]) -> Result<Option<&'static str>, ArgError> {
-        match self.opt_str(field)? {
-            None => Ok(None),
-            Some(s) => {
-                choices.iter().find(|c| **c == s).copied().map(Some).ok_or_else(|| {
-                    ArgError::new(field, format!("`{}` is not one of: {}", cut(s, 64), choices.join(", ")))
-                })
+        Some("integer") => {
+            let min = schema["minimum"].as_u64().unwrap_or(0);
+            let max = schema["maximum"].as_u64();
+            let (range, whole) = match max {
+                Some(max) => (format!("{min} to {max}"), format!("a whole number from {min} to {max}")),
+                None => (format!("at least {min}"), format!("a whole number of at least {min}")),
+            };
+            let n = match v {
+                Value::Number(n) => {
+                    n.as_u64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64))
+                }
+                _ => None,
+            };
+            match n {
+                Some(n) if n >= min && max.is_none_or(|max| n <= max) => Ok(Value::from(n)),
+                Some(n) => Err(ArgError::new(field, format!("{n} is out of range ({range})"))),
+                None => Err(ArgError::new(field, format!("expected {whole}, got {}", short(v)))),
             }
         }
+        Some("boolean") if !v.is_boolean() => {
+            Err(ArgError::new(field, format!("expected true or false, got {}", type_name(v))))
+        }
+        _ => Ok(v.clone()),
     }
 }
 
@@ -327,39 +332,87 @@ mod tests {
         v.as_object().cloned().unwrap_or_default()
     }
 
+    use crate::catalog::View;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    struct One {
+        job_id: String,
+        #[schemars(range(min = 1, max = 10))]
+        timeout_seconds: Option<u64>,
+        raw: Option<bool>,
+        view: Option<View>,
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Missing {
+        job_id: String,
+        missing: String,
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Narrow {
+        #[schemars(range(min = 10, max = 20))]
+        timeout_seconds: Option<u64>,
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Two {
+        job_id: String,
+        #[schemars(range(min = 1, max = 5))]
+        limit: Option<u64>,
+        view: Option<View>,
+        flag: Option<bool>,
+        blank: String,
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Three {
+        text: Option<String>,
+        #[schemars(range(min = 0, max = 9))]
+        n: Option<u64>,
+        #[schemars(range(min = 0, max = 9))]
+        f: Option<u64>,
+        spec: Option<String>,
+    }
+
+    fn err<T: DeserializeOwned + JsonSchema + std::fmt::Debug>(v: Value) -> ArgError {
+        parse::<T>(&obj(v)).unwrap_err()
+    }
+
     #[test]
     fn arguments_are_checked_and_errors_name_the_field() {
         let m = obj(json!({"job_id": "abc", "timeout_seconds": 5, "raw": true, "view": "pruned"}));
-        let a = ToolArgs::new(&m, &["job_id", "timeout_seconds", "raw", "view"]).unwrap();
-        assert_eq!(a.str("job_id").unwrap(), "abc");
-        assert_eq!(a.opt_uint("timeout_seconds", 1, 10).unwrap(), Some(5));
-        assert_eq!(a.opt_bool("raw").unwrap(), Some(true));
-        assert_eq!(a.opt_choice("view", &["raw", "pruned"]).unwrap(), Some("pruned"));
-        assert_eq!(a.str("missing").unwrap_err().field, "missing");
-        assert!(a.opt_uint("timeout_seconds", 10, 20).unwrap_err().message.contains("out of range"));
+        let a: One = parse(&m).unwrap();
+        assert_eq!(a.job_id, "abc");
+        assert_eq!(a.timeout_seconds, Some(5));
+        assert_eq!(a.raw, Some(true));
+        assert_eq!(a.view, Some(View::Pruned));
+        assert_eq!(err::<Missing>(json!({"job_id": "abc"})).field, "missing");
+        assert!(err::<Narrow>(json!({"timeout_seconds": 5})).message.contains("out of range"));
+        let a: One = parse(&obj(json!({"job_id": "abc", "timeout_seconds": 5.0, "view": null}))).unwrap();
+        assert_eq!((a.timeout_seconds, a.view), (Some(5), None));
 
-        let m = obj(json!({"job_id": 7, "limit": "ten", "view": "fancy", "flag": "yes", "blank": "  "}));
-        let a = ToolArgs::new(&m, &["job_id", "limit", "view", "flag", "blank"]).unwrap();
-        let e = a.str("job_id").unwrap_err();
+        let e = err::<Two>(json!({"job_id": 7}));
         assert_eq!((e.field.as_str(), e.message.as_str()), ("job_id", "expected a string, got a number"));
-        assert_eq!(a.opt_uint("limit", 1, 5).unwrap_err().field, "limit");
-        assert!(a.opt_choice("view", &["raw", "pruned"]).unwrap_err().message.contains("not one of: raw, pruned"));
-        assert_eq!(a.opt_bool("flag").unwrap_err().field, "flag");
-        assert_eq!(a.str("blank").unwrap_err().message, "must not be empty");
-        assert_eq!(a.opt_uint("limit", 1, 5).unwrap_err().field, "limit");
+        assert_eq!(err::<Two>(json!({"limit": "ten"})).field, "limit");
+        assert!(err::<Two>(json!({"view": "fancy"})).message.contains("not one of: raw, pruned"));
+        assert_eq!(err::<Two>(json!({"flag": "yes"})).field, "flag");
+        assert_eq!(err::<Two>(json!({"blank": "  "})).message, "must not be empty");
+        assert_eq!(err::<Two>(json!({"limit": 6})).field, "limit");
 
-        let m = obj(json!({"jobid": "x"}));
-        let e = ToolArgs::new(&m, &["job_id"]).err().unwrap();
+        let e = err::<Missing>(json!({"jobid": "x"}));
         assert_eq!(e.field, "jobid");
         assert!(e.message.contains("job_id"));
 
-        let m = obj(json!({"text": "a\u{0}b", "n": -1, "f": 2.5}));
-        let a = ToolArgs::new(&m, &["text", "n", "f"]).unwrap();
-        assert!(a.opt_str("text").unwrap_err().message.contains("NUL"));
-        assert!(a.opt_uint("n", 0, 9).is_err());
-        assert!(a.opt_uint("f", 0, 9).is_err());
-        let big = obj(json!({"spec": "x".repeat(MAX_TEXT + 1)}));
-        assert!(ToolArgs::new(&big, &["spec"]).unwrap().opt_str("spec").unwrap_err().message.contains("more than"));
+        assert!(err::<Three>(json!({"text": "a\u{0}b"})).message.contains("NUL"));
+        assert_eq!(err::<Three>(json!({"n": -1})).field, "n");
+        assert_eq!(err::<Three>(json!({"f": 2.5})).field, "f");
+        assert!(err::<Three>(json!({"spec": "x".repeat(MAX_TEXT + 1)})).message.contains("more than"));
     }
 
     #[test]

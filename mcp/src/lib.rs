@@ -17,6 +17,7 @@
 
 pub mod args;
 pub mod backend;
+mod catalog;
 mod error;
 
 use std::net::SocketAddr;
@@ -41,7 +42,10 @@ pub use args::{ArgError, Template, Templates};
 pub use backend::{AppJobs, EventView, JobView, Jobs, SessionView, answer_request};
 pub use flower_coordinator::app::AppError;
 
-use args::ToolArgs;
+use catalog::{
+    AnswerArgs, ArtifactArgs, CancelArgs, InterruptArgs, JobArgs, SearchArgs, SubmitArgs, ToolDef, TranscriptArgs,
+    View, WatchArgs, catalog,
+};
 
 /// The ranking tool's name.
 pub const SEARCH_TOOL: &str = "search_tool_bm25";
@@ -53,157 +57,6 @@ pub const PAGE_DEFAULT: u64 = 50;
 pub const PAGE_MAX: u64 = 200;
 /// The largest artifact `get_artifact` returns (larger: `flower artifacts JOB get PATH`).
 pub const MAX_ARTIFACT: usize = 16 << 20;
-
-/// One tool of the catalog.
-struct ToolDef {
-    name: &'static str,
-    description: String,
-    schema: Value,
-}
-
-fn job_id_param() -> Value {
-    json!({"type": "string", "description": "The job's id, as submit_job returned it (the embedded store also takes a unique prefix)."})
-}
-
-/// The catalog, in the order `tools/list` gives it.
-fn catalog(templates: &Templates) -> Vec<ToolDef> {
-    let template_names: Vec<&str> = templates.keys().map(String::as_str).collect();
-    let template_text = if templates.is_empty() {
-        "No templates are configured on this server (the operator adds them with --template NAME=PATH): give a full spec.".to_string()
-    } else {
-        format!(
-            "Templates on this server: {}.",
-            templates.values().map(|t| format!("`{}` ({})", t.name, t.summary)).collect::<Vec<_>>().join(", ")
-        )
-    };
-    let mut template_param = json!({"type": "string", "description": "A template's name: the operator's job spec, with `goal` in place of its own."});
-    if !template_names.is_empty() {
-        template_param["enum"] = json!(template_names);
-    }
-    vec![
-        ToolDef {
-            name: "submit_job",
-            description: format!(
-                "Hand a long job to flower: a coordinator agent delegates it to worker agents, which run real tools on real files; this returns at once with the job's id. Give either a full job spec (YAML or JSON text: name, goal, coordinator, workers, …) or a `goal` with a named `template`. {template_text} Follow the job with watch_job, then read its answer with job_status and its files with list_artifacts/get_artifact. A bad spec is refused naming the field."
-            ),
-            schema: json!({
-                "type": "object",
-                "properties": {
-                    "spec": {"type": "string", "description": "A full job spec as YAML or JSON text (relative scenario/workspace paths resolve against the server's working directory)."},
-                    "template": template_param,
-                    "goal": {"type": "string", "description": "What the job must achieve, in words (with template; replaces the template's goal)."},
-                    "name": {"type": "string", "description": "A short name for the job (default: the spec's or template's)."}
-                }
-            }),
-        },
-        ToolDef {
-            name: "job_status",
-            description: "A job's state now (queued, running, waiting_for_user, succeeded, failed, cancelled), its reason, final answer and token usage; when it waits for its user, the question to answer with answer_question.".into(),
-            schema: json!({"type": "object", "properties": {"job_id": job_id_param()}, "required": ["job_id"]}),
-        },
-        ToolDef {
-            name: "watch_job",
-            description: format!(
-                "Follow a job until it ends, asks its user a question, or the timeout passes, then return its status (as job_status does). Sends MCP progress notifications (one per job event: tasks queued and finished, turns, questions) when the request carries a progressToken. Call it again to keep following a long job. Default timeout {WATCH_DEFAULT_SECS} s, at most {WATCH_MAX_SECS} s."
-            ),
-            schema: json!({
-                "type": "object",
-                "properties": {
-                    "job_id": job_id_param(),
-                    "timeout_seconds": {"type": "integer", "minimum": 1, "maximum": WATCH_MAX_SECS, "description": "The longest to wait, in seconds."}
-                },
-                "required": ["job_id"]
-            }),
-        },
-        ToolDef {
-            name: "get_transcript",
-            description: format!(
-                "Read a job's transcript, one page at a time: by default the coordinator's main thread, or a named session (a worker's, a judge's). `raw` is every stored entry; `pruned` is what a resumed session would be fed (expired glances, dropped denials), with what each rule changed. Lists the job's sessions too. At most {PAGE_MAX} entries a page; pass `after` = the previous page's next_after."
-            ),
-            schema: json!({
-                "type": "object",
-                "properties": {
-                    "job_id": job_id_param(),
-                    "session": {"type": "string", "description": "A session's id, unique id prefix, or label (e.g. a worker's name); default: the coordinator's main thread."},
-                    "view": {"type": "string", "enum": ["raw", "pruned"], "description": "raw (default) or pruned."},
-                    "after": {"type": "integer", "minimum": 0, "description": "Start after this position (next_after of the previous page; default 0)."},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX, "description": "Entries on the page (default 50)."}
-                },
-                "required": ["job_id"]
-            }),
-        },
-        ToolDef {
-            name: "list_artifacts",
-            description: "List the files a job's workers wrote under its workbench's artifacts/ folder (reports, tables, outputs), with their sizes; get_artifact returns one.".into(),
-            schema: json!({"type": "object", "properties": {"job_id": job_id_param()}, "required": ["job_id"]}),
-        },
-        ToolDef {
-            name: "get_artifact",
-            description: format!(
-                "Download one file from a job's workbench artifacts/ folder: text comes back as text, binary as an embedded resource (base64). The path is relative to artifacts/ (or starts with artifacts/); paths leaving it are refused. At most {} MiB.",
-                MAX_ARTIFACT >> 20
-            ),
-            schema: json!({
-                "type": "object",
-                "properties": {
-                    "job_id": job_id_param(),
-                    "path": {"type": "string", "description": "The file, e.g. sizes.md or artifacts/sizes.md."}
-                },
-                "required": ["job_id", "path"]
-            }),
-        },
-        ToolDef {
-            name: "cancel_job",
-            description: "Cancel a running job: its tasks stop and it ends cancelled, with the reason. A job that already ended is refused.".into(),
-            schema: json!({
-                "type": "object",
-                "properties": {
-                    "job_id": job_id_param(),
-                    "reason": {"type": "string", "description": "Why (recorded as the job's reason)."}
-                },
-                "required": ["job_id"]
-            }),
-        },
-        ToolDef {
-            name: "interrupt_job",
-            description: "Send a message to a running job's coordinator (new information, a change of plan): it is delivered at once, and the coordinator adjusts and goes on without starting over.".into(),
-            schema: json!({
-                "type": "object",
-                "properties": {
-                    "job_id": job_id_param(),
-                    "message": {"type": "string", "description": "The message for the coordinator."}
-                },
-                "required": ["job_id", "message"]
-            }),
-        },
-        ToolDef {
-            name: "answer_question",
-            description: "Answer the question a job asked its user (the job waits in waiting_for_user; job_status and watch_job show the question and its options). Give words in `text`, or choose an option by its number in `option`.".into(),
-            schema: json!({
-                "type": "object",
-                "properties": {
-                    "job_id": job_id_param(),
-                    "text": {"type": "string", "description": "The answer in words."},
-                    "option": {"type": "integer", "minimum": 1, "description": "The chosen option's number (from 1)."},
-                    "question_id": {"type": "string", "description": "The question's id (default: the one waiting)."}
-                },
-                "required": ["job_id"]
-            }),
-        },
-        ToolDef {
-            name: SEARCH_TOOL,
-            description: "Search this server's tools by what they do (BM25 over names, descriptions and parameter names) and get the best matches' names and descriptions. Every tool's schema is already in tools/list: this loads nothing, it only ranks.".into(),
-            schema: json!({
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": "What you want to do, in a few words (e.g. \"download a file the job wrote\")."},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": 10, "description": "Most matches to return (default 5)."}
-                },
-                "required": ["query"]
-            }),
-        },
-    ]
-}
 
 /// The server: a backend, the operator's templates, the catalog and its index.
 #[derive(Clone)]
@@ -304,14 +157,14 @@ impl FlowerMcp {
     }
 
     async fn submit(&self, m: &serde_json::Map<String, Value>) -> Outcome {
-        let a = ToolArgs::new(m, &["spec", "template", "goal", "name"])?;
-        let name = a.opt_str("name")?;
+        let a: SubmitArgs = args::parse(m)?;
+        let name = a.name.as_deref();
         if let Some(n) = name
             && (n.trim().is_empty() || n.len() > 200)
         {
             return Err(ArgError::new("name", "1 to 200 characters").into());
         }
-        let spec = match (a.opt_str("spec")?, a.opt_str("template")?) {
+        let spec = match (a.spec.as_deref(), a.template.as_deref()) {
             (Some(_), Some(_)) => {
                 return Err(ArgError::new("template", "give either spec or template, not both").into());
             }
@@ -319,7 +172,7 @@ impl FlowerMcp {
                 return Err(ArgError::new("spec", "missing: give a full spec, or a goal with a template").into());
             }
             (Some(text), None) => {
-                if a.opt_str("goal")?.is_some() {
+                if a.goal.is_some() {
                     return Err(ArgError::new("goal", "only with template (a full spec carries its own goal)").into());
                 }
                 let mut spec = args::spec_from_text(text, &self.inner.base)
@@ -340,7 +193,11 @@ impl FlowerMcp {
                         ArgError::new("template", format!("no template `{}`; {known}", args::cut(t, 64))).into()
                     );
                 };
-                let goal = a.str("goal")?;
+                let goal = match a.goal.as_deref() {
+                    Some(g) if !g.trim().is_empty() => g,
+                    Some(_) => return Err(ArgError::new("goal", "must not be empty").into()),
+                    None => return Err(ArgError::new("goal", "missing (required)").into()),
+                };
                 template.with_goal(goal, name).map_err(|e| Fail(format!("invalid argument: template {t}: {e}")))?
             }
         };
@@ -381,15 +238,14 @@ impl FlowerMcp {
     }
 
     async fn status(&self, m: &serde_json::Map<String, Value>) -> Outcome {
-        let a = ToolArgs::new(m, &["job_id"])?;
-        json_result(self.status_value(a.str("job_id")?).await?)
+        let a: JobArgs = args::parse(m)?;
+        json_result(self.status_value(&a.job_id).await?)
     }
 
     async fn watch(&self, m: &serde_json::Map<String, Value>, ctx: Option<&RequestContext<RoleServer>>) -> Outcome {
-        let a = ToolArgs::new(m, &["job_id", "timeout_seconds"])?;
-        let job = a.str("job_id")?;
-        let timeout = a.opt_uint("timeout_seconds", 1, WATCH_MAX_SECS)?.unwrap_or(WATCH_DEFAULT_SECS);
-        let id = self.inner.jobs.job(job).await?.job_id;
+        let a: WatchArgs = args::parse(m)?;
+        let timeout = a.timeout_seconds.unwrap_or(WATCH_DEFAULT_SECS);
+        let id = self.inner.jobs.job(&a.job_id).await?.job_id;
         let token = ctx.and_then(|c| c.meta.get_progress_token());
         let stop = ctx.map(|c| c.ct.clone()).unwrap_or_default();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
@@ -440,13 +296,15 @@ impl FlowerMcp {
     }
 
     async fn transcript(&self, m: &serde_json::Map<String, Value>) -> Outcome {
-        let a = ToolArgs::new(m, &["job_id", "session", "view", "after", "limit"])?;
-        let job = a.str("job_id")?;
-        let view = a.opt_choice("view", &["raw", "pruned"])?.unwrap_or("raw");
-        let after = a.opt_uint("after", 0, i64::MAX as u64)?.unwrap_or(0);
-        let limit = a.opt_uint("limit", 1, PAGE_MAX)?.unwrap_or(PAGE_DEFAULT);
-        let want = a.opt_str("session")?;
-        let id = self.inner.jobs.job(job).await?.job_id;
+        let a: TranscriptArgs = args::parse(m)?;
+        let view = a.view.unwrap_or_default();
+        let after = a.after.unwrap_or(0);
+        if i64::try_from(after).is_err() {
+            return Err(ArgError::new("after", format!("{after} is out of range (0 to {})", i64::MAX)).into());
+        }
+        let limit = a.limit.unwrap_or(PAGE_DEFAULT);
+        let want = a.session.as_deref();
+        let id = self.inner.jobs.job(&a.job_id).await?.job_id;
         let sessions = self.inner.jobs.sessions(&id).await?;
         let session = match want {
             Some(w) => {
@@ -456,7 +314,7 @@ impl FlowerMcp {
                 .ok_or_else(|| Fail(format!("job {id} has no coordinator session yet (it has not started)")))?,
         }
         .clone();
-        let (entries, next, more, changes) = if view == "raw" {
+        let (entries, next, more, changes) = if view == View::Raw {
             let entries = self.inner.jobs.entries(&id, &session.session_id, after as i64, limit as u32).await?;
             let next = entries.last().map_or(after as i64, |e| e.seq);
             let more = entries.len() as u64 == limit;
@@ -481,22 +339,21 @@ impl FlowerMcp {
         let mut v = json!({
             "job_id": id,
             "session": session,
-            "view": view,
+            "view": view.as_str(),
             "entries": entries,
             "next_after": next,
             "more": more,
             "sessions": sessions,
         });
-        if view == "pruned" {
+        if view == View::Pruned {
             v["pruning_changes"] = changes;
         }
         json_result(v)
     }
 
     async fn list_artifacts(&self, m: &serde_json::Map<String, Value>) -> Outcome {
-        let a = ToolArgs::new(m, &["job_id"])?;
-        let job = a.str("job_id")?;
-        let id = self.inner.jobs.job(job).await?.job_id;
+        let a: JobArgs = args::parse(m)?;
+        let id = self.inner.jobs.job(&a.job_id).await?.job_id;
         let files: Vec<Value> = self
             .inner
             .jobs
@@ -510,10 +367,9 @@ impl FlowerMcp {
     }
 
     async fn get_artifact(&self, m: &serde_json::Map<String, Value>) -> Outcome {
-        let a = ToolArgs::new(m, &["job_id", "path"])?;
-        let job = a.str("job_id")?;
-        let path = args::artifact_path(a.opt_str("path")?.unwrap_or_default())?;
-        let id = self.inner.jobs.job(job).await?.job_id;
+        let a: ArtifactArgs = args::parse(m)?;
+        let path = args::artifact_path(&a.path)?;
+        let id = self.inner.jobs.job(&a.job_id).await?.job_id;
         let bytes = self.inner.jobs.file(&id, &path).await?;
         if bytes.len() > MAX_ARTIFACT {
             return Err(Fail(format!(
@@ -535,45 +391,38 @@ impl FlowerMcp {
     }
 
     async fn cancel(&self, m: &serde_json::Map<String, Value>) -> Outcome {
-        let a = ToolArgs::new(m, &["job_id", "reason"])?;
-        let job = a.str("job_id")?;
-        let reason = a.opt_str("reason")?.unwrap_or_default();
-        if reason.len() > 4096 {
-            return Err(ArgError::new("reason", "at most 4,096 bytes").into());
-        }
-        let reason = if reason.trim().is_empty() { "cancelled by the MCP client" } else { reason };
-        let j = self.inner.jobs.cancel(job, reason).await?;
+        let a: CancelArgs = args::parse(m)?;
+        // The length of a reason is the application layer's to check.
+        let reason = a.reason.as_deref().filter(|r| !r.trim().is_empty()).unwrap_or("cancelled by the MCP client");
+        let j = self.inner.jobs.cancel(&a.job_id, reason).await?;
         json_result(serde_json::to_value(j).unwrap_or_default())
     }
 
     async fn interrupt(&self, m: &serde_json::Map<String, Value>) -> Outcome {
-        let a = ToolArgs::new(m, &["job_id", "message"])?;
-        let job = a.str("job_id")?;
-        let message = a.str("message")?;
-        let j = self.inner.jobs.interrupt(job, message).await?;
+        let a: InterruptArgs = args::parse(m)?;
+        let j = self.inner.jobs.interrupt(&a.job_id, &a.message).await?;
         json_result(json!({"job_id": j.job_id, "state": j.state, "delivered": true}))
     }
 
     async fn answer(&self, m: &serde_json::Map<String, Value>) -> Outcome {
-        let a = ToolArgs::new(m, &["job_id", "text", "option", "question_id"])?;
-        let job = a.str("job_id")?;
-        let reply = match (a.opt_str("text")?, a.opt_uint("option", 1, 64)?) {
+        let a: AnswerArgs = args::parse(m)?;
+        // Words or an option, as the application layer takes them; it checks
+        // the words and that the option is one of the question's.
+        let reply = match (a.text, a.option) {
             (Some(_), Some(_)) => return Err(ArgError::new("option", "give either text or option, not both").into()),
-            (None, Some(n)) => Reply::Option(n as u32),
-            (Some(t), None) if !t.trim().is_empty() => Reply::Text(t.to_string()),
+            (None, Some(n)) => Reply::Option(n),
+            (Some(t), None) if !t.trim().is_empty() => Reply::Text(t),
             _ => return Err(ArgError::new("text", "missing: give the answer in text, or an option's number").into()),
         };
-        let question = a.opt_str("question_id")?;
-        let j = self.inner.jobs.answer(job, question, reply).await?;
+        let j = self.inner.jobs.answer(&a.job_id, a.question_id.as_deref(), reply).await?;
         json_result(json!({"job_id": j.job_id, "state": j.state, "answered": true}))
     }
 
     fn search_tool(&self, m: &serde_json::Map<String, Value>) -> Outcome {
-        let a = ToolArgs::new(m, &["query", "limit"])?;
-        let query = a.str("query")?;
-        let limit = a.opt_uint("limit", 1, 10)?.unwrap_or(5);
+        let SearchArgs { query, limit } = args::parse(m)?;
+        let limit = limit.unwrap_or(5);
         let found: Vec<Value> = self
-            .search(query, limit as usize)
+            .search(&query, limit as usize)
             .into_iter()
             .map(|(name, description, score)| {
                 json!({"name": name, "description": description, "score": (score * 1000.0).round() / 1000.0})

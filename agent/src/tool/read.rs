@@ -1,8 +1,9 @@
 //! What every `Read` shares (the workers' on their task directory, the
-//! coordinator's on the workbench and workspace): its schema and how lines
-//! are numbered and cut.
+//! coordinator's on the workbench and workspace): its arguments (and so its
+//! schema) and how lines are numbered and cut.
 
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
 
 /// Lines returned when the call sets no `limit`.
 pub const DEFAULT_LIMIT: usize = 2000;
@@ -35,15 +36,49 @@ pub fn number_lines(text: &str, offset: usize, limit: usize) -> String {
     out
 }
 
-/// The input schema of every `Read` (workers' and the coordinator's).
-pub fn read_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "file_path": {"type": "string", "description": "The file to read"},
-            "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
-            "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to read"}
-        },
-        "required": ["file_path"]
-    })
+/// The arguments of every `Read` (workers' and the coordinator's).
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadArgs {
+    /// The file to read
+    pub file_path: String,
+    /// First line to read (1-based)
+    #[schemars(range(min = 1))]
+    pub offset: Option<u64>,
+    /// Number of lines to read
+    #[schemars(range(min = 1))]
+    pub limit: Option<u64>,
+}
+
+impl ReadArgs {
+    /// The first line to show (1-based; 0 is read as 1).
+    pub fn first_line(&self) -> usize {
+        self.offset.unwrap_or(1).max(1) as usize
+    }
+
+    /// How many lines to show ([`DEFAULT_LIMIT`] when not given).
+    pub fn lines(&self) -> usize {
+        self.limit.map_or(DEFAULT_LIMIT, |l| l as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            crate::tool::schema_of::<ReadArgs>(),
+            json!({
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string", "description": "The file to read"},
+                    "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
+                    "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to read"}
+                },
+                "required": ["file_path"]
+            })
+        );
+    }
 }

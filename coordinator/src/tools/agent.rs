@@ -5,12 +5,34 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use flower_agent::tool::str_field;
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
 use flower_model::{JobSpec, Task, TaskState};
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
 
 use crate::dispatch::{Delegation, DispatchError, Dispatcher};
+
+/// The arguments of `Agent`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct AgentArgs {
+    /// The worker to delegate to
+    subagent_type: String,
+    /// A short (3-5 words) description of the task
+    #[schemars(required)]
+    description: Option<String>,
+    /// The task for the worker
+    prompt: String,
+}
+
+/// The schema of `Agent`: its arguments', with the job's workers as the
+/// values `subagent_type` takes.
+fn agent_schema(workers: &[&str]) -> Value {
+    let mut schema = schema_of::<AgentArgs>();
+    schema["properties"]["subagent_type"]["enum"] = workers.into();
+    schema
+}
 
 pub struct AgentTool {
     dispatcher: Arc<Dispatcher>,
@@ -53,15 +75,7 @@ impl Tool for AgentTool {
     }
     fn input_schema(&self) -> Value {
         let names: Vec<&str> = self.workers.iter().map(|(n, _)| n.as_str()).collect();
-        json!({
-            "type": "object",
-            "properties": {
-                "subagent_type": {"type": "string", "enum": names, "description": "The worker to delegate to"},
-                "description": {"type": "string", "description": "A short (3-5 words) description of the task"},
-                "prompt": {"type": "string", "description": "The task for the worker"}
-            },
-            "required": ["subagent_type", "description", "prompt"]
-        })
+        agent_schema(&names)
     }
     fn concurrency_safe(&self) -> bool {
         true
@@ -70,8 +84,8 @@ impl Tool for AgentTool {
         true
     }
     fn row_for_call(&self, input: &Value, ctx: &ToolContext) -> Option<Task> {
-        let (worker, prompt, description) = self.checked(input).ok()?;
-        let task = Task::queued(ctx.job_id, ctx.session_id, &ctx.tool_use_id, worker, description, prompt);
+        let a = self.checked(input.clone()).ok()?;
+        let task = Task::queued(ctx.job_id, ctx.session_id, &ctx.tool_use_id, &a.worker, &a.description, &a.prompt);
         self.dispatcher.row_pending(&task);
         Some(task)
     }
@@ -86,14 +100,15 @@ impl Tool for AgentTool {
         }
     }
     async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let (worker, prompt, description) = self.checked(&input)?;
+        let a = self.checked(input)?;
+        let worker = a.worker.as_str();
         let d = Delegation {
             job: ctx.job_id,
             session: ctx.session_id,
             tool_use_id: &ctx.tool_use_id,
             worker,
-            description,
-            mandate: prompt,
+            description: &a.description,
+            mandate: &a.prompt,
             shape: self.shapes.get(worker).cloned(),
         };
         let fatal = |e: DispatchError| ToolError::from(e);
@@ -118,11 +133,9 @@ impl Tool for AgentTool {
 
 impl AgentTool {
     /// The call's worker, prompt and description, or what is wrong with it.
-    fn checked<'a>(&self, input: &'a Value) -> Result<(&'a str, &'a str, &'a str), ToolError> {
-        let worker = str_field(input, "subagent_type")?;
-        let prompt = str_field(input, "prompt")?;
-        let description = input.get("description").and_then(Value::as_str).unwrap_or_default();
-        if !self.workers.iter().any(|(n, _)| n == worker) {
+    fn checked(&self, input: Value) -> Result<Checked, ToolError> {
+        let AgentArgs { subagent_type: worker, description, prompt } = args(input)?;
+        if !self.workers.iter().any(|(n, _)| *n == worker) {
             let names: Vec<&str> = self.workers.iter().map(|(n, _)| n.as_str()).collect();
             return Err(ToolError::RespondToModel(format!(
                 "no worker named `{worker}`; this job's workers are: {}",
@@ -132,6 +145,36 @@ impl AgentTool {
         if prompt.trim().is_empty() {
             return Err(ToolError::RespondToModel("`prompt` is empty: say what the worker should do".into()));
         }
-        Ok((worker, prompt, description))
+        Ok(Checked { worker, prompt, description: description.unwrap_or_default() })
+    }
+}
+
+/// A delegation as checked: a worker of the job, and a prompt that says something.
+struct Checked {
+    worker: String,
+    prompt: String,
+    description: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        let names = vec!["scribe", "counter"];
+        assert_eq!(
+            agent_schema(&names),
+            json!({
+                "type": "object",
+                "properties": {
+                    "subagent_type": {"type": "string", "enum": names, "description": "The worker to delegate to"},
+                    "description": {"type": "string", "description": "A short (3-5 words) description of the task"},
+                    "prompt": {"type": "string", "description": "The task for the worker"}
+                },
+                "required": ["subagent_type", "description", "prompt"]
+            })
+        );
     }
 }

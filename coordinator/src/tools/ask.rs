@@ -12,12 +12,14 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flower_agent::tool::FatalCause;
+use flower_agent::tool::{FatalCause, args, schema_of};
 use flower_agent::{Inbox, Journal, Tool, ToolContext, ToolError, ToolOutput};
 use flower_model::spec::AskOptions;
 use flower_model::{EventKind, JobId, JobState, now_ms};
 use flower_store::{Batch, StoreError};
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
 
 /// An answer is looked for at least this often without a wake-up (wake-ups
 /// are hints: an answer written by another process is seen within this).
@@ -146,6 +148,16 @@ impl Asker {
     }
 }
 
+/// The arguments of `ask`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct AskArgs {
+    /// The question, self-contained
+    question: String,
+    /// The answers to choose from, when known (the user may still answer in words)
+    #[schemars(length(max = MAX_OPTIONS))]
+    options: Option<Vec<String>>,
+}
+
 pub struct AskTool {
     asker: Asker,
 }
@@ -223,19 +235,7 @@ impl Tool for AskTool {
     }
 
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "question": {"type": "string", "description": "The question, self-contained"},
-                "options": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "maxItems": MAX_OPTIONS,
-                    "description": "The answers to choose from, when known (the user may still answer in words)"
-                }
-            },
-            "required": ["question"]
-        })
+        schema_of::<AskArgs>()
     }
 
     /// A resumed run makes the call again: it finds its question by the call's id.
@@ -286,22 +286,18 @@ fn logged(answer: &str, option: Option<u32>, by: &str) -> String {
 /// The call's question and options, or what is wrong with them (the model fixes it).
 fn parse(input: &Value) -> Result<(String, Vec<String>), ToolError> {
     let bad = |m: &str| ToolError::RespondToModel(m.to_string());
-    let question = input["question"].as_str().map(str::trim).unwrap_or_default();
+    let a: AskArgs = args(input.clone())?;
+    let question = a.question.trim();
     if question.is_empty() {
         return Err(bad("`question` is required: the question to ask the user"));
     }
     if question.chars().count() > MAX_QUESTION_CHARS {
         return Err(bad(&format!("`question` is over {MAX_QUESTION_CHARS} characters: ask something shorter")));
     }
-    let options: Vec<String> = match &input["options"] {
-        Value::Null => Vec::new(),
-        Value::Array(items) => items
-            .iter()
-            .map(|v| v.as_str().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad("`options` must be non-empty strings"))?,
-        _ => return Err(bad("`options` must be an array of strings")),
-    };
+    let options: Vec<String> = a.options.unwrap_or_default().iter().map(|o| o.trim().to_string()).collect();
+    if options.iter().any(String::is_empty) {
+        return Err(bad("`options` must be non-empty strings"));
+    }
     if options.len() > MAX_OPTIONS {
         return Err(bad(&format!("at most {MAX_OPTIONS} `options`")));
     }
@@ -409,6 +405,28 @@ async fn answered_or_unknown(store: &dyn flower_store::Store, job: JobId, id: &s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            schema_of::<AskArgs>(),
+            json!({
+                "type": "object",
+                "properties": {
+                    "question": {"type": "string", "description": "The question, self-contained"},
+                    "options": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "maxItems": MAX_OPTIONS,
+                        "description": "The answers to choose from, when known (the user may still answer in words)"
+                    }
+                },
+                "required": ["question"]
+            })
+        );
+    }
 
     #[test]
     fn questions_and_options_are_checked() {

@@ -7,13 +7,24 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use flower_agent::glance::is_ephemeral;
-use flower_agent::tool::str_field;
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
 use flower_model::TaskState;
 use flower_model::job::COMMAND_TASK;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
 
 use crate::dispatch::{Delegation, DispatchError, Dispatcher};
+
+/// The arguments of the coordinator's `Bash` (a field's doc comment would
+/// be its description in the schema: these have none).
+#[derive(Debug, Deserialize, JsonSchema)]
+struct CommandArgs {
+    command: String,
+    #[allow(dead_code, reason = "asked of the model for its own sake; the command is what runs")]
+    description: Option<String>,
+}
 
 pub struct CommandTool {
     dispatcher: Arc<Dispatcher>,
@@ -41,11 +52,7 @@ impl Tool for CommandTool {
         }
     }
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
-            "required": ["command"]
-        })
+        schema_of::<CommandArgs>()
     }
     fn concurrency_safe(&self) -> bool {
         true
@@ -54,14 +61,14 @@ impl Tool for CommandTool {
         true
     }
     async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let command = str_field(&input, "command")?;
+        let CommandArgs { command, .. } = args(input)?;
         let d = Delegation {
             job: ctx.job_id,
             session: ctx.session_id,
             tool_use_id: &ctx.tool_use_id,
             worker: COMMAND_TASK,
             description: "command",
-            mandate: command,
+            mandate: &command,
             shape: None,
         };
         let fatal = |e: DispatchError| ToolError::from(e);
@@ -73,7 +80,25 @@ impl Tool for CommandTool {
             TaskState::Succeeded => ToolOutput::text(task.report.clone().unwrap_or_default()),
             _ => ToolOutput::error(task.error.clone().unwrap_or_else(|| "the command did not run".into())),
         };
-        out.markers.ephemeral = Some(is_ephemeral(command).allowed);
+        out.markers.ephemeral = Some(is_ephemeral(&command).allowed);
         Ok(ended.result(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            schema_of::<CommandArgs>(),
+            json!({
+                "type": "object",
+                "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+                "required": ["command"]
+            })
+        );
     }
 }

@@ -3,8 +3,8 @@
 //! its own; both are read from object storage.
 
 use async_trait::async_trait;
-use flower_agent::tool::read::{number_lines, read_schema};
-use flower_agent::tool::{str_field, uint_field};
+use flower_agent::tool::read::{ReadArgs, number_lines};
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
 use flower_store::workbench::{MOUNT, is_user_only};
 use flower_store::workspace::Workspace;
@@ -33,15 +33,15 @@ impl Tool for CoordinatorRead {
             .into()
     }
     fn input_schema(&self) -> Value {
-        read_schema()
+        schema_of::<ReadArgs>()
     }
     fn concurrency_safe(&self) -> bool {
         true
     }
     async fn call(&self, input: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let given = str_field(&input, "file_path")?;
-        let offset = uint_field(&input, "offset")?.unwrap_or(1).max(1) as usize;
-        let limit = uint_field(&input, "limit")?.map_or(2000, |l| l as usize);
+        let a: ReadArgs = args(input)?;
+        let (offset, limit) = (a.first_line(), a.lines());
+        let given = a.file_path.as_str();
         let path = given.trim_start_matches("./");
         let got = match path.strip_prefix(MOUNT).and_then(|p| p.strip_prefix('/')) {
             Some(rel) if is_user_only(rel) => {

@@ -2,8 +2,38 @@
 //! input is the list).
 
 use async_trait::async_trait;
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The arguments of `TodoWrite` (a field's doc comment would be its
+/// description in the schema: these have none).
+#[derive(Debug, Deserialize, JsonSchema)]
+struct TodoArgs {
+    todos: Vec<Todo>,
+}
+
+// One item of the list (no doc comment: it would be sent as the items'
+// description).
+#[derive(Debug, Deserialize, JsonSchema)]
+struct Todo {
+    content: String,
+    status: Status,
+    #[serde(rename = "activeForm")]
+    #[allow(dead_code, reason = "the list lives in the call's input; only the counts are read")]
+    active_form: Option<String>,
+}
+
+// Where an item stands (no doc comment, as above).
+#[derive(Clone, Copy, Debug, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum Status {
+    Pending,
+    InProgress,
+    Completed,
+}
 
 pub struct TodoTool;
 
@@ -18,52 +48,59 @@ impl Tool for TodoTool {
             .into()
     }
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "todos": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "content": {"type": "string"},
-                            "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]},
-                            "activeForm": {"type": "string"}
-                        },
-                        "required": ["content", "status"]
-                    }
-                }
-            },
-            "required": ["todos"]
-        })
+        schema_of::<TodoArgs>()
     }
     fn concurrency_safe(&self) -> bool {
         true
     }
     async fn call(&self, input: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let todos = input
-            .get("todos")
-            .and_then(Value::as_array)
-            .ok_or_else(|| ToolError::RespondToModel("`todos` must be a list".into()))?;
+        let TodoArgs { todos } = args(input)?;
         let mut counts = [0usize; 3];
         for (i, t) in todos.iter().enumerate() {
-            if t.get("content").and_then(Value::as_str).is_none_or(|c| c.trim().is_empty()) {
+            if t.content.trim().is_empty() {
                 return Err(ToolError::RespondToModel(format!("todos[{i}].content is missing")));
             }
-            match t.get("status").and_then(Value::as_str) {
-                Some("pending") => counts[0] += 1,
-                Some("in_progress") => counts[1] += 1,
-                Some("completed") => counts[2] += 1,
-                other => {
-                    return Err(ToolError::RespondToModel(format!(
-                        "todos[{i}].status is {other:?}; use pending, in_progress or completed"
-                    )));
-                }
-            }
+            let at = match t.status {
+                Status::Pending => 0,
+                Status::InProgress => 1,
+                Status::Completed => 2,
+            };
+            counts[at] += 1;
         }
         Ok(ToolOutput::text(format!(
             "todo list updated: {} pending, {} in progress, {} completed",
             counts[0], counts[1], counts[2]
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            schema_of::<TodoArgs>(),
+            json!({
+                "type": "object",
+                "properties": {
+                    "todos": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "content": {"type": "string"},
+                                "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]},
+                                "activeForm": {"type": "string"}
+                            },
+                            "required": ["content", "status"]
+                        }
+                    }
+                },
+                "required": ["todos"]
+            })
+        );
     }
 }

@@ -10,11 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flower_agent::tool::{str_field, uint_field};
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
@@ -28,6 +30,19 @@ use crate::tools::ToolLimits;
 const PASS_THROUGH: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
 /// Longest timeout a call may ask for.
 const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The arguments of `Bash`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct BashArgs {
+    /// The command line
+    command: String,
+    /// Milliseconds
+    #[schemars(range(min = 1))]
+    timeout: Option<u64>,
+    /// What the command does, in a few words
+    #[allow(dead_code, reason = "asked of the model for its own sake; the command is what runs")]
+    description: Option<String>,
+}
 
 pub struct BashTool {
     sandbox: Sandbox,
@@ -263,20 +278,11 @@ impl Tool for BashTool {
         )
     }
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "command": {"type": "string", "description": "The command line"},
-                "timeout": {"type": "integer", "minimum": 1, "description": "Milliseconds"},
-                "description": {"type": "string", "description": "What the command does, in a few words"}
-            },
-            "required": ["command"]
-        })
+        schema_of::<BashArgs>()
     }
     async fn call(&self, input: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let command = str_field(&input, "command")?.to_string();
-        let timeout =
-            uint_field(&input, "timeout")?.map_or(self.limits.bash_timeout, Duration::from_millis).min(MAX_TIMEOUT);
+        let BashArgs { command, timeout, .. } = args(input)?;
+        let timeout = timeout.map_or(self.limits.bash_timeout, Duration::from_millis).min(MAX_TIMEOUT);
         let root = self.sandbox.root().to_path_buf();
         let Started { mut child, group, leaf } = self.start(&root, &command).await?;
         let before = group.as_ref().map(|g| g.counters()).unwrap_or_default();
@@ -295,5 +301,27 @@ impl Tool for BashTool {
         let mut out = ToolOutput { is_error, ..ToolOutput::text(text) };
         out.markers.ephemeral = Some(flower_agent::glance::is_ephemeral(&command).allowed);
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            schema_of::<BashArgs>(),
+            json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The command line"},
+                    "timeout": {"type": "integer", "minimum": 1, "description": "Milliseconds"},
+                    "description": {"type": "string", "description": "What the command does, in a few words"}
+                },
+                "required": ["command"]
+            })
+        );
     }
 }

@@ -1,12 +1,25 @@
 //! `Edit`: replace an exact string in a file beneath the working directory.
 
 use async_trait::async_trait;
-use flower_agent::tool::str_field;
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
 
 use crate::sandbox::Sandbox;
 use crate::tools::write::write_beneath;
+
+/// The arguments of `Edit` (a field's doc comment would be its description
+/// in the schema: these have none).
+#[derive(Debug, Deserialize, JsonSchema)]
+struct EditArgs {
+    file_path: String,
+    old_string: String,
+    new_string: String,
+    #[schemars(extend("default" = false))]
+    replace_all: Option<bool>,
+}
 
 pub struct EditTool {
     sandbox: Sandbox,
@@ -57,25 +70,11 @@ impl Tool for EditTool {
             .into()
     }
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "file_path": {"type": "string"},
-                "old_string": {"type": "string"},
-                "new_string": {"type": "string"},
-                "replace_all": {"type": "boolean", "default": false}
-            },
-            "required": ["file_path", "old_string", "new_string"]
-        })
+        schema_of::<EditArgs>()
     }
     async fn call(&self, input: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let given = str_field(&input, "file_path")?.to_string();
-        let old = str_field(&input, "old_string")?.to_string();
-        let new = str_field(&input, "new_string")?.to_string();
-        let which = match input.get("replace_all").and_then(Value::as_bool) {
-            Some(true) => Occurrences::All,
-            _ => Occurrences::One,
-        };
+        let EditArgs { file_path: given, old_string: old, new_string: new, replace_all } = args(input)?;
+        let which = if replace_all == Some(true) { Occurrences::All } else { Occurrences::One };
         let rel = self.sandbox.relative(&given)?;
         let sb = self.sandbox.clone();
         tokio::task::spawn_blocking(move || {
@@ -93,6 +92,24 @@ impl Tool for EditTool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            schema_of::<EditArgs>(),
+            json!({
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string"},
+                    "old_string": {"type": "string"},
+                    "new_string": {"type": "string"},
+                    "replace_all": {"type": "boolean", "default": false}
+                },
+                "required": ["file_path", "old_string", "new_string"]
+            })
+        );
+    }
 
     #[test]
     fn edits_must_be_unique_unless_replace_all() {

@@ -1,13 +1,23 @@
 //! `Glob`: files beneath a folder of the working directory matching a pattern.
 
 use async_trait::async_trait;
-use flower_agent::tool::str_field;
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
 
 use crate::sandbox::Sandbox;
 
 const MAX_RESULTS: usize = 1000;
+
+/// The arguments of `Glob`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct GlobArgs {
+    pattern: String,
+    /// Folder to search in (default: the working directory)
+    path: Option<String>,
+}
 
 pub struct GlobTool {
     sandbox: Sandbox,
@@ -58,21 +68,14 @@ impl Tool for GlobTool {
             .into()
     }
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "pattern": {"type": "string"},
-                "path": {"type": "string", "description": "Folder to search in (default: the working directory)"}
-            },
-            "required": ["pattern"]
-        })
+        schema_of::<GlobArgs>()
     }
     fn concurrency_safe(&self) -> bool {
         true
     }
     async fn call(&self, input: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let pattern = str_field(&input, "pattern")?.to_string();
-        let given = input.get("path").and_then(Value::as_str).unwrap_or(".").to_string();
+        let GlobArgs { pattern, path } = args(input)?;
+        let given = path.unwrap_or_else(|| ".".into());
         let start = self.sandbox.relative(&given)?;
         let glob = globset::GlobBuilder::new(&pattern)
             .literal_separator(true)
@@ -99,5 +102,26 @@ impl Tool for GlobTool {
         })
         .await
         .map_err(|e| ToolError::fatal(e.to_string()))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            schema_of::<GlobArgs>(),
+            json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string"},
+                    "path": {"type": "string", "description": "Folder to search in (default: the working directory)"}
+                },
+                "required": ["pattern"]
+            })
+        );
     }
 }

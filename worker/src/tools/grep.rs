@@ -2,17 +2,47 @@
 //! ripgrep's own libraries.
 
 use async_trait::async_trait;
-use flower_agent::tool::{str_field, uint_field};
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
 use grep_regex::RegexMatcherBuilder;
 use grep_searcher::sinks::UTF8;
 use grep_searcher::{BinaryDetection, SearcherBuilder};
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
 
 use crate::sandbox::Sandbox;
 use crate::tools::glob::walk;
 
 const DEFAULT_HEAD: usize = 500;
+
+/// The arguments of `Grep` (a field's doc comment would be its description
+/// in the schema: these have none).
+#[derive(Debug, Deserialize, JsonSchema)]
+struct GrepArgs {
+    pattern: String,
+    path: Option<String>,
+    glob: Option<String>,
+    output_mode: Option<OutputMode>,
+    #[serde(rename = "-i")]
+    caseless: Option<bool>,
+    #[schemars(range(min = 1))]
+    head_limit: Option<u64>,
+}
+
+// What a search returns (`files_with_matches` when not given); no doc
+// comment: it would be sent as the field's description.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum OutputMode {
+    // The files with a match.
+    #[default]
+    FilesWithMatches,
+    // The matching lines, with their numbers.
+    Content,
+    // How many lines of each file match.
+    Count,
+}
 
 pub struct GrepTool {
     sandbox: Sandbox,
@@ -36,32 +66,19 @@ impl Tool for GrepTool {
             .into()
     }
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "pattern": {"type": "string"},
-                "path": {"type": "string"},
-                "glob": {"type": "string"},
-                "output_mode": {"type": "string", "enum": ["files_with_matches", "content", "count"]},
-                "-i": {"type": "boolean"},
-                "head_limit": {"type": "integer", "minimum": 1}
-            },
-            "required": ["pattern"]
-        })
+        schema_of::<GrepArgs>()
     }
     fn concurrency_safe(&self) -> bool {
         true
     }
     async fn call(&self, input: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let pattern = str_field(&input, "pattern")?.to_string();
-        let given = input.get("path").and_then(Value::as_str).unwrap_or(".").to_string();
-        let mode = input.get("output_mode").and_then(Value::as_str).unwrap_or("files_with_matches").to_string();
-        if !matches!(mode.as_str(), "files_with_matches" | "content" | "count") {
-            return Err(ToolError::RespondToModel(format!("unknown output_mode `{mode}`")));
-        }
-        let head = uint_field(&input, "head_limit")?.map_or(DEFAULT_HEAD, |h| h as usize);
-        let caseless = input.get("-i").and_then(Value::as_bool).unwrap_or(false);
-        let filter = match input.get("glob").and_then(Value::as_str) {
+        let a: GrepArgs = args(input)?;
+        let pattern = a.pattern;
+        let given = a.path.unwrap_or_else(|| ".".into());
+        let mode = a.output_mode.unwrap_or_default();
+        let head = a.head_limit.map_or(DEFAULT_HEAD, |h| h as usize);
+        let caseless = a.caseless.unwrap_or(false);
+        let filter = match a.glob.as_deref() {
             Some(g) => Some(
                 globset::Glob::new(g)
                     .map_err(|e| ToolError::RespondToModel(format!("bad glob `{g}`: {e}")))?
@@ -102,10 +119,10 @@ impl Tool for GrepTool {
                 if result.is_err() || hits.is_empty() {
                     continue;
                 }
-                match mode.as_str() {
-                    "content" => lines.extend(hits.into_iter().map(|(n, l)| format!("{rel}:{n}:{l}"))),
-                    "count" => lines.push(format!("{rel}:{}", hits.len())),
-                    _ => lines.push(rel),
+                match mode {
+                    OutputMode::Content => lines.extend(hits.into_iter().map(|(n, l)| format!("{rel}:{n}:{l}"))),
+                    OutputMode::Count => lines.push(format!("{rel}:{}", hits.len())),
+                    OutputMode::FilesWithMatches => lines.push(rel),
                 }
                 if lines.len() >= head {
                     break;
@@ -124,5 +141,30 @@ impl Tool for GrepTool {
         })
         .await
         .map_err(|e| ToolError::fatal(e.to_string()))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            schema_of::<GrepArgs>(),
+            json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string"},
+                    "path": {"type": "string"},
+                    "glob": {"type": "string"},
+                    "output_mode": {"type": "string", "enum": ["files_with_matches", "content", "count"]},
+                    "-i": {"type": "boolean"},
+                    "head_limit": {"type": "integer", "minimum": 1}
+                },
+                "required": ["pattern"]
+            })
+        );
     }
 }

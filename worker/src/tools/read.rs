@@ -3,8 +3,8 @@
 use std::io::Read as _;
 
 use async_trait::async_trait;
-use flower_agent::tool::read::{DEFAULT_LIMIT, number_lines, read_schema};
-use flower_agent::tool::{str_field, uint_field};
+use flower_agent::tool::read::{ReadArgs, number_lines};
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
 use serde_json::Value;
 
@@ -34,15 +34,15 @@ impl Tool for ReadTool {
             .into()
     }
     fn input_schema(&self) -> Value {
-        read_schema()
+        schema_of::<ReadArgs>()
     }
     fn concurrency_safe(&self) -> bool {
         true
     }
     async fn call(&self, input: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let given = str_field(&input, "file_path")?.to_string();
-        let offset = uint_field(&input, "offset")?.unwrap_or(1).max(1) as usize;
-        let limit = uint_field(&input, "limit")?.map_or(DEFAULT_LIMIT, |l| l as usize);
+        let a: ReadArgs = args(input)?;
+        let (offset, limit) = (a.first_line(), a.lines());
+        let given = a.file_path;
         let rel = self.sandbox.relative(&given)?;
         let sb = self.sandbox.clone();
         tokio::task::spawn_blocking(move || {

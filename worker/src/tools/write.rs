@@ -3,11 +3,22 @@
 use std::io::Write as _;
 
 use async_trait::async_trait;
-use flower_agent::tool::str_field;
+use flower_agent::tool::{args, schema_of};
 use flower_agent::{Tool, ToolContext, ToolError, ToolOutput};
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
 
 use crate::sandbox::Sandbox;
+
+/// The arguments of `Write`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct WriteArgs {
+    /// Path relative to the working directory
+    file_path: String,
+    /// The whole new content
+    content: String,
+}
 
 pub struct WriteTool {
     sandbox: Sandbox,
@@ -49,18 +60,10 @@ impl Tool for WriteTool {
             .into()
     }
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "file_path": {"type": "string", "description": "Path relative to the working directory"},
-                "content": {"type": "string", "description": "The whole new content"}
-            },
-            "required": ["file_path", "content"]
-        })
+        schema_of::<WriteArgs>()
     }
     async fn call(&self, input: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let given = str_field(&input, "file_path")?.to_string();
-        let content = str_field(&input, "content")?.to_string();
+        let WriteArgs { file_path: given, content } = args(input)?;
         let rel = self.sandbox.relative(&given)?;
         let sb = self.sandbox.clone();
         tokio::task::spawn_blocking(move || {
@@ -69,5 +72,26 @@ impl Tool for WriteTool {
         })
         .await
         .map_err(|e| ToolError::fatal(e.to_string()))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_derived_schema_is_unchanged() {
+        assert_eq!(
+            schema_of::<WriteArgs>(),
+            json!({
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string", "description": "Path relative to the working directory"},
+                    "content": {"type": "string", "description": "The whole new content"}
+                },
+                "required": ["file_path", "content"]
+            })
+        );
     }
 }
