@@ -130,9 +130,16 @@ pub async fn page(_: Signed, State(c): State<Console>, Query(q): Query<ListQuery
     Ok(layout::respond(StatusCode::OK, layout::document("Jobs", body)))
 }
 
-/// The address of page `page` of the list under `q`'s filters.
+/// The address of page `page` of the list under `q`'s filters (each value
+/// form-encoded: a name may hold `&`, `#` or `+`).
 fn link(q: &ListQuery, page: usize) -> String {
-    format!("/?state={}&name={}&hours={}&page={page}", q.state, q.name, q.hours)
+    let query = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("state", &q.state)
+        .append_pair("name", &q.name)
+        .append_pair("hours", &q.hours.to_string())
+        .append_pair("page", &page.to_string())
+        .finish();
+    format!("/?{query}")
 }
 
 /// The filter form, showing `q`'s choices.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use flower_model::Role;
 use maud::{Markup, display, html};
 
-use super::{human_ms, money, pct, state_badge};
+use super::{human_ms, money, path_in_url, pct, state_badge};
 use crate::routes::job::JobView;
 use crate::routes::jobs::job_line;
 
@@ -244,9 +244,10 @@ pub fn files(v: &JobView) -> Markup {
             h2 id="wb-h" { "Workbench" }
             ul class="files" {
                 @for (p, size) in &v.files {
+                    @let at = path_in_url(p);
                     li {
-                        a href={ "/jobs/" (job) "/files/" (p) } { (p) } " " span class="sub" { (size) " B" } " "
-                        a href={ "/jobs/" (job) "/files/" (p) "?download=1" } aria-label={ "download " (p) } {
+                        a href={ "/jobs/" (job) "/files/" (at) } { (p) } " " span class="sub" { (size) " B" } " "
+                        a href={ "/jobs/" (job) "/files/" (at) "?download=1" } aria-label={ "download " (p) } {
                             "download"
                         }
                     }

@@ -10,7 +10,7 @@
 //! - `tree`: the task tree
 //! - `charts`: the timeline (waterfall) and the context meter, as SVG
 //! - here: the small formats every page uses (durations, shares, money,
-//!   the state badge, cut text)
+//!   the state badge, cut text, a path in a link)
 
 use std::borrow::Cow;
 
@@ -53,6 +53,22 @@ pub fn state_badge(state: JobState) -> Markup {
     html! { span class={ "state state-" (s) } data-state=(s) { (s) } }
 }
 
+/// A workbench path as it goes into a link's path: every byte but ASCII
+/// letters, digits, `-._~` and the `/` between components percent-encoded
+/// (a path may hold `#`, `?`, `%` or spaces; the route decodes them).
+pub fn path_in_url(path: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(path.len());
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
 /// At most `max` characters of `text`, saying how many more there were.
 pub fn cut(text: &str, max: usize) -> Cow<'_, str> {
     let count = text.chars().count();
@@ -74,5 +90,11 @@ mod tests {
         assert_eq!(shown.into_string(), format!("<p title=\"{text}\">{text}</p>"));
         assert_eq!(cut("abcdef", 3), "abc… [3 more characters]");
         assert_eq!(cut("abc", 3), "abc");
+    }
+
+    #[test]
+    fn paths_in_links_are_percent_encoded() {
+        assert_eq!(path_in_url("artifacts/sizes.md"), "artifacts/sizes.md");
+        assert_eq!(path_in_url("a b/c#d?e%f/é"), "a%20b/c%23d%3Fe%25f/%C3%A9");
     }
 }
