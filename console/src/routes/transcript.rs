@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
+use flower_coordinator::app::Result as AppResult;
 use flower_coordinator::app::input::parse_id;
 use flower_coordinator::app::views::MAX_PAGE;
-use flower_coordinator::app::{AppError, Result as AppResult};
 use flower_model::{ContentBlock, Entry, Job, JobSpec, SessionId};
 use maud::{Markup, display, html};
 use serde::Deserialize;
@@ -45,14 +45,11 @@ pub async fn page(
     let app = c.app();
     let job = app.job("job_id", &job).await?;
     let pruned = q.view == "pruned";
-    // The application checks the session id, and that the session is this job's.
     let (from, limit) = if pruned { (0, MAX_PAGE) } else { (q.from.max(0), ENTRIES_PAGE) };
-    let (entries, sessions) = tokio::try_join!(app.entries(job.id, &session, from, limit), app.sessions(job.id))?;
     let id: SessionId = parse_id("session_id", &session)?;
-    let s = sessions
-        .into_iter()
-        .find(|s| s.id == id)
-        .ok_or_else(|| AppError::not_found(format_args!("session {id} of job {}", job.id)))?;
+    // The application checks that the session is this job's: its refusal comes first.
+    let (entries, s) = tokio::join!(app.entries(job.id, &session, from, limit), c.store().get_session(id));
+    let (entries, s) = (entries?, s?);
     let view = if pruned { pruned_view(&c, &job, id, entries).await? } else { raw_view(&entries) };
     let body = html! {
         main {
