@@ -3,7 +3,8 @@
 //! With a token, every request shows it: a bearer header (scripts) or the
 //! HttpOnly cookie the sign-in form sets, whose value is a digest of the
 //! token (never the token); anything else is refused with the sign-in form
-//! ([`Signed`], the extractor every route but the sign-in form's takes).
+//! ([`Signed`], the extractor every page, stream and action takes; not the
+//! sign-in form, nor the stylesheet and script).
 //! Every form that changes a job carries a CSRF value derived from the
 //! token (or, without one, from a secret of this process), checked by
 //! [`Auth::form`]. Every comparison is the project's constant-time one
