@@ -1,10 +1,15 @@
-//! The one place errors become HTTP statuses for the console: an
-//! [`ErrorKind`] is one status. The words are the application layer's.
+//! The one place refusals and errors become HTTP statuses for the console:
+//! an [`ErrorKind`] is one status; the console's own scheme adds two (no
+//! token shown: 401 with the sign-in form; a form without the CSRF value:
+//! 403). The words are the application layer's.
 
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use flower_coordinator::app::AppError;
 use flower_model::{Classify, ErrorKind};
+use flower_store::StoreError;
+
+use crate::views::layout;
 
 /// The HTTP status of a kind of error.
 pub fn status(kind: ErrorKind) -> StatusCode {
@@ -21,10 +26,40 @@ pub fn status(kind: ErrorKind) -> StatusCode {
     }
 }
 
-/// The page for a refused or failed request.
-pub fn page(e: impl Into<AppError>) -> Response {
-    let e = e.into();
-    crate::problem(status(e.kind()), &e.message)
+/// Why a route answers with something other than its page.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The request did not show the token: the sign-in form, and nothing of the jobs.
+    SignIn,
+    /// A form post without this console's CSRF value.
+    StaleForm,
+    /// The application layer refused the request, or a read failed.
+    App(AppError),
+}
+
+impl From<AppError> for Refusal {
+    fn from(e: AppError) -> Self {
+        Self::App(e)
+    }
+}
+
+impl From<StoreError> for Refusal {
+    fn from(e: StoreError) -> Self {
+        Self::App(e.into())
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::SignIn => layout::respond(status(ErrorKind::Unauthenticated), layout::sign_in(None)),
+            Refusal::StaleForm => layout::respond(
+                StatusCode::FORBIDDEN,
+                layout::problem("this form is stale or not the console's (CSRF check): reload the page"),
+            ),
+            Refusal::App(e) => layout::respond(status(e.kind()), layout::problem(&e.message)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -37,5 +72,13 @@ mod tests {
         assert_eq!(status(ErrorKind::Precondition), StatusCode::CONFLICT);
         assert_eq!(status(ErrorKind::Fenced), StatusCode::CONFLICT);
         assert_eq!(status(ErrorKind::Invalid), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn the_console_s_own_refusals() {
+        assert_eq!(Refusal::SignIn.into_response().status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(Refusal::StaleForm.into_response().status(), StatusCode::FORBIDDEN);
+        let gone = Refusal::from(StoreError::NotFound("job x".into())).into_response();
+        assert_eq!(gone.status(), StatusCode::NOT_FOUND);
     }
 }
