@@ -143,17 +143,14 @@ impl App {
 
     /// The job `field` names: a whole id (or, with [`Ids::Prefix`], a unique prefix).
     pub async fn job(&self, field: &str, id: &str) -> Result<Job> {
-        let id = self.job_id(field, id).await?;
-        Ok(self.b.store.get_job(id).await?)
-    }
-
-    /// The id of the job `field` names, checked to exist.
-    pub async fn job_id(&self, field: &str, id: &str) -> Result<JobId> {
         input::check_id(field, id)?;
         let found = match (id.parse::<JobId>(), self.ids) {
-            (Ok(whole), _) => self.b.store.get_job(whole).await.map(|j| j.id),
+            (Ok(whole), _) => self.b.store.get_job(whole).await,
             (Err(_), Ids::Prefix) if id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') => {
-                self.b.store.resolve_job(&id.to_ascii_lowercase()).await
+                match self.b.store.resolve_job(&id.to_ascii_lowercase()).await {
+                    Ok(whole) => self.b.store.get_job(whole).await,
+                    Err(e) => Err(e),
+                }
             }
             (Err(_), _) => return Err(AppError::invalid(field, format_args!("`{id}` is not a valid id"))),
         };
@@ -163,5 +160,10 @@ impl App {
             }
             e => e.into(),
         })
+    }
+
+    /// The id of the job `field` names, checked to exist.
+    pub async fn job_id(&self, field: &str, id: &str) -> Result<JobId> {
+        Ok(self.job(field, id).await?.id)
     }
 }
