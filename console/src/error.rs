@@ -21,6 +21,7 @@ pub fn status(kind: ErrorKind) -> StatusCode {
             StatusCode::CONFLICT
         }
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }

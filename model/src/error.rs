@@ -23,6 +23,8 @@ pub enum ErrorKind {
     Fenced,
     /// No credential, or not a valid one.
     Unauthenticated,
+    /// A valid credential whose role does not allow the call.
+    PermissionDenied,
     /// A dependency (store, queue, provider) cannot be reached now: a retry can help.
     Unavailable,
     /// A fault of the service itself; the client gets no internals.
@@ -46,6 +48,7 @@ impl ErrorKind {
             ErrorKind::Precondition => "precondition",
             ErrorKind::Fenced => "fenced",
             ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Internal => "internal",
         }

@@ -76,6 +76,7 @@ pub fn app_error(s: tonic::Status) -> flower_coordinator::app::AppError {
     let message = match kind {
         ErrorKind::Unavailable => format!("the flower service is unavailable: {m}"),
         ErrorKind::Unauthenticated => format!("the flower service refused this client's credentials: {m}"),
+        ErrorKind::PermissionDenied => format!("this client's credential does not allow it: {m}"),
         ErrorKind::Internal => format!("{:?}: {m}", s.code()),
         _ => m.to_string(),
     };

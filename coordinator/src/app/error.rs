@@ -46,6 +46,11 @@ impl AppError {
         Self::new(ErrorKind::Unauthenticated, message)
     }
 
+    /// A valid caller whose role does not allow the call.
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::PermissionDenied, message)
+    }
+
     /// A fault of this service: `context` for the client, the error itself to the log.
     pub fn internal(context: &str, e: impl std::fmt::Display) -> Self {
         tracing::error!(error = %e, "{context}");

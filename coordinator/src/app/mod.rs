@@ -10,6 +10,7 @@
 //! this process) is behind [`Runs`].
 //!
 //! # Layout
+//! - [`access`]: who may do what — roles, actions, principals, API keys (groundwork)
 //! - [`error`]: [`AppError`], a kind and words a client may read
 //! - [`input`]: checks on ids, text and paths, and their limits
 //! - [`commands`]: the calls that change a job
@@ -24,6 +25,7 @@ use flower_model::{Job, JobId, JobSpec};
 use flower_store::Store;
 use object_store::ObjectStore;
 
+pub mod access;
 pub mod commands;
 pub mod error;
 pub mod input;

@@ -19,6 +19,7 @@ pub fn code(kind: ErrorKind) -> Code {
         ErrorKind::Conflict | ErrorKind::Fenced => Code::Aborted,
         ErrorKind::Precondition => Code::FailedPrecondition,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
         ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::Internal => Code::Internal,
     }
@@ -33,7 +34,8 @@ pub fn kind(code: Code) -> ErrorKind {
         Code::AlreadyExists => ErrorKind::AlreadyExists,
         Code::Aborted => ErrorKind::Conflict,
         Code::FailedPrecondition => ErrorKind::Precondition,
-        Code::Unauthenticated | Code::PermissionDenied => ErrorKind::Unauthenticated,
+        Code::Unauthenticated => ErrorKind::Unauthenticated,
+        Code::PermissionDenied => ErrorKind::PermissionDenied,
         Code::Unavailable | Code::DeadlineExceeded => ErrorKind::Unavailable,
         _ => ErrorKind::Internal,
     }
@@ -66,9 +68,18 @@ mod tests {
     #[test]
     fn every_kind_reads_back_as_itself() {
         use ErrorKind::*;
-        for k in
-            [NotFound, Invalid, TooLarge, AlreadyExists, Conflict, Precondition, Unauthenticated, Unavailable, Internal]
-        {
+        for k in [
+            NotFound,
+            Invalid,
+            TooLarge,
+            AlreadyExists,
+            Conflict,
+            Precondition,
+            Unauthenticated,
+            PermissionDenied,
+            Unavailable,
+            Internal,
+        ] {
             assert_eq!(kind(code(k)), k);
         }
         // Fenced is rendered as a conflict: a client cannot tell them apart, nor needs to.
