@@ -7,7 +7,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use flower_coordinator::app::AppError;
 use flower_model::{Classify, ErrorKind};
-use flower_store::StoreError;
 
 use crate::views::layout;
 
@@ -44,12 +43,6 @@ impl From<AppError> for Refusal {
     }
 }
 
-impl From<StoreError> for Refusal {
-    fn from(e: StoreError) -> Self {
-        Self::App(e.into())
-    }
-}
-
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
@@ -79,7 +72,7 @@ mod tests {
     fn the_console_s_own_refusals() {
         assert_eq!(Refusal::SignIn.into_response().status(), StatusCode::UNAUTHORIZED);
         assert_eq!(Refusal::StaleForm.into_response().status(), StatusCode::FORBIDDEN);
-        let gone = Refusal::from(StoreError::NotFound("job x".into())).into_response();
+        let gone = Refusal::from(AppError::from(flower_store::StoreError::NotFound("job x".into()))).into_response();
         assert_eq!(gone.status(), StatusCode::NOT_FOUND);
     }
 }

@@ -31,7 +31,6 @@ use axum::routing::{get, post};
 use flower_bus::Notifier;
 use flower_coordinator::app::App;
 use flower_coordinator::context::CacheAudits;
-use flower_store::Store;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -127,10 +126,6 @@ impl Console {
 
     fn auth(&self) -> &auth::Auth {
         &self.inner.auth
-    }
-
-    fn store(&self) -> &dyn Store {
-        self.inner.app.store().as_ref()
     }
 }
 

@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use flower_coordinator::app::{App, AppError};
 use flower_model::{EventKind, Job, JobId, JobSpec, Role};
-use flower_store::{Store, StoreError};
 
 /// Ended jobs' profiles kept in memory (the list's own window).
 pub const KEPT: usize = 2 * super::LIST_WINDOW as usize;
@@ -86,9 +86,9 @@ impl Profile {
 }
 
 /// Read a job's profile from its sessions and events.
-pub async fn read(store: &dyn Store, job: &Job) -> Result<Profile, StoreError> {
+pub async fn read(app: &App, job: &Job) -> Result<Profile, AppError> {
     let spec = JobSpec::from_value(job.spec.clone()).ok();
-    let roles: HashMap<_, _> = store
+    let roles: HashMap<_, _> = app
         .sessions(job.id)
         .await?
         .into_iter()
@@ -102,7 +102,7 @@ pub async fn read(store: &dyn Store, job: &Job) -> Result<Profile, StoreError> {
         })
         .collect();
     let mut p = Profile::default();
-    flower_store::scan_events(store, job.id, 0, |e| {
+    app.scan_events(job.id, |e| {
         let EventKind::TurnCompleted { session, usage, latency_ms, ttft_ms, model, .. } = &e.kind else { return };
         // Turns recorded before the model was named were the job's model's.
         let model = model.clone().or_else(|| spec.as_ref().map(|s| s.model.clone())).unwrap_or_default();
@@ -143,11 +143,7 @@ impl Profiles {
 
     /// The profiles of `jobs` added up (eight read at once; an ended job's
     /// is read once and kept).
-    pub async fn total<'a>(
-        &self,
-        store: &dyn Store,
-        jobs: impl Iterator<Item = &'a Job>,
-    ) -> Result<Profile, StoreError> {
+    pub async fn total<'a>(&self, app: &App, jobs: impl Iterator<Item = &'a Job>) -> Result<Profile, AppError> {
         use futures::StreamExt;
         let mut total = Profile::default();
         let mut wanted = Vec::new();
@@ -163,7 +159,7 @@ impl Profiles {
         let reads: Vec<_> = wanted
             .into_iter()
             .map(|j| async move {
-                let p = read(store, &j).await;
+                let p = read(app, &j).await;
                 (j, p)
             })
             .collect();

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
+use flower_coordinator::app::AppError;
 use flower_coordinator::context::{ContextReport, audit_key};
 use flower_model::audit::CacheAudit;
-use flower_model::{Job, JobId, JobSpec, Session, Task, TaskId, now_ms};
-use flower_store::{Store, StoreError};
+use flower_model::{Job, JobSpec, Session, Task, TaskId, now_ms};
 use maud::{Markup, display, html};
 use object_store::ObjectStoreExt;
 use serde::Deserialize;
@@ -59,13 +59,7 @@ pub struct Limits {
     pub handoff: u64,
 }
 
-/// One attempt of a task.
-pub struct Attempt {
-    pub attempt: u32,
-    pub started: i64,
-    /// When it finished, and whether it succeeded.
-    pub finished: Option<(i64, bool)>,
-}
+pub use flower_coordinator::app::views::Attempt;
 
 pub async fn page(
     _: Signed,
@@ -111,43 +105,24 @@ fn live_parts(v: &JobView, csrf: &str, now: i64) -> Markup {
 }
 
 /// Everything the page shows of `job`.
-async fn load(c: &Console, job: Job) -> Result<JobView, StoreError> {
-    let store = c.store();
+async fn load(c: &Console, job: Job) -> Result<JobView, AppError> {
+    let app = c.app();
     let limits = JobSpec::from_value(job.spec.clone()).ok().map(|s| {
         let windows = c.app().windows();
         let (warn, handoff) = s.runtime.handoff.thresholds(&s.model, windows);
         Limits { window: s.runtime.handoff.window_for(&s.model, windows), warn, handoff }
     });
     let (tasks, sessions, record, context, pending, attempts) = tokio::try_join!(
-        store.tasks(job.id),
-        store.sessions(job.id),
-        flower_coordinator::record::workflow(store, job.id),
-        flower_coordinator::context::report(store, job.id),
-        flower_coordinator::tools::ask::pending(store, job.id),
-        attempts(store, job.id),
+        app.tasks(job.id),
+        app.sessions(job.id),
+        app.workflow(job.id),
+        app.context(job.id),
+        app.pending_questions(job.id),
+        app.attempts(job.id),
     )?;
-    let files = c.app().artifacts(job.id).await.unwrap_or_default();
+    let files = app.artifacts(job.id).await.unwrap_or_default();
     let audit = audit(c, &job, &sessions, &context).await;
     Ok(JobView { timeline_from: 0, job, limits, tasks, sessions, record, context, pending, files, attempts, audit })
-}
-
-/// Each task's attempts, from the job's events.
-async fn attempts(store: &dyn Store, job: JobId) -> Result<BTreeMap<TaskId, Vec<Attempt>>, StoreError> {
-    use flower_model::EventKind;
-    let mut out: BTreeMap<TaskId, Vec<Attempt>> = BTreeMap::new();
-    flower_store::scan_events(store, job, 0, |e| match &e.kind {
-        EventKind::TaskStarted { task, attempt, .. } => {
-            out.entry(*task).or_default().push(Attempt { attempt: *attempt, started: e.at, finished: None })
-        }
-        EventKind::TaskFinished { task, attempt, succeeded, .. } => {
-            if let Some(a) = out.get_mut(task).and_then(|v| v.iter_mut().rfind(|a| a.attempt == *attempt)) {
-                a.finished = Some((e.at, *succeeded));
-            }
-        }
-        _ => {}
-    })
-    .await?;
-    Ok(out)
 }
 
 /// The cache audit kept beside the job; for an ended job without one, the

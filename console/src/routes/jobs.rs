@@ -85,7 +85,7 @@ fn priced(lines: &mut [JobLine], profiles: &crate::profile::Profiles) {
 
 /// The insight over `lines`, with their profile read.
 async fn insight(c: &Console, lines: &[JobLine], now: i64) -> Result<Insight, Refusal> {
-    let profile = c.inner.profiles.total(c.store(), lines.iter().map(|l| &l.job)).await?;
+    let profile = c.inner.profiles.total(c.app(), lines.iter().map(|l| &l.job)).await?;
     Ok(Insight::of(lines, now).with_profile(profile))
 }
 

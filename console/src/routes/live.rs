@@ -32,7 +32,7 @@ pub async fn jobs(_: Signed, State(c): State<Console>) -> Response {
         let mut notices = c.inner.notifier.as_ref().map(|n| n.subscribe());
         let mut last = String::new();
         loop {
-            let now = match c.store().list_jobs(PAGE as u32).await {
+            let now = match c.app().list(PAGE as u32).await {
                 Ok(jobs) => jobs.iter().map(|j| format!("{}:{}:{};", j.id, j.state.as_str(), j.updated_at)).collect(),
                 Err(_) => last.clone(),
             };
@@ -80,7 +80,7 @@ pub async fn job(
 async fn follow(c: Console, job: JobId, mut cursor: i64, tx: Sender) {
     let mut notices = c.inner.notifier.as_ref().map(|n| n.subscribe());
     loop {
-        let page = match c.store().events(job, cursor, EVENTS_READ).await {
+        let page = match c.app().events(job, cursor, EVENTS_READ).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "console: events not read");
@@ -98,8 +98,8 @@ async fn follow(c: Console, job: JobId, mut cursor: i64, tx: Sender) {
         if page.len() == EVENTS_READ as usize {
             continue;
         }
-        let ended = c.store().get_job(job).await.map(|j| j.state.is_terminal()).unwrap_or(false);
-        if ended && c.store().events(job, cursor, 1).await.map(|p| p.is_empty()).unwrap_or(true) {
+        let ended = c.app().get(job).await.map(|j| j.state.is_terminal()).unwrap_or(false);
+        if ended && c.app().events(job, cursor, 1).await.map(|p| p.is_empty()).unwrap_or(true) {
             let _ = tx.send(Ok(SseEvent::default().event("end").data("ended"))).await;
             return;
         }

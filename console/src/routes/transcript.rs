@@ -10,9 +10,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use flower_coordinator::app::Result as AppResult;
-use flower_coordinator::app::input::parse_id;
 use flower_coordinator::app::views::MAX_PAGE;
-use flower_model::{ContentBlock, Entry, Job, JobSpec, SessionId};
+use flower_model::{ContentBlock, Entry, Job, JobSpec};
 use maud::{Markup, display, html};
 use serde::Deserialize;
 
@@ -46,11 +45,10 @@ pub async fn page(
     let job = app.job("job_id", &job).await?;
     let pruned = q.view == "pruned";
     let (from, limit) = if pruned { (0, MAX_PAGE) } else { (q.from.max(0), ENTRIES_PAGE) };
-    let id: SessionId = parse_id("session_id", &session)?;
     // The application checks that the session is this job's: its refusal comes first.
-    let (entries, s) = tokio::join!(app.entries(job.id, &session, from, limit), c.store().get_session(id));
+    let (entries, s) = tokio::join!(app.entries(job.id, &session, from, limit), app.session(job.id, &session));
     let (entries, s) = (entries?, s?);
-    let view = if pruned { pruned_view(&c, &job, id, entries).await? } else { raw_view(&entries) };
+    let view = if pruned { pruned_view(&c, &job, &session, entries).await? } else { raw_view(&entries) };
     let body = html! {
         main {
             p { a href={ "/jobs/" (display(job.id)) } { "← " (job.name) } }
@@ -82,10 +80,10 @@ fn raw_view(entries: &[Entry]) -> Markup {
 /// What a resumed session would be fed (the job's pruning options over all
 /// the stored entries, `first` and the rest), each rule's change beside
 /// the entry it changed.
-async fn pruned_view(c: &Console, job: &Job, session: SessionId, first: Vec<Entry>) -> AppResult<Markup> {
+async fn pruned_view(c: &Console, job: &Job, session: &str, first: Vec<Entry>) -> AppResult<Markup> {
     let mut stored = first;
     if let Some(last) = stored.last().map(|e| e.seq).filter(|_| stored.len() == MAX_PAGE as usize) {
-        stored.extend(c.store().entries(session, last, u32::MAX).await?);
+        stored.extend(c.app().all_entries(job.id, session, last).await?);
     }
     let total = stored.len();
     let opts = JobSpec::from_value(job.spec.clone()).map(|s| s.runtime.pruning).unwrap_or_default();
@@ -180,7 +178,7 @@ mod tests {
 
     #[test]
     fn an_entry_s_content_is_escaped() {
-        use flower_model::{EntryKind, JobId};
+        use flower_model::{EntryKind, JobId, SessionId};
         let evil = "<script>alert(\"x\")</script>";
         let mut e = Entry::new(
             JobId::random(),
