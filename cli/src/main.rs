@@ -105,6 +105,11 @@ enum Command {
     Context(cmd::context::ContextArgs),
     /// Would the coordinator be allowed to run this command itself (a glance)? Exit 0 if so
     Glance(cmd::glance::GlanceArgs),
+    /// Namespaces and API keys: whoami, create, list, rotate, revoke (a service with --server, or the embedded store)
+    #[command(subcommand)]
+    Auth(cmd::auth::AuthCommand),
+    /// The audit log: every mutating call, refused ones too (operators and admins)
+    Audit(cmd::auth::AuditArgs),
     /// Benchmarks (need Postgres and NATS, like the tests)
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -186,6 +191,8 @@ fn main() -> ExitCode {
             Command::Submit(args) => cmd::submit::submit(args).await,
             Command::Watch(args) => cmd::submit::watch(args).await,
             Command::Cancel(args) => cmd::jobs::cancel(args).await,
+            Command::Auth(c) => cmd::auth::run(home, c).await,
+            Command::Audit(args) => cmd::auth::audit(home, args).await,
             Command::Interrupt(args) => cmd::jobs::interrupt(args).await,
             Command::Answer(args) => cmd::jobs::answer(home, args).await,
             Command::Aside(args) => cmd::jobs::aside(home, args).await,

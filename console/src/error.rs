@@ -29,8 +29,9 @@ pub fn status(kind: ErrorKind) -> StatusCode {
 /// Why a route answers with something other than its page.
 #[derive(Debug)]
 pub enum Refusal {
-    /// The request did not show the token: the sign-in form, and nothing of the jobs.
-    SignIn,
+    /// The request showed no credential: the sign-in form (which comes
+    /// back to this path), and nothing of the jobs.
+    SignIn(String),
     /// A form post without this console's CSRF value.
     StaleForm,
     /// The application layer refused the request, or a read failed.
@@ -46,11 +47,15 @@ impl From<AppError> for Refusal {
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
-            Refusal::SignIn => layout::respond(status(ErrorKind::Unauthenticated), layout::sign_in(None)),
+            Refusal::SignIn(next) => layout::respond(status(ErrorKind::Unauthenticated), layout::sign_in(None, &next)),
             Refusal::StaleForm => layout::respond(
                 StatusCode::FORBIDDEN,
                 layout::problem("this form is stale or not the console's (CSRF check): reload the page"),
             ),
+            // A bad credential shown as a bearer: the sign-in form, saying so.
+            Refusal::App(e) if e.kind() == ErrorKind::Unauthenticated => {
+                layout::respond(status(e.kind()), layout::sign_in(Some(&e.message), "/"))
+            }
             Refusal::App(e) => layout::respond(status(e.kind()), layout::problem(&e.message)),
         }
     }
@@ -70,7 +75,7 @@ mod tests {
 
     #[test]
     fn the_console_s_own_refusals() {
-        assert_eq!(Refusal::SignIn.into_response().status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(Refusal::SignIn("/".into()).into_response().status(), StatusCode::UNAUTHORIZED);
         assert_eq!(Refusal::StaleForm.into_response().status(), StatusCode::FORBIDDEN);
         let gone = Refusal::from(AppError::from(flower_store::StoreError::NotFound("job x".into()))).into_response();
         assert_eq!(gone.status(), StatusCode::NOT_FOUND);

@@ -59,7 +59,7 @@ pub struct Console {
 struct Inner {
     app: App,
     notifier: Option<Arc<dyn Notifier>>,
-    /// The token's digest and the CSRF value.
+    /// Signed-in sessions, CSRF values and failed sign-ins.
     auth: auth::Auth,
     /// Ended jobs' cost by role and model, latency and TTFT (the insights strip).
     profiles: profile::Profiles,
@@ -68,13 +68,14 @@ struct Inner {
 }
 
 impl Console {
-    /// The console over `app`; `notifier`'s notices make pages live (else they poll).
-    pub fn new(app: App, notifier: Option<Arc<dyn Notifier>>, token: Option<String>) -> Self {
+    /// The console over `app`, whose credentials it asks for (none: an
+    /// open console); `notifier`'s notices make pages live (else they poll).
+    pub fn new(app: App, notifier: Option<Arc<dyn Notifier>>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 app,
                 notifier,
-                auth: auth::Auth::new(token),
+                auth: auth::Auth::default(),
                 profiles: Default::default(),
                 audits: None,
             }),
@@ -96,6 +97,7 @@ impl Console {
         Router::new()
             .route("/", get(jobs::page))
             .route("/login", get(login::page).post(login::sign_in))
+            .route("/logout", post(login::sign_out))
             .route("/static/console.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
             .route("/static/console.js", get(|| async { asset("text/javascript; charset=utf-8", JS) }))
             .route("/live/jobs", get(live::jobs))
@@ -113,6 +115,7 @@ impl Console {
     pub fn serve(self, listener: TcpListener, shutdown: CancellationToken) {
         let app = self.router();
         tokio::spawn(async move {
+            let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
             let served = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;
             if let Err(e) = served {
                 tracing::warn!(error = %e, "console stopped");

@@ -50,6 +50,7 @@ pub async fn create(
     parent: JobId,
     instruction: &str,
     idempotency_key: Option<String>,
+    submitted_by: Option<String>,
 ) -> Result<(Job, bool), ContinueError> {
     let instruction = instruction.trim();
     if instruction.is_empty() {
@@ -74,6 +75,8 @@ pub async fn create(
         spec: value,
         idempotency_key,
         continues: Some(Lineage { parent, instruction: instruction.to_string() }),
+        namespace: from.namespace.clone(),
+        submitted_by,
     };
     let (job, created) = store.create_job(new).await?;
     if !created {

@@ -56,7 +56,7 @@ fn app(dir: &tempfile::TempDir, ids: Ids) -> (App, Arc<Recorded>, Arc<dyn Store>
 }
 
 fn submit(spec: &str, key: &str) -> SubmitRequest {
-    SubmitRequest { spec: spec.into(), workspace: Vec::new(), idempotency_key: key.into() }
+    SubmitRequest { spec: spec.into(), workspace: Vec::new(), idempotency_key: key.into(), namespace: String::new() }
 }
 
 #[tokio::test]
@@ -98,7 +98,7 @@ async fn bad_input_names_its_field_and_stores_nothing() {
         assert!(e.message.starts_with(start), "{:?} should start with {start:?}", e.message);
     }
     assert!(runs.submitted.lock().unwrap().is_empty());
-    assert!(store.list_jobs(10).await.unwrap().is_empty());
+    assert!(store.list_jobs(None, 10).await.unwrap().is_empty());
 }
 
 #[tokio::test]

@@ -41,6 +41,8 @@ async fn a_reattached_wait_reads_an_end_committing_as_it_starts() {
             spec: serde_json::json!({"name": "reattach"}),
             idempotency_key: None,
             continues: None,
+            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+            submitted_by: None,
         })
         .await
         .unwrap();

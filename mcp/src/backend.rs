@@ -4,6 +4,7 @@
 //! `cli/src/cmd/mcp_serve.rs`). Both fail with the application layer's
 //! [`AppError`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -77,6 +78,9 @@ pub trait Jobs: Send + Sync + 'static {
     async fn cancel(&self, job: &str, reason: &str) -> BackendResult<JobView>;
     async fn interrupt(&self, job: &str, message: &str) -> BackendResult<JobView>;
     async fn answer(&self, job: &str, question: Option<&str>, reply: Reply) -> BackendResult<JobView>;
+    /// This backend acting for the caller `bearer` names (`None`: none
+    /// shown), from `origin`: `UNAUTHENTICATED` when it is refused.
+    async fn acting(self: Arc<Self>, bearer: Option<&str>, origin: &str) -> BackendResult<Arc<dyn Jobs>>;
 }
 
 pub fn view(j: &flower_model::Job) -> JobView {
@@ -117,6 +121,11 @@ pub fn answer_request(question: Option<&str>, reply: Reply) -> AnswerRequest {
 impl Jobs for AppJobs {
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+
+    async fn acting(self: Arc<Self>, bearer: Option<&str>, origin: &str) -> BackendResult<Arc<dyn Jobs>> {
+        let app = self.app.authenticate(bearer, origin).await?;
+        Ok(Arc::new(AppJobs { app, describe: self.describe.clone() }))
     }
 
     async fn submit(&self, spec: JobSpec) -> BackendResult<JobView> {

@@ -62,10 +62,17 @@ pub const MAX_ARTIFACT: usize = 16 << 20;
 #[derive(Clone)]
 pub struct FlowerMcp {
     inner: Arc<Inner>,
+    /// The backend as the caller of this request sees it (over HTTP, the
+    /// bearer's; over stdio, the configured credential's).
+    jobs: Arc<dyn Jobs>,
 }
 
+/// The backend acting for an HTTP request's caller (put in the request's
+/// extensions by [`serve_http`]'s authentication).
+#[derive(Clone)]
+struct Acting(Arc<dyn Jobs>);
+
 struct Inner {
-    jobs: Arc<dyn Jobs>,
     templates: Templates,
     /// Where a full spec's relative paths resolve (the server's working directory).
     base: PathBuf,
@@ -103,7 +110,7 @@ impl FlowerMcp {
                 .filter(|t| t.name != SEARCH_TOOL)
                 .map(|t| (t.name.to_string(), t.description.clone(), t.schema.clone())),
         );
-        Self { inner: Arc::new(Inner { jobs, templates, base, tools, index }) }
+        Self { inner: Arc::new(Inner { templates, base, tools, index }), jobs }
     }
 
     /// The catalog as MCP tools.
@@ -131,11 +138,27 @@ impl FlowerMcp {
     }
 
     pub fn jobs(&self) -> &Arc<dyn Jobs> {
-        &self.inner.jobs
+        &self.jobs
     }
 
     /// Run one call; `None` when no tool has that name.
     async fn call(
+        &self,
+        name: &str,
+        args: &serde_json::Map<String, Value>,
+        ctx: Option<&RequestContext<RoleServer>>,
+    ) -> Option<Outcome> {
+        let acting = ctx
+            .and_then(|c| c.extensions.get::<axum::http::request::Parts>())
+            .and_then(|p| p.extensions.get::<Acting>())
+            .map(|a| a.0.clone());
+        match acting {
+            Some(jobs) => Self { inner: self.inner.clone(), jobs }.dispatch(name, args, ctx).await,
+            None => self.dispatch(name, args, ctx).await,
+        }
+    }
+
+    async fn dispatch(
         &self,
         name: &str,
         args: &serde_json::Map<String, Value>,
@@ -201,7 +224,7 @@ impl FlowerMcp {
                 template.with_goal(goal, name).map_err(|e| Fail(format!("invalid argument: template {t}: {e}")))?
             }
         };
-        let job = self.inner.jobs.submit(spec).await?;
+        let job = self.jobs.submit(spec).await?;
         json_result(json!({
             "job_id": job.job_id,
             "name": job.name,
@@ -212,7 +235,7 @@ impl FlowerMcp {
 
     /// The job as job_status shows it (with the pending question, when it waits).
     async fn status_value(&self, job: &str) -> Result<Value, Fail> {
-        let j = self.inner.jobs.job(job).await?;
+        let j = self.jobs.job(job).await?;
         let mut v = serde_json::to_value(&j).unwrap_or_default();
         v["ended"] = json!(j.ended());
         if j.state == JobState::WaitingForUser {
@@ -229,7 +252,7 @@ impl FlowerMcp {
         let mut out: Vec<EventView> = Vec::new();
         loop {
             let after = out.last().map_or(0, |e| e.seq);
-            let page = self.inner.jobs.events(job, after, Duration::ZERO).await?;
+            let page = self.jobs.events(job, after, Duration::ZERO).await?;
             if page.is_empty() || out.len() > 100_000 {
                 return Ok(out);
             }
@@ -245,13 +268,13 @@ impl FlowerMcp {
     async fn watch(&self, m: &serde_json::Map<String, Value>, ctx: Option<&RequestContext<RoleServer>>) -> Outcome {
         let a: WatchArgs = args::parse(m)?;
         let timeout = a.timeout_seconds.unwrap_or(WATCH_DEFAULT_SECS);
-        let id = self.inner.jobs.job(&a.job_id).await?.job_id;
+        let id = self.jobs.job(&a.job_id).await?.job_id;
         let token = ctx.and_then(|c| c.meta.get_progress_token());
         let stop = ctx.map(|c| c.ct.clone()).unwrap_or_default();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
         let (mut cursor, mut seen) = (0i64, 0u64);
         let why = loop {
-            let j = self.inner.jobs.job(&id).await?;
+            let j = self.jobs.job(&id).await?;
             let now = tokio::time::Instant::now();
             let end = if j.ended() {
                 Some("ended")
@@ -265,7 +288,7 @@ impl FlowerMcp {
             // At the end, the events written up to it are still sent (the last is the job's state).
             let wait = if end.is_some() { Duration::ZERO } else { (deadline - now).min(Duration::from_secs(1)) };
             let events = tokio::select! {
-                e = self.inner.jobs.events(&id, cursor, wait) => e?,
+                e = self.jobs.events(&id, cursor, wait) => e?,
                 _ = stop.cancelled() => break "cancelled by the client",
             };
             let drained = events.is_empty();
@@ -304,8 +327,8 @@ impl FlowerMcp {
         }
         let limit = a.limit.unwrap_or(PAGE_DEFAULT);
         let want = a.session.as_deref();
-        let id = self.inner.jobs.job(&a.job_id).await?.job_id;
-        let sessions = self.inner.jobs.sessions(&id).await?;
+        let id = self.jobs.job(&a.job_id).await?.job_id;
+        let sessions = self.jobs.sessions(&id).await?;
         let session = match want {
             Some(w) => {
                 backend::find_session(&sessions, w).map_err(|e| Fail(format!("invalid argument session: {e}")))?
@@ -315,7 +338,7 @@ impl FlowerMcp {
         }
         .clone();
         let (entries, next, more, changes) = if view == View::Raw {
-            let entries = self.inner.jobs.entries(&id, &session.session_id, after as i64, limit as u32).await?;
+            let entries = self.jobs.entries(&id, &session.session_id, after as i64, limit as u32).await?;
             let next = entries.last().map_or(after as i64, |e| e.seq);
             let more = entries.len() as u64 == limit;
             (entries, next, more, Value::Null)
@@ -323,13 +346,13 @@ impl FlowerMcp {
             let mut all = Vec::new();
             loop {
                 let from = all.last().map_or(0, |e: &flower_model::Entry| e.seq);
-                let page = self.inner.jobs.entries(&id, &session.session_id, from, 500).await?;
+                let page = self.jobs.entries(&id, &session.session_id, from, 500).await?;
                 if page.is_empty() {
                     break;
                 }
                 all.extend(page);
             }
-            let policy = self.inner.jobs.pruning(&id).await;
+            let policy = self.jobs.pruning(&id).await;
             let pruned = flower_store::prune::prune(all, &policy, &flower_agent::glance::allows);
             let total = pruned.entries.len() as u64;
             let page: Vec<_> = pruned.entries.into_iter().skip(after as usize).take(limit as usize).collect();
@@ -353,9 +376,8 @@ impl FlowerMcp {
 
     async fn list_artifacts(&self, m: &serde_json::Map<String, Value>) -> Outcome {
         let a: JobArgs = args::parse(m)?;
-        let id = self.inner.jobs.job(&a.job_id).await?.job_id;
+        let id = self.jobs.job(&a.job_id).await?.job_id;
         let files: Vec<Value> = self
-            .inner
             .jobs
             .files(&id)
             .await?
@@ -369,8 +391,8 @@ impl FlowerMcp {
     async fn get_artifact(&self, m: &serde_json::Map<String, Value>) -> Outcome {
         let a: ArtifactArgs = args::parse(m)?;
         let path = args::artifact_path(&a.path)?;
-        let id = self.inner.jobs.job(&a.job_id).await?.job_id;
-        let bytes = self.inner.jobs.file(&id, &path).await?;
+        let id = self.jobs.job(&a.job_id).await?.job_id;
+        let bytes = self.jobs.file(&id, &path).await?;
         if bytes.len() > MAX_ARTIFACT {
             return Err(Fail(format!(
                 "{path} holds {} bytes, more than the {} MiB this tool returns: download it with `flower artifacts {id} get {path}`",
@@ -394,13 +416,13 @@ impl FlowerMcp {
         let a: CancelArgs = args::parse(m)?;
         // The length of a reason is the application layer's to check.
         let reason = a.reason.as_deref().filter(|r| !r.trim().is_empty()).unwrap_or("cancelled by the MCP client");
-        let j = self.inner.jobs.cancel(&a.job_id, reason).await?;
+        let j = self.jobs.cancel(&a.job_id, reason).await?;
         json_result(serde_json::to_value(j).unwrap_or_default())
     }
 
     async fn interrupt(&self, m: &serde_json::Map<String, Value>) -> Outcome {
         let a: InterruptArgs = args::parse(m)?;
-        let j = self.inner.jobs.interrupt(&a.job_id, &a.message).await?;
+        let j = self.jobs.interrupt(&a.job_id, &a.message).await?;
         json_result(json!({"job_id": j.job_id, "state": j.state, "delivered": true}))
     }
 
@@ -414,7 +436,7 @@ impl FlowerMcp {
             (Some(t), None) if !t.trim().is_empty() => Reply::Text(t),
             _ => return Err(ArgError::new("text", "missing: give the answer in text, or an option's number").into()),
         };
-        let j = self.inner.jobs.answer(&a.job_id, a.question_id.as_deref(), reply).await?;
+        let j = self.jobs.answer(&a.job_id, a.question_id.as_deref(), reply).await?;
         json_result(json!({"job_id": j.job_id, "state": j.state, "answered": true}))
     }
 
@@ -470,7 +492,7 @@ impl ServerHandler for FlowerMcp {
             .with_server_info(Implementation::new("flower", env!("CARGO_PKG_VERSION")))
             .with_instructions(format!(
                 "flower runs long-horizon agent jobs: a coordinator agent delegates to worker agents that run real tools. Hand a long job over with submit_job, follow it with watch_job, read the result with job_status and get_artifact. Jobs live in {}.",
-                self.inner.jobs.describe()
+                self.jobs.describe()
             ))
     }
 
@@ -537,9 +559,11 @@ impl Drop for HttpServer {
     }
 }
 
-/// Serve streamable HTTP at `addr` (`/mcp`); with `token`, every request must
-/// carry `Authorization: Bearer <token>` (else 401).
-pub async fn serve_http(server: FlowerMcp, addr: SocketAddr, token: Option<String>) -> std::io::Result<HttpServer> {
+/// Serve streamable HTTP at `addr` (`/mcp`). Every request's bearer
+/// credential goes to the backend ([`Jobs::acting`]): a refused one (or
+/// none where one is needed) gets 401; the calls of an accepted one act as
+/// its caller.
+pub async fn serve_http(server: FlowerMcp, addr: SocketAddr) -> std::io::Result<HttpServer> {
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
     };
@@ -553,31 +577,48 @@ pub async fn serve_http(server: FlowerMcp, addr: SocketAddr, token: Option<Strin
         config.allowed_hosts.push(addr.ip().to_string());
         config.allowed_hosts.push(addr.to_string());
     }
+    let jobs = server.jobs.clone();
     let service: StreamableHttpService<FlowerMcp, LocalSessionManager> =
         StreamableHttpService::new(move || Ok(server.clone()), Default::default(), config);
-    let expected = token.filter(|t| !t.is_empty()).map(|t| format!("Bearer {t}"));
     let router = axum::Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn(
-        move |req: axum::extract::Request, next: axum::middleware::Next| {
-            let expected = expected.clone();
+        move |mut req: axum::extract::Request, next: axum::middleware::Next| {
+            let jobs = jobs.clone();
             async move {
                 use axum::response::IntoResponse;
-                if let Some(expected) = expected {
-                    let given = req.headers().get("authorization").map(|v| v.as_bytes()).unwrap_or_default();
-                    if !flower_model::secret::same(given, expected.as_bytes()) {
-                        return (
-                            axum::http::StatusCode::UNAUTHORIZED,
-                            [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
-                            "missing or wrong bearer token",
-                        )
-                            .into_response();
+                let peer = req.extensions().get::<axum::extract::ConnectInfo<SocketAddr>>().map(|c| c.0);
+                let origin = peer.map_or_else(|| "mcp".to_string(), |p| format!("mcp {p}"));
+                let header = req.headers().get("authorization").map(|v| v.to_str().unwrap_or("?").to_string());
+                let bearer = match header.as_deref().map(|h| h.strip_prefix("Bearer ")) {
+                    None => Ok(None),
+                    Some(Some(b)) => Ok(Some(b)),
+                    Some(None) => {
+                        Err(AppError::unauthenticated("the authorization header must be `Bearer <credential>`"))
+                    }
+                };
+                let acting = match bearer {
+                    Ok(b) => jobs.acting(b, &origin).await,
+                    Err(e) => Err(e),
+                };
+                match acting {
+                    Ok(acting) => {
+                        req.extensions_mut().insert(Acting(acting));
+                        next.run(req).await
+                    }
+                    Err(e) => {
+                        let status = match e.kind {
+                            flower_model::ErrorKind::Unauthenticated => axum::http::StatusCode::UNAUTHORIZED,
+                            flower_model::ErrorKind::Unavailable => axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            _ => axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        };
+                        (status, [(axum::http::header::WWW_AUTHENTICATE, "Bearer")], e.message).into_response()
                     }
                 }
-                next.run(req).await
             }
         },
     ));
     let s = stop.clone();
     let task = tokio::spawn(async move {
+        let router = router.into_make_service_with_connect_info::<SocketAddr>();
         let _ = axum::serve(listener, router).with_graceful_shutdown(async move { s.cancelled_owned().await }).await;
     });
     Ok(HttpServer { addr, stop, task: Some(task) })
@@ -594,6 +635,9 @@ mod tests {
     impl Jobs for NoJobs {
         fn describe(&self) -> String {
             "nowhere".into()
+        }
+        async fn acting(self: Arc<Self>, _: Option<&str>, _: &str) -> Result<Arc<dyn Jobs>, AppError> {
+            Ok(self)
         }
         async fn submit(&self, spec: flower_model::JobSpec) -> Result<JobView, AppError> {
             Err(AppError::new(flower_model::ErrorKind::Internal, format!("would submit {}: {}", spec.name, spec.goal)))
@@ -650,6 +694,9 @@ mod tests {
     impl Jobs for OneJob {
         fn describe(&self) -> String {
             "one job".into()
+        }
+        async fn acting(self: Arc<Self>, _: Option<&str>, _: &str) -> Result<Arc<dyn Jobs>, AppError> {
+            Ok(self)
         }
         async fn submit(&self, _: flower_model::JobSpec) -> Result<JobView, AppError> {
             Ok(view())

@@ -81,6 +81,16 @@ pub struct Job {
     /// Set on a continuation (`flower continue`): the job it continues.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continues: Option<Lineage>,
+    /// The namespace the job belongs to (docs/design.md, section 17).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Who submitted it (a key's id, a token's subject), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
+}
+
+fn default_namespace() -> String {
+    crate::access::DEFAULT_NAMESPACE.to_string()
 }
 
 /// Where a continuation comes from: the finished job it goes on from and the

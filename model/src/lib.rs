@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`ids`]: job, session and task ids; task ids are derived, not random
 //! - [`spec`]: the job spec (YAML/JSON) and its validation
+//! - [`access`]: namespaces, roles, API keys and audit records
 //! - [`audit`]: a cache audit's summary (requests, append-only, misses unexplained)
 //! - [`content`]: message content blocks in the Anthropic Messages shape
 //! - [`entry`]: transcript entries with their structural markers
@@ -22,6 +23,7 @@
 // Tests may be long; the code they test may not (clippy.toml).
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
+pub mod access;
 pub mod audit;
 pub mod content;
 pub mod entry;

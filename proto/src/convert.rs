@@ -124,6 +124,40 @@ impl From<&m::Job> for pb::Job {
             continues_job_id: j.continues.as_ref().map(|l| l.parent.to_string()).unwrap_or_default(),
             instruction: j.continues.as_ref().map(|l| l.instruction.clone()).unwrap_or_default(),
             job_state: pb::JobState::from(j.state).into(),
+            namespace: j.namespace.clone(),
+            submitted_by: j.submitted_by.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl From<&m::access::ApiKey> for pb::ApiKey {
+    fn from(k: &m::access::ApiKey) -> Self {
+        Self {
+            id: k.id.clone(),
+            namespace: k.namespace.clone(),
+            role: k.role.as_str().into(),
+            name: k.name.clone(),
+            created_at_ms: k.created_at,
+            created_by: k.created_by.clone(),
+            expires_at_ms: k.expires_at.unwrap_or_default(),
+            last_used_at_ms: k.last_used_at.unwrap_or_default(),
+            revoked_at_ms: k.revoked_at.unwrap_or_default(),
+        }
+    }
+}
+
+impl From<&m::access::AuditRecord> for pb::AuditRecord {
+    fn from(a: &m::access::AuditRecord) -> Self {
+        Self {
+            seq: a.seq,
+            at_ms: a.at,
+            subject: a.subject.clone(),
+            namespace: a.namespace.clone(),
+            action: a.action.clone(),
+            target: a.target.clone(),
+            origin: a.origin.clone(),
+            outcome: a.outcome.as_str().into(),
+            detail: a.detail.clone(),
         }
     }
 }

@@ -141,6 +141,8 @@ impl EmbeddedRuntime {
                 spec: value,
                 idempotency_key: None,
                 continues: None,
+                namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+                submitted_by: None,
             })
             .await?;
         if let Some(dir) = workspace.or(spec.workspace.as_deref()) {
@@ -159,6 +161,7 @@ impl EmbeddedRuntime {
             parent,
             instruction,
             None,
+            Some("local".into()),
         )
         .await?;
         Ok(job.id)

@@ -28,6 +28,7 @@ pub mod distributed;
 pub mod embedded;
 pub mod home;
 pub mod jobs;
+pub mod jwks;
 pub mod metrics;
 
 pub use distributed::{ConnectError, Connected, DistributedConfig};

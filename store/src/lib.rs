@@ -23,6 +23,7 @@
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
 use async_trait::async_trait;
+use flower_model::access::{ApiKey, AuditRecord, Namespace};
 use flower_model::{
     Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, TaskState, Usage,
 };
@@ -184,6 +185,40 @@ pub struct NewJob {
     pub idempotency_key: Option<String>,
     /// A continuation: the finished job it goes on from.
     pub continues: Option<flower_model::Lineage>,
+    /// The namespace it belongs to (must exist); an idempotency key is
+    /// unique within it.
+    pub namespace: String,
+    /// Who submitted it.
+    pub submitted_by: Option<String>,
+}
+
+impl NewJob {
+    /// A job of the default namespace, without key, lineage or submitter.
+    pub fn new(id: JobId, name: impl Into<String>, spec: serde_json::Value) -> Self {
+        Self {
+            id,
+            name: name.into(),
+            spec,
+            idempotency_key: None,
+            continues: None,
+            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+            submitted_by: None,
+        }
+    }
+}
+
+/// The stored form of an idempotency key: unique within its namespace
+/// (`<namespace>/<key>`; a namespace name holds no `/`).
+pub(crate) fn scoped_key(namespace: &str, key: &str) -> String {
+    format!("{namespace}/{key}")
+}
+
+/// The key as given, from its stored form.
+pub(crate) fn unscoped_key(stored: String) -> String {
+    match stored.split_once('/') {
+        Some((_, key)) => key.to_string(),
+        None => stored,
+    }
 }
 
 /// Writes that must land together, in one transaction: transcript entries, the
@@ -372,8 +407,8 @@ pub trait Store: Send + Sync + 'static {
     async fn get_job(&self, id: JobId) -> Result<Job>;
     /// A job by full id or unique id prefix (what humans type).
     async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId>;
-    /// Newest first.
-    async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>>;
+    /// Newest first; of one namespace, or of all.
+    async fn list_jobs(&self, namespace: Option<&str>, limit: u32) -> Result<Vec<Job>>;
     /// The continuations of `job` (jobs created by `flower continue` from
     /// it), oldest first.
     async fn continuations(&self, job: JobId) -> Result<Vec<JobId>>;
@@ -521,6 +556,26 @@ pub trait Store: Send + Sync + 'static {
     // ---- events
     /// Events after `after_seq`, in order.
     async fn events(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<Event>>;
+
+    // ---- namespaces, API keys and the audit log (docs/design.md, section 17)
+    /// Create a namespace; `false` when it exists already.
+    async fn create_namespace(&self, name: &str) -> Result<bool>;
+    async fn namespaces(&self) -> Result<Vec<Namespace>>;
+    /// Store a new key (its namespace must exist: `NotFound` otherwise);
+    /// with `replaces`, that key is revoked in the same transaction (a
+    /// rotation).
+    async fn create_key(&self, key: ApiKey, replaces: Option<String>) -> Result<()>;
+    async fn get_key(&self, id: &str) -> Result<ApiKey>;
+    /// Keys of one namespace, or of all, oldest first.
+    async fn keys(&self, namespace: Option<&str>) -> Result<Vec<ApiKey>>;
+    /// Revoke a key at `at` (a key revoked before keeps its first time).
+    async fn revoke_key(&self, id: &str, at: i64) -> Result<ApiKey>;
+    /// Note that keys were used (their `last_used_at`, moved forward only).
+    async fn touch_keys(&self, ids: Vec<String>, at: i64) -> Result<()>;
+    /// Append records to the audit log, in one transaction.
+    async fn append_audit(&self, records: Vec<AuditRecord>) -> Result<()>;
+    /// The audit log after `after_seq`, oldest first; of one namespace, or of all.
+    async fn audit_log(&self, namespace: Option<&str>, after_seq: i64, limit: u32) -> Result<Vec<AuditRecord>>;
 }
 
 /// Events read by [`scan_events`] per round trip.

@@ -8,6 +8,8 @@
 //! order in one transaction at open. Every decision about tasks, jobs and
 //! leases is [`rules`]'s: this file loads rows, asks, and stores the answer.
 
+mod access;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -240,8 +242,7 @@ fn apply_task_change(tx: &Transaction<'_>, change: TaskChange) -> Result<(Task, 
     Ok((change.task, event))
 }
 
-const JOB_COLS: &str =
-    "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at, parent, instruction";
+const JOB_COLS: &str = "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at, parent, instruction, namespace, submitted_by";
 
 /// [`Store::claim_task_ending`] inside `tx`.
 fn claim_in(tx: &Transaction<'_>, claim: &ClaimRequest) -> Result<ClaimAnswer> {
@@ -323,14 +324,40 @@ fn write_entries(tx: &Transaction<'_>, entries: Vec<Entry>) -> Result<Vec<i64>> 
 }
 
 /// A job row's text columns (in `JOB_COLS` order, the two times left out).
-type JobRow = [Option<String>; 10];
+type JobRow = [Option<String>; 12];
 
 fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRow> {
-    Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(10)?, r.get(11)?])
+    Ok([
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+        r.get(7)?,
+        r.get(10)?,
+        r.get(11)?,
+        r.get(12)?,
+        r.get(13)?,
+    ])
 }
 
 fn decode_job(cols: JobRow, created_at: i64, updated_at: i64) -> Result<Job> {
-    let [id, name, state, reason, spec, final_answer, idempotency_key, usage, parent, instruction] = cols;
+    let [
+        id,
+        name,
+        state,
+        reason,
+        spec,
+        final_answer,
+        idempotency_key,
+        usage,
+        parent,
+        instruction,
+        namespace,
+        submitted_by,
+    ] = cols;
     let need = |v: Option<String>| v.ok_or_else(|| corrupt("null in a required job column"));
     Ok(Job {
         id: parse_id(&need(id)?)?,
@@ -339,7 +366,7 @@ fn decode_job(cols: JobRow, created_at: i64, updated_at: i64) -> Result<Job> {
         reason,
         spec: parse(&need(spec)?)?,
         final_answer,
-        idempotency_key,
+        idempotency_key: idempotency_key.map(crate::unscoped_key),
         usage: parse(&need(usage)?)?,
         created_at,
         updated_at,
@@ -349,6 +376,8 @@ fn decode_job(cols: JobRow, created_at: i64, updated_at: i64) -> Result<Job> {
             }
             None => None,
         },
+        namespace: need(namespace)?,
+        submitted_by,
     })
 }
 
@@ -463,7 +492,8 @@ fn insert_tasks(tx: &Transaction<'_>, tasks: Vec<Task>, written: &mut Written) -
 impl Store for SqliteStore {
     async fn create_job(&self, job: NewJob) -> Result<(Job, bool)> {
         self.tx(move |tx| {
-            if let Some(key) = &job.idempotency_key {
+            let key = job.idempotency_key.as_deref().map(|k| crate::scoped_key(&job.namespace, k));
+            if let Some(key) = &key {
                 let existing: Option<String> =
                     row(tx, "SELECT id FROM jobs WHERE idempotency_key = ?1", params![key], |r| r.get(0)).optional()?;
                 if let Some(id) = existing {
@@ -475,17 +505,19 @@ impl Store for SqliteStore {
             exec(
                 tx,
                 &format!(
-                    "INSERT INTO jobs ({JOB_COLS}) VALUES (?1, ?2, 'queued', NULL, ?3, NULL, ?4, ?5, ?6, ?6, ?7, ?8)"
+                    "INSERT INTO jobs ({JOB_COLS}) VALUES (?1, ?2, 'queued', NULL, ?3, NULL, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10)"
                 ),
                 params![
                     job.id.to_string(),
                     job.name,
                     json(&job.spec)?,
-                    job.idempotency_key,
+                    key,
                     json(&Usage::default())?,
                     now,
                     job.continues.as_ref().map(|l| l.parent.to_string()),
                     job.continues.as_ref().map(|l| l.instruction.clone()),
+                    job.namespace,
+                    job.submitted_by,
                 ],
             )?;
             write_event(tx, job.id, rules::job_created())?;
@@ -517,13 +549,22 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>> {
+    async fn list_jobs(&self, namespace: Option<&str>, limit: u32) -> Result<Vec<Job>> {
+        let namespace = namespace.map(str::to_string);
         self.run(move |c| {
-            let mut stmt =
-                c.prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id LIMIT ?1"))?;
-            let rows: Vec<_> = stmt
-                .query_map(params![limit], |r| Ok((job_row(r)?, r.get::<_, i64>(8)?, r.get::<_, i64>(9)?)))?
-                .collect::<rusqlite::Result<_>>()?;
+            let decoded = |r: &Row<'_>| Ok((job_row(r)?, r.get::<_, i64>(8)?, r.get::<_, i64>(9)?));
+            let rows: Vec<_> = match &namespace {
+                Some(ns) => c
+                    .prepare_cached(&format!(
+                        "SELECT {JOB_COLS} FROM jobs WHERE namespace = ?1 ORDER BY created_at DESC, id LIMIT ?2"
+                    ))?
+                    .query_map(params![ns, limit], decoded)?
+                    .collect::<rusqlite::Result<_>>()?,
+                None => c
+                    .prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id LIMIT ?1"))?
+                    .query_map(params![limit], decoded)?
+                    .collect::<rusqlite::Result<_>>()?,
+            };
             rows.into_iter().map(|(c, a, b)| decode_job(c, a, b)).collect()
         })
         .await
@@ -829,5 +870,51 @@ impl Store for SqliteStore {
             rows.into_iter().map(|(seq, at, p)| Ok(Event { job_id: job, seq, at, kind: parse(&p)? })).collect()
         })
         .await
+    }
+
+    async fn create_namespace(&self, name: &str) -> Result<bool> {
+        let name = name.to_string();
+        self.tx(move |tx| access::create_namespace(tx, &name)).await
+    }
+
+    async fn namespaces(&self) -> Result<Vec<flower_model::access::Namespace>> {
+        self.run(|c| access::namespaces(c)).await
+    }
+
+    async fn create_key(&self, key: flower_model::access::ApiKey, replaces: Option<String>) -> Result<()> {
+        self.tx(move |tx| access::create_key(tx, &key, replaces.as_deref())).await
+    }
+
+    async fn get_key(&self, id: &str) -> Result<flower_model::access::ApiKey> {
+        let id = id.to_string();
+        self.run(move |c| access::get_key(c, &id)).await
+    }
+
+    async fn keys(&self, namespace: Option<&str>) -> Result<Vec<flower_model::access::ApiKey>> {
+        let namespace = namespace.map(str::to_string);
+        self.run(move |c| access::keys(c, namespace.as_deref())).await
+    }
+
+    async fn revoke_key(&self, id: &str, at: i64) -> Result<flower_model::access::ApiKey> {
+        let id = id.to_string();
+        self.tx(move |tx| access::revoke_key(tx, &id, at)).await
+    }
+
+    async fn touch_keys(&self, ids: Vec<String>, at: i64) -> Result<()> {
+        self.tx(move |tx| access::touch_keys(tx, &ids, at)).await
+    }
+
+    async fn append_audit(&self, records: Vec<flower_model::access::AuditRecord>) -> Result<()> {
+        self.tx(move |tx| access::append_audit(tx, &records)).await
+    }
+
+    async fn audit_log(
+        &self,
+        namespace: Option<&str>,
+        after_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<flower_model::access::AuditRecord>> {
+        let namespace = namespace.map(str::to_string);
+        self.run(move |c| access::audit_log(c, namespace.as_deref(), after_seq, limit)).await
     }
 }

@@ -68,7 +68,7 @@ async fn check_usable(store: &dyn Store, old: &Release) {
     let job = store.get_job(old.job).await.unwrap();
     assert_eq!((job.state, job.name.as_str(), job.usage), (JobState::Running, "old", old.usage));
     assert_eq!(store.resolve_job(&old.job.to_string()[..8]).await.unwrap(), old.job);
-    assert!(store.list_jobs(10).await.unwrap().iter().any(|j| j.id == old.job));
+    assert!(store.list_jobs(None, 10).await.unwrap().iter().any(|j| j.id == old.job));
     assert_eq!(store.entries(old.session, 0, 10).await.unwrap(), old.entries, "entries read back as written");
     assert_eq!(store.get_session(old.session).await.unwrap().role, Role::Coordinator);
     let events: Vec<EventKind> = store.events(old.job, 0, 10).await.unwrap().into_iter().map(|e| e.kind).collect();

@@ -144,6 +144,10 @@ pub struct Options {
     /// Runtime threads of every coordinator and worker (`FLOWER_THREADS`);
     /// else each its default (one per core).
     pub threads: Option<u16>,
+    /// Coordinators accept signed tokens of the test JWKS
+    /// (`coordinator/tests/fixtures/jwt`: issuer `https://idp.example`,
+    /// audience `flower`).
+    pub jwt: bool,
 }
 
 impl Default for Options {
@@ -165,6 +169,7 @@ impl Default for Options {
             metrics: false,
             console: false,
             threads: None,
+            jwt: false,
         }
     }
 }
@@ -274,6 +279,12 @@ impl Cluster {
         }
         if opts.console {
             coord_env.push(("FLOWER_HTTP_LISTEN".into(), "127.0.0.1:0".into()));
+        }
+        if opts.jwt {
+            let jwks = repo().join("coordinator/tests/fixtures/jwt/jwks.json");
+            coord_env.push(("FLOWER_JWKS".into(), jwks.display().to_string()));
+            coord_env.push(("FLOWER_JWT_ISSUER".into(), "https://idp.example".into()));
+            coord_env.push(("FLOWER_JWT_AUDIENCE".into(), "flower".into()));
         }
         if opts.metrics {
             env.push(("FLOWER_METRICS_LISTEN".into(), "127.0.0.1:0".into()));

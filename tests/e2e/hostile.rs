@@ -59,7 +59,7 @@ impl Decoder for Raw {
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
-enum Rpc {
+pub(crate) enum Rpc {
     Submit,
     Get,
     List,
@@ -76,7 +76,7 @@ enum Rpc {
     GetWorkflow,
 }
 
-const RPCS: [Rpc; 14] = [
+pub(crate) const RPCS: [Rpc; 14] = [
     Rpc::Submit,
     Rpc::Get,
     Rpc::List,
@@ -118,7 +118,7 @@ impl Rpc {
     }
 
     /// A request naming `job` (with the other fields valid).
-    fn with_job(self, job: &str) -> Vec<u8> {
+    pub(crate) fn with_job(self, job: &str) -> Vec<u8> {
         let job_id = job.to_string();
         match self {
             Rpc::Submit | Rpc::List => unreachable!("no job id"),
@@ -140,10 +140,10 @@ impl Rpc {
     }
 
     /// A well-formed request of this RPC (for the auth cases).
-    fn valid(self) -> Vec<u8> {
+    pub(crate) fn valid(self) -> Vec<u8> {
         match self {
             Rpc::Submit => pb::SubmitRequest { spec: spec(), ..Default::default() }.encode_to_vec(),
-            Rpc::List => pb::ListRequest { limit: 5, page_token: String::new() }.encode_to_vec(),
+            Rpc::List => pb::ListRequest { limit: 5, page_token: String::new(), ..Default::default() }.encode_to_vec(),
             other => other.with_job(&uuid::Uuid::new_v4().to_string()),
         }
     }
@@ -308,6 +308,7 @@ fn corpus(job: &str, session: &str) -> Vec<Case> {
                 .into_iter()
                 .map(|(p, c)| pb::WorkspaceFile { path: p.to_string(), content: c.to_vec() })
                 .collect(),
+            ..Default::default()
         }
         .encode_to_vec()
     };
@@ -458,7 +459,7 @@ fn corpus(job: &str, session: &str) -> Vec<Case> {
     cases.push(case(
         "List: a page token",
         Rpc::List,
-        pb::ListRequest { limit: 1, page_token: "x".into() }.encode_to_vec(),
+        pb::ListRequest { limit: 1, page_token: "x".into(), ..Default::default() }.encode_to_vec(),
         InvalidArgument,
         Some("page_token"),
     ));
@@ -466,7 +467,12 @@ fn corpus(job: &str, session: &str) -> Vec<Case> {
 }
 
 /// Send one request; the status it got (`Ok` when accepted).
-async fn send(channel: &tonic::transport::Channel, rpc: Rpc, body: Vec<u8>, auth: Option<&str>) -> tonic::Status {
+pub(crate) async fn send(
+    channel: &tonic::transport::Channel,
+    rpc: Rpc,
+    body: Vec<u8>,
+    auth: Option<&str>,
+) -> tonic::Status {
     let mut grpc = tonic::client::Grpc::new(channel.clone()).max_decoding_message_size(64 << 20);
     grpc.ready().await.unwrap();
     let mut req = tonic::Request::new(body);

@@ -5,6 +5,7 @@
 // A test reads top to bottom.
 #![allow(clippy::too_many_lines)]
 
+mod access;
 mod ask;
 mod bench;
 mod cluster;

@@ -402,7 +402,12 @@ async fn trial_memory_returns_after_large_jobs() {
         let files = (0..4)
             .map(|k| pb::WorkspaceFile { path: format!("blob-{k}.bin"), content: vec![(i + k) as u8; size / 4] })
             .collect();
-        let r = pb::SubmitRequest { spec: spec.clone(), idempotency_key: String::new(), workspace: files };
+        let r = pb::SubmitRequest {
+            spec: spec.clone(),
+            idempotency_key: String::new(),
+            workspace: files,
+            ..Default::default()
+        };
         ids.push(api.submit(r).await.unwrap().into_inner().job_id);
     }
     let peak = rss_mib(pid);

@@ -106,6 +106,8 @@ async fn seed_main_thread(
             spec: serde_json::to_value(&spec)?,
             idempotency_key: None,
             continues: None,
+            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+            submitted_by: None,
         })
         .await?;
     let session = SessionId::random();

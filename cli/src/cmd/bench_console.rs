@@ -61,7 +61,7 @@ pub async fn console(a: ConsoleArgs) -> anyhow::Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let shutdown = tokio_util::sync::CancellationToken::new();
-    flower_console::Console::new(flower_runtime::jobs::reader_app(store, objects), None, None)
+    flower_console::Console::new(flower_runtime::jobs::reader_app(store, objects), None)
         .serve(listener, shutdown.clone());
     let pages = [
         ("jobs list", format!("{base}/")),
@@ -138,11 +138,7 @@ async fn fill(
         "name": "large", "goal": "A large job for the console benchmark.",
         "workers": {"w": {"description": "works", "tools": ["Read"]}}
     });
-    let job = store
-        .create_job(NewJob { id: JobId::random(), name: "large".into(), spec, idempotency_key: None, continues: None })
-        .await?
-        .0
-        .id;
+    let job = store.create_job(NewJob::new(JobId::random(), "large", spec)).await?.0.id;
     let main = SessionId::random();
     let session = Session {
         id: main,

@@ -47,6 +47,8 @@ async fn run(tasks: usize, fan_out: usize) -> anyhow::Result<usize> {
             spec: serde_json::json!({}),
             idempotency_key: None,
             continues: None,
+            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+            submitted_by: None,
         })
         .await?
         .0

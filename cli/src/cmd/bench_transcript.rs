@@ -55,6 +55,8 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
             spec: json!({}),
             idempotency_key: None,
             continues: None,
+            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+            submitted_by: None,
         })
         .await?
         .0

@@ -14,7 +14,7 @@ pub struct ServerArgs {
     /// that can read the embedded store do so
     #[arg(long, env = "FLOWER_SERVER")]
     pub server: Option<String>,
-    /// Bearer token for the service
+    /// Credential for the service: an API key (`flk_…`), the operator's token, or a signed token
     #[arg(long, env = "FLOWER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// PEM CA certificate to trust for an https:// service (default: the public web roots)
@@ -36,12 +36,26 @@ impl Interceptor for Bearer {
 
 pub type Client = FlowerClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
 
+pub type AccessClient =
+    flower_proto::v1::access_client::AccessClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
+
 impl ServerArgs {
     pub fn configured(&self) -> bool {
         self.server.as_deref().is_some_and(|s| !s.is_empty())
     }
 
     pub async fn connect(&self) -> anyhow::Result<Client> {
+        let (channel, bearer) = self.channel().await?;
+        Ok(FlowerClient::with_interceptor(channel, bearer).max_decoding_message_size(64 << 20))
+    }
+
+    /// The `Access` service (namespaces, keys, the audit log) of the same service.
+    pub async fn connect_access(&self) -> anyhow::Result<AccessClient> {
+        let (channel, bearer) = self.channel().await?;
+        Ok(flower_proto::v1::access_client::AccessClient::with_interceptor(channel, bearer))
+    }
+
+    async fn channel(&self) -> anyhow::Result<(Channel, Bearer)> {
         let url = self
             .server
             .clone()
@@ -63,7 +77,7 @@ impl ServerArgs {
             Some(t) => Some(format!("Bearer {t}").parse().context("--token: not a valid header value")?),
             None => None,
         };
-        Ok(FlowerClient::with_interceptor(channel, Bearer(bearer)).max_decoding_message_size(64 << 20))
+        Ok((channel, Bearer(bearer)))
     }
 }
 

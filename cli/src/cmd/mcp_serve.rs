@@ -75,7 +75,8 @@ pub async fn run(home: PathBuf, args: McpServeArgs) -> anyhow::Result<ExitCode> 
     let mut runs = None;
     let jobs: Arc<dyn Jobs> = if args.server.configured() {
         let client = args.server.connect().await?;
-        Arc::new(GrpcJobs { client, url: args.server.server.clone().unwrap_or_default() })
+        let url = args.server.server.clone().unwrap_or_default();
+        Arc::new(GrpcJobs { client, url, server: args.server.clone(), mcp_token: token.clone() })
     } else {
         let policy = args.policy.policy(&super::isolation::service_credentials(&[]))?;
         std::fs::create_dir_all(&home).with_context(|| format!("opening {}", home.display()))?;
@@ -86,7 +87,9 @@ pub async fn run(home: PathBuf, args: McpServeArgs) -> anyhow::Result<ExitCode> 
             flower_runtime::jobs::embedded_app(&home, tools).with_context(|| format!("opening {}", home.display()))?;
         let describe = format!("the embedded store at {} (jobs run in this process)", embedded.home().display());
         runs = Some(embedded);
-        Arc::new(AppJobs::new(app, describe))
+        // Over HTTP, the token (an admin's) or an API key of this store; over stdio, the local admin.
+        let auth = flower_coordinator::app::auth::AuthConfig { token: token.clone(), jwt: None };
+        Arc::new(AppJobs::new(app.with_auth(auth), describe))
     };
     let base = match &args.spec_root {
         Some(dir) => dir.canonicalize().with_context(|| format!("--spec-root {}", dir.display()))?,
@@ -114,8 +117,7 @@ pub async fn run(home: PathBuf, args: McpServeArgs) -> anyhow::Result<ExitCode> 
                 addr.ip().is_loopback() || token.is_some(),
                 "--http {addr}: serving beyond loopback needs a token (--token-env VAR or FLOWER_MCP_TOKEN)"
             );
-            let http =
-                flower_mcp::serve_http(server, addr, token.clone()).await.with_context(|| format!("--http {addr}"))?;
+            let http = flower_mcp::serve_http(server, addr).await.with_context(|| format!("--http {addr}"))?;
             println!(
                 "flower mcp-serve on {} ({}; jobs in {}; Ctrl-C stops)",
                 http.url(),
@@ -148,6 +150,10 @@ async fn shutdown_signal() {
 struct GrpcJobs {
     client: Client,
     url: String,
+    /// How to reach the service with another credential.
+    server: ServerArgs,
+    /// The token HTTP clients may show to act with this server's own credential.
+    mcp_token: Option<String>,
 }
 
 fn job_view(j: pb::Job) -> JobView {
@@ -180,6 +186,27 @@ impl Jobs for GrpcJobs {
         format!("the flower service at {}", self.url)
     }
 
+    /// The MCP token (or none, when none is set) acts with this server's own
+    /// credential; any other bearer is the service's to check.
+    async fn acting(self: Arc<Self>, bearer: Option<&str>, _origin: &str) -> Result<Arc<dyn Jobs>, AppError> {
+        let own = match (&self.mcp_token, bearer) {
+            (None, None) => true,
+            (Some(t), Some(b)) => flower_model::secret::same(t.as_bytes(), b.as_bytes()),
+            (Some(_), None) => {
+                return Err(AppError::unauthenticated("this MCP server needs `Authorization: Bearer <credential>`"));
+            }
+            (None, Some(_)) => false,
+        };
+        if own {
+            return Ok(self);
+        }
+        let server = ServerArgs { token: bearer.map(str::to_string), ..self.server.clone() };
+        let client = server.connect().await.map_err(|e| {
+            AppError::new(ErrorKind::Unavailable, format!("the flower service cannot be reached: {e:#}"))
+        })?;
+        Ok(Arc::new(GrpcJobs { client, url: self.url.clone(), server, mcp_token: self.mcp_token.clone() }))
+    }
+
     async fn submit(&self, spec: JobSpec) -> Result<JobView, AppError> {
         let workspace = match &spec.workspace {
             Some(dir) => super::submit::read_workspace(dir, spec.runtime.workspace_limit.as_u64())
@@ -187,7 +214,7 @@ impl Jobs for GrpcJobs {
             None => Vec::new(),
         };
         let text = serde_json::to_string(&spec).map_err(|e| AppError::internal("the spec could not be encoded", e))?;
-        let req = pb::SubmitRequest { spec: text, idempotency_key: String::new(), workspace };
+        let req = pb::SubmitRequest { spec: text, idempotency_key: String::new(), workspace, ..Default::default() };
         let r = self.client.clone().submit(req).await.map_err(status)?.into_inner();
         self.job(&r.job_id).await
     }

@@ -1,3 +1,4 @@
+pub mod auth;
 pub mod backends;
 pub mod bench;
 pub mod bench_console;
@@ -35,6 +36,15 @@ pub fn open_store(home: &std::path::Path) -> anyhow::Result<Arc<dyn Store>> {
 /// A job by full id or unique prefix.
 pub async fn resolve_job(store: &dyn Store, id: &str) -> anyhow::Result<JobId> {
     Ok(store.resolve_job(id).await?)
+}
+
+/// A stored time (ms since the epoch) for humans: `2026-12-07 14:03:22Z`.
+pub fn format_ms(ms: i64) -> String {
+    let format = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]Z");
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(format).ok())
+        .unwrap_or_else(|| ms.to_string())
 }
 
 /// `12.3k`-style counts for humans.

@@ -19,9 +19,13 @@ pub struct CoordinatorArgs {
     /// Address the gRPC API listens on (port 0: any free port; the address is printed)
     #[arg(long, env = "FLOWER_LISTEN", default_value = "127.0.0.1:7777")]
     pub listen: SocketAddr,
-    /// Require `authorization: Bearer <token>` on every call except health checks
+    /// The operator's token, an admin credential. With it (or --jwks), every call but health
+    /// checks needs `authorization: Bearer <credential>`: an API key (`flower auth create`), this
+    /// token, or a signed token
     #[arg(long, env = "FLOWER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    #[command(flatten)]
+    pub jwt: JwtArgs,
     /// Largest request accepted (spec and workspace together)
     #[arg(long, env = "FLOWER_MAX_REQUEST_BYTES", default_value = "16 MiB")]
     pub max_request_bytes: bytesize::ByteSize,
@@ -47,6 +51,46 @@ pub struct CoordinatorArgs {
     pub insecure: bool,
     #[command(flatten)]
     pub backends: BackendArgs,
+}
+
+/// Signed tokens (JWT) from an identity provider.
+#[derive(Args, Clone, Debug)]
+pub struct JwtArgs {
+    /// Accept signed tokens verified against this JWKS (a file, or an http(s) URL read again every 5 minutes)
+    #[arg(long, env = "FLOWER_JWKS", requires_all = ["jwt_issuer", "jwt_audience"])]
+    pub jwks: Option<String>,
+    /// The `iss` a signed token must carry
+    #[arg(long, env = "FLOWER_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// The `aud` a signed token must carry
+    #[arg(long, env = "FLOWER_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// The claim naming the caller's namespace
+    #[arg(long, env = "FLOWER_JWT_NAMESPACE_CLAIM", default_value = "flower_namespace")]
+    pub jwt_namespace_claim: String,
+    /// The claim naming the caller's role (viewer, submitter, operator, admin)
+    #[arg(long, env = "FLOWER_JWT_ROLE_CLAIM", default_value = "flower_role")]
+    pub jwt_role_claim: String,
+}
+
+impl JwtArgs {
+    /// The verifier these flags describe, if any.
+    pub async fn verifier(
+        &self,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Option<Arc<flower_coordinator::app::jwt::Verifier>>> {
+        let Some(source) = &self.jwks else { return Ok(None) };
+        let mut config = flower_coordinator::app::jwt::JwtConfig::new(
+            self.jwt_issuer.clone().unwrap_or_default(),
+            self.jwt_audience.clone().unwrap_or_default(),
+        );
+        config.namespace_claim = self.jwt_namespace_claim.clone();
+        config.role_claim = self.jwt_role_claim.clone();
+        let verifier = flower_runtime::jwks::verifier(source, config, shutdown)
+            .await
+            .map_err(|e| anyhow::anyhow!("--jwks: {e}"))?;
+        Ok(Some(verifier))
+    }
 }
 
 /// The API and the console beyond loopback need a token, or `--insecure`.
@@ -93,7 +137,10 @@ fn serve_metrics(
 
 pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.lease_ttl >= Duration::from_secs(1), "--lease-ttl: must be at least 1s");
-    check_exposure(&args, args.token.as_deref().filter(|t| !t.is_empty()))?;
+    let credential = args.token.as_deref().filter(|t| !t.is_empty()).or(args.jwt.jwks.as_deref());
+    check_exposure(&args, credential)?;
+    let shutdown = CancellationToken::new();
+    let jwt = args.jwt.verifier(shutdown.clone()).await?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => Some((
             std::fs::read(c).with_context(|| format!("--tls-cert {}", c.display()))?,
@@ -122,6 +169,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let token = args.token.filter(|t| !t.is_empty());
     let config = ServiceConfig {
         token: token.clone(),
+        jwt,
         max_request_bytes: args.max_request_bytes.as_u64() as usize,
         lease_ttl: args.lease_ttl,
         tls,
@@ -136,13 +184,12 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         super::runtime_threads()
     );
     serve_metrics(metrics, Some(connected.store.clone()))?;
-    let shutdown = CancellationToken::new();
     let notifier = backends.notifier.clone();
     let service = service::Service::new(config, backends);
     if let Some(listener) = console {
         println!("console on http://{}/", listener.local_addr()?);
         let audits = Arc::new(flower_runtime::audit::SimAudits::new(audit_sources));
-        flower_console::Console::new(service.app().clone(), Some(notifier), token)
+        flower_console::Console::new(service.app().clone(), Some(notifier))
             .with_audits(audits)
             .serve(listener, shutdown.clone());
     }

@@ -13,6 +13,9 @@ pub struct StatusArgs {
     /// How many jobs to list
     #[arg(long, default_value_t = 20)]
     pub limit: u32,
+    /// The namespace to list (default: the credential's; an admin's: every namespace)
+    #[arg(long, env = "FLOWER_NAMESPACE", default_value = "")]
+    pub namespace: String,
     /// Print JSON
     #[arg(long)]
     pub json: bool,
@@ -27,7 +30,9 @@ pub async fn run(home: std::path::PathBuf, args: StatusArgs) -> anyhow::Result<E
     let store = open_store(&home)?;
     let jobs = match &args.job {
         Some(id) => vec![store.get_job(resolve_job(store.as_ref(), id).await?).await?],
-        None => store.list_jobs(args.limit).await?,
+        None => {
+            store.list_jobs(Some(&args.namespace).filter(|n| !n.is_empty()).map(String::as_str), args.limit).await?
+        }
     };
     // One job: its workflow record too (lineage, steps, verdicts, questions).
     let record = match (&args.job, jobs.first()) {
@@ -92,7 +97,7 @@ async fn remote(args: StatusArgs) -> anyhow::Result<ExitCode> {
             vec![c.get(pb::GetRequest { job_id: id.clone() }).await.map_err(super::client::status_error)?.into_inner()]
         }
         None => {
-            c.list(pb::ListRequest { limit: args.limit, page_token: String::new() })
+            c.list(pb::ListRequest { limit: args.limit, page_token: String::new(), namespace: args.namespace.clone() })
                 .await
                 .map_err(super::client::status_error)?
                 .into_inner()

@@ -25,6 +25,9 @@ pub struct SubmitArgs {
     /// Submitting again with the same key returns the first job
     #[arg(long)]
     pub idempotency_key: Option<String>,
+    /// The namespace to submit in (default: the one the credential is bound to)
+    #[arg(long, env = "FLOWER_NAMESPACE", default_value = "")]
+    pub namespace: String,
     /// Print JSON (`{"job_id": …, "existing": …}`, then events with --watch)
     #[arg(long)]
     pub json: bool,
@@ -55,7 +58,12 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         None => Vec::new(),
     };
     let mut client = args.server.connect().await?;
-    let req = pb::SubmitRequest { spec: text, idempotency_key: args.idempotency_key.unwrap_or_default(), workspace };
+    let req = pb::SubmitRequest {
+        spec: text,
+        idempotency_key: args.idempotency_key.unwrap_or_default(),
+        workspace,
+        namespace: args.namespace.clone(),
+    };
     let resp = client.submit(req).await.map_err(status_error)?.into_inner();
     if args.json {
         println!("{}", serde_json::json!({"job_id": resp.job_id, "existing": resp.existing}));

@@ -297,6 +297,8 @@ async fn import(home: std::path::PathBuf, args: ImportArgs) -> anyhow::Result<Ex
             spec: serde_json::json!({"imported_from": args.file.display().to_string()}),
             idempotency_key: None,
             continues: None,
+            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+            submitted_by: None,
         })
         .await?;
     let mut sessions = Vec::new();

@@ -18,12 +18,12 @@ pub struct FileQuery {
 }
 
 pub async fn file(
-    _: Signed,
+    s: Signed,
     State(c): State<Console>,
     Path((job, path)): Path<(String, String)>,
     Query(q): Query<FileQuery>,
 ) -> Result<Response, Refusal> {
-    let job = c.app().job_id("job_id", &job).await?;
+    let job = s.app.job_id("job_id", &job).await?;
     let bytes = c.app().artifact(job, &path).await?;
     let text = std::str::from_utf8(&bytes).is_ok();
     let kind = if text { "text/plain; charset=utf-8" } else { "application/octet-stream" };

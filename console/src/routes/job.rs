@@ -62,16 +62,16 @@ pub struct Limits {
 pub use flower_coordinator::app::views::Attempt;
 
 pub async fn page(
-    _: Signed,
+    s: Signed,
     State(c): State<Console>,
     Path(job): Path<String>,
     Query(q): Query<JobQuery>,
 ) -> Result<Response, Refusal> {
-    let job = c.app().job("job_id", &job).await?;
+    let job = s.app.job("job_id", &job).await?;
     let mut v = load(&c, job).await?;
     v.timeline_from = q.tasks.min(v.tasks.len().saturating_sub(1));
     let now = now_ms();
-    let csrf = c.auth().csrf();
+    let csrf = s.csrf.as_str();
     if q.fragment == "live" {
         return Ok(layout::respond(StatusCode::OK, live_parts(&v, csrf, now)));
     }

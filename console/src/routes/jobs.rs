@@ -102,8 +102,8 @@ fn paged(lines: usize, asked: usize) -> Paged {
     Paged { page, pages, shown: (page * PAGE).min(lines)..((page + 1) * PAGE).min(lines) }
 }
 
-pub async fn page(_: Signed, State(c): State<Console>, Query(q): Query<ListQuery>) -> Result<Response, Refusal> {
-    let jobs = c.app().list(LIST_WINDOW).await?;
+pub async fn page(s: Signed, State(c): State<Console>, Query(q): Query<ListQuery>) -> Result<Response, Refusal> {
+    let jobs = s.app.list(LIST_WINDOW).await?;
     let now = now_ms();
     let earlier = earlier(&jobs, &q, now);
     let mut lines = filtered(jobs, &q, now);

@@ -26,13 +26,13 @@ const EVENTS_READ: u32 = 500;
 
 /// Server-sent `changed` events whenever a job's row may have changed (a
 /// notice, or every 2 s without a notifier); the page refreshes its rows.
-pub async fn jobs(_: Signed, State(c): State<Console>) -> Response {
+pub async fn jobs(s: Signed, State(c): State<Console>) -> Response {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         let mut notices = c.inner.notifier.as_ref().map(|n| n.subscribe());
         let mut last = String::new();
         loop {
-            let now = match c.app().list(PAGE as u32).await {
+            let now = match s.app.list(PAGE as u32).await {
                 Ok(jobs) => jobs.iter().map(|j| format!("{}:{}:{};", j.id, j.state.as_str(), j.updated_at)).collect(),
                 Err(_) => last.clone(),
             };
@@ -62,22 +62,22 @@ pub struct LiveQuery {
 /// `Last-Event-ID` (a reconnect) or `after`; ends once the job has ended and
 /// every event is sent.
 pub async fn job(
-    _: Signed,
+    s: Signed,
     State(c): State<Console>,
     headers: HeaderMap,
     Path(job): Path<String>,
     Query(q): Query<LiveQuery>,
 ) -> Result<Response, Refusal> {
-    let job = c.app().job_id("job_id", &job).await?;
+    let job = s.app.job_id("job_id", &job).await?;
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<i64>().ok());
     let cursor = resume.unwrap_or(q.after).max(0);
     let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(follow(c, job, cursor, tx));
+    tokio::spawn(follow(c, s.app, job, cursor, tx));
     Ok(sse(rx))
 }
 
 /// Send `job`'s events after `cursor` until the job has ended and all are sent.
-async fn follow(c: Console, job: JobId, mut cursor: i64, tx: Sender) {
+async fn follow(c: Console, app: flower_coordinator::app::App, job: JobId, mut cursor: i64, tx: Sender) {
     let mut notices = c.inner.notifier.as_ref().map(|n| n.subscribe());
     loop {
         let page = match c.app().events(job, cursor, EVENTS_READ).await {
@@ -98,7 +98,7 @@ async fn follow(c: Console, job: JobId, mut cursor: i64, tx: Sender) {
         if page.len() == EVENTS_READ as usize {
             continue;
         }
-        let ended = c.app().get(job).await.map(|j| j.state.is_terminal()).unwrap_or(false);
+        let ended = app.get(job).await.map(|j| j.state.is_terminal()).unwrap_or(false);
         if ended && c.app().events(job, cursor, 1).await.map(|p| p.is_empty()).unwrap_or(true) {
             let _ = tx.send(Ok(SseEvent::default().event("end").data("ended"))).await;
             return;

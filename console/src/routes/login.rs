@@ -1,5 +1,7 @@
-//! `/login`: the sign-in form, and its post, which sets the session cookie
-//! (a digest of the token) when the token is this console's.
+//! `/login`: the sign-in form, and its post, which checks the credential
+//! with the application layer (an API key, the operator's token or a signed
+//! token), opens a session and goes on to the page asked for; failures are
+//! throttled per address. `/logout` ends the session.
 
 use axum::extract::{Form, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -8,34 +10,60 @@ use serde::Deserialize;
 
 use super::redirect;
 use crate::Console;
+use crate::auth::{Peer, local_path};
 use crate::error::status;
 use crate::views::layout;
 
 #[derive(Deserialize)]
 pub struct LoginForm {
     token: String,
+    #[serde(default)]
+    next: String,
 }
 
-/// The form; to the jobs when there is no token or the request shows it.
-pub async fn page(State(c): State<Console>, headers: HeaderMap) -> Response {
-    if !c.auth().required() || c.auth().shown(&headers) {
+/// The form; to the jobs when no credential is needed.
+pub async fn page(State(c): State<Console>) -> Response {
+    if !c.app().auth_required() {
         return redirect("/");
     }
-    layout::respond(StatusCode::OK, layout::sign_in(None))
+    layout::respond(StatusCode::OK, layout::sign_in(None, "/"))
 }
 
-/// Sign in: the cookie and the jobs, or the form again saying why not.
-pub async fn sign_in(State(c): State<Console>, Form(f): Form<LoginForm>) -> Response {
-    if !c.auth().required() {
-        return redirect("/");
-    }
-    let Some(cookie) = c.auth().sign_in(&f.token) else {
-        let why = "That token is not this service's.";
-        return layout::respond(status(flower_model::ErrorKind::Unauthenticated), layout::sign_in(Some(why)));
-    };
-    let mut r = redirect("/");
-    if let Ok(v) = HeaderValue::from_str(&cookie) {
+fn with_cookie(mut r: Response, cookie: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(cookie) {
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
     r
+}
+
+/// Sign in: a session and the page asked for, or the form again saying why not.
+pub async fn sign_in(State(c): State<Console>, Peer(peer): Peer, Form(f): Form<LoginForm>) -> Response {
+    let next = local_path(&f.next).to_string();
+    let ip = peer.map(|p| p.ip());
+    if c.auth().throttled(ip) {
+        let why = "Too many failed sign-ins from this address: wait a minute.";
+        return layout::respond(StatusCode::TOO_MANY_REQUESTS, layout::sign_in(Some(why), &next));
+    }
+    let origin = peer.map_or_else(|| "console".into(), |p| format!("console {p}"));
+    match c.app().authenticate(Some(f.token.trim()), &origin).await {
+        Ok(app) if c.app().auth_required() => match app.caller() {
+            Ok(caller) => with_cookie(redirect(&next), &c.auth().open(caller)),
+            Err(e) => layout::respond(status(e.kind), layout::sign_in(Some(&e.message), &next)),
+        },
+        Ok(_) => redirect(&next),
+        Err(e) => {
+            c.auth().failed(ip);
+            let why = match e.kind {
+                flower_model::ErrorKind::Unauthenticated => "That key or token is not valid here.".to_string(),
+                _ => e.message,
+            };
+            layout::respond(status(e.kind), layout::sign_in(Some(&why), &next))
+        }
+    }
+}
+
+/// Sign out: the session ends, the cookie is cleared.
+pub async fn sign_out(State(c): State<Console>, headers: HeaderMap) -> Response {
+    let cleared = c.auth().close(&headers);
+    with_cookie(redirect(if c.app().auth_required() { "/login" } else { "/" }), &cleared)
 }

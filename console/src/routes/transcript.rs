@@ -36,12 +36,12 @@ pub struct TranscriptQuery {
 }
 
 pub async fn page(
-    _: Signed,
+    s: Signed,
     State(c): State<Console>,
     Path((job, session)): Path<(String, String)>,
     Query(q): Query<TranscriptQuery>,
 ) -> Result<Response, Refusal> {
-    let app = c.app();
+    let app = &s.app;
     let job = app.job("job_id", &job).await?;
     let pruned = q.view == "pruned";
     let (from, limit) = if pruned { (0, MAX_PAGE) } else { (q.from.max(0), ENTRIES_PAGE) };

@@ -25,6 +25,11 @@ pub fn respond(status: StatusCode, markup: Markup) -> Response {
 
 /// A whole page: `body` under the console's top bar, titled `title`.
 pub fn document(title: &str, body: Markup) -> Markup {
+    page(title, body, true)
+}
+
+/// A whole page, with the sign-out button or (the sign-in form's page) without.
+fn page(title: &str, body: Markup, sign_out: bool) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -39,6 +44,9 @@ pub fn document(title: &str, body: Markup) -> Markup {
                 header class="top" {
                     a href="/" class="brand" { "flower" }
                     nav aria-label="main" { a href="/" { "Jobs" } }
+                    @if sign_out {
+                        form method="post" action="/logout" class="sign-out" { button type="submit" { "Sign out" } }
+                    }
                 }
                 (body)
             }
@@ -59,16 +67,18 @@ pub fn problem(message: &str) -> Markup {
     )
 }
 
-/// The sign-in page, saying why the last try failed when it did.
-pub fn sign_in(error: Option<&str>) -> Markup {
-    document(
+/// The sign-in page, saying why the last try failed when it did; after
+/// signing in, the browser goes to `next`.
+pub fn sign_in(error: Option<&str>, next: &str) -> Markup {
+    page(
         "Sign in",
         html! {
             main class="narrow" {
                 h1 { "flower" }
                 form method="post" action="/login" class="card" {
-                    label for="token" { "Access token" }
+                    label for="token" { "Access token or API key" }
                     input id="token" name="token" type="password" autocomplete="current-password" required autofocus;
+                    input type="hidden" name="next" value=(next);
                     @if let Some(e) = error {
                         p class="error" role="alert" { (e) }
                     }
@@ -76,5 +86,6 @@ pub fn sign_in(error: Option<&str>) -> Markup {
                 }
             }
         },
+        false,
     )
 }

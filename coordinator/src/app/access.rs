@@ -1,49 +1,11 @@
-//! Who may do what (the groundwork of namespaces and keys): a caller is a
-//! [`Principal`] — a namespace and a [`Role`] — and every call of the
-//! application layer is an [`Action`] its role allows or not. API keys are
-//! made here: shown once, stored as a digest, compared in constant time.
-//!
-//! Not wired into the front-ends yet: today a deployment has one bearer
-//! token, which is an [`Role::Admin`] credential of every namespace.
+//! Who may do what (docs/design.md, section 17): a caller is a
+//! [`Principal`] — a namespace, a [`Role`] and a subject — and every call of
+//! the application layer is an [`Action`] its role allows or not. API keys
+//! are made here: shown once, stored as a digest, compared in constant time.
 
 use sha2::{Digest, Sha256};
 
-/// What a caller may do, each role including the one before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Role {
-    /// Reads: jobs, events, transcripts, artifacts.
-    Viewer,
-    /// Submits jobs, and interrupts, answers and continues its own.
-    Submitter,
-    /// Cancels any job of its namespace and manages its keys.
-    Operator,
-    /// Namespaces and global settings.
-    Admin,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Submitter => "submitter",
-            Role::Operator => "operator",
-            Role::Admin => "admin",
-        }
-    }
-}
-
-impl std::str::FromStr for Role {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "viewer" => Ok(Role::Viewer),
-            "submitter" => Ok(Role::Submitter),
-            "operator" => Ok(Role::Operator),
-            "admin" => Ok(Role::Admin),
-            other => Err(format!("`{other}` is not a role (viewer, submitter, operator, admin)")),
-        }
-    }
-}
+pub use flower_model::access::Role;
 
 /// A call of the application layer, as authorisation sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +16,8 @@ pub enum Action {
     Steer,
     Cancel,
     ManageKeys,
+    /// Read the audit log.
+    Audit,
     ManageNamespaces,
 }
 
@@ -75,7 +39,35 @@ pub struct Principal {
     pub subject: String,
 }
 
+/// A principal and where its call comes from (the audit log's "from where").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub principal: Principal,
+    /// The front-end and the peer: `grpc 127.0.0.1:53122`, `console …`, `cli`.
+    pub origin: String,
+}
+
+impl Caller {
+    /// The user of an open deployment (no credential configured: one user
+    /// on their own machine), or of the embedded store: an admin.
+    pub fn local(origin: impl Into<String>) -> Self {
+        Caller {
+            principal: Principal {
+                namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+                role: Role::Admin,
+                subject: "local".into(),
+            },
+            origin: origin.into(),
+        }
+    }
+}
+
 impl Principal {
+    /// Whether this caller may know that a thing of `namespace` exists.
+    pub fn sees(&self, namespace: &str) -> bool {
+        self.role == Role::Admin || self.namespace == namespace
+    }
+
     /// Whether this caller may do `action` on a job of `namespace` owned as
     /// `owner`. A job of another namespace is never allowed (and the
     /// front-end says `NOT_FOUND`: its existence is not revealed), except to
@@ -89,7 +81,7 @@ impl Principal {
             Action::Submit => self.role >= Role::Submitter,
             Action::Steer => self.role >= Role::Operator || (self.role == Role::Submitter && owner == Owner::Caller),
             Action::Cancel => self.role >= Role::Operator || (self.role == Role::Submitter && owner == Owner::Caller),
-            Action::ManageKeys => self.role >= Role::Operator,
+            Action::ManageKeys | Action::Audit => self.role >= Role::Operator,
             Action::ManageNamespaces => self.role == Role::Admin,
         }
     }
@@ -157,6 +149,7 @@ mod tests {
         let operator = p("team-a", Role::Operator);
         assert!(operator.allows(Cancel, "team-a", Owner::Other) && operator.allows(ManageKeys, "team-a", Owner::Other));
         assert!(!operator.allows(ManageNamespaces, "team-a", Owner::Other));
+        assert!(operator.allows(Audit, "team-a", Owner::Other) && !submitter.allows(Audit, "team-a", Owner::Other));
         let admin = p("team-a", Role::Admin);
         assert!(admin.allows(ManageNamespaces, "team-b", Owner::Other));
     }
@@ -185,7 +178,5 @@ mod tests {
         for bad in ["", "flk_", "flk_zz_yy", "abc_0123456789abcdef_00", &k.secret[..k.secret.len() - 1]] {
             assert_eq!(key_id(bad), None, "{bad:?}");
         }
-        assert_eq!("operator".parse::<Role>(), Ok(Role::Operator));
-        assert!("root".parse::<Role>().unwrap_err().contains("not a role"));
     }
 }

@@ -6,6 +6,8 @@ use flower_model::{ErrorKind, Job, JobId, JobSpec, JobState};
 use flower_store::NewJob;
 use flower_store::workspace::Workspace;
 
+use super::access::Caller;
+use super::audit::Verb;
 use super::input::{self, MAX_IDEMPOTENCY_KEY, MAX_QUESTION_ID, MAX_REASON};
 use super::{App, AppError, Result};
 use crate::tools::ask::Reply;
@@ -19,6 +21,8 @@ pub struct SubmitRequest {
     pub workspace: Vec<(String, Bytes)>,
     /// A retry with the same key and spec returns the first job.
     pub idempotency_key: String,
+    /// The namespace to submit in; empty: the caller's.
+    pub namespace: String,
 }
 
 /// What a submit or a continue made.
@@ -59,7 +63,7 @@ impl App {
         input::check_text("idempotency_key", &r.idempotency_key, MAX_IDEMPOTENCY_KEY)?;
         input::check_workspace_paths(r.workspace.iter().map(|(p, _)| p.as_str()))?;
         let spec = JobSpec::parse(&r.spec).map_err(|e| AppError::bad_spec(&e))?;
-        self.submit_spec(spec, r.workspace, r.idempotency_key).await
+        self.submit_in(&r.namespace, spec, r.workspace, r.idempotency_key).await
     }
 
     /// Submit a spec already read (a template filled in by a front-end):
@@ -70,7 +74,45 @@ impl App {
         workspace: Vec<(String, Bytes)>,
         idempotency_key: String,
     ) -> Result<Submitted> {
+        self.submit_in("", spec, workspace, idempotency_key).await
+    }
+
+    /// Submit in `namespace` (empty: the caller's): the caller's role must
+    /// allow it there; the call is recorded in the audit log.
+    async fn submit_in(
+        &self,
+        namespace: &str,
+        spec: JobSpec,
+        workspace: Vec<(String, Bytes)>,
+        idempotency_key: String,
+    ) -> Result<Submitted> {
+        let caller = self.caller()?;
+        let namespace = match namespace {
+            "" => caller.principal.namespace.clone(),
+            named => {
+                flower_model::access::check_namespace(named).map_err(|m| AppError::invalid("namespace", m))?;
+                named.to_string()
+            }
+        };
+        self.authorize_in(&caller, Verb::Submit, &namespace, "").await?;
+        let submitted = self.store_job(&caller, &namespace, spec, workspace, idempotency_key).await;
+        let target = submitted.as_ref().map(|s| s.job.id.to_string()).unwrap_or_default();
+        self.record(&caller, Verb::Submit, &namespace, &target, submitted.as_ref().map(|_| ())).await;
+        submitted
+    }
+
+    async fn store_job(
+        &self,
+        caller: &Caller,
+        namespace: &str,
+        spec: JobSpec,
+        workspace: Vec<(String, Bytes)>,
+        idempotency_key: String,
+    ) -> Result<Submitted> {
         self.admit(&spec)?;
+        if !self.b.store.namespaces().await?.iter().any(|n| n.name == namespace) {
+            return Err(AppError::invalid("namespace", format_args!("no namespace `{namespace}`")));
+        }
         let value = serde_json::to_value(&spec).map_err(|e| AppError::internal("the spec could not be encoded", e))?;
         let key = Some(idempotency_key).filter(|k| !k.is_empty());
         let (job, created) = self
@@ -82,6 +124,8 @@ impl App {
                 spec: value.clone(),
                 idempotency_key: key,
                 continues: None,
+                namespace: namespace.to_string(),
+                submitted_by: Some(caller.principal.subject.clone()),
             })
             .await?;
         if !created && !same_spec(&job.spec, &value) {
@@ -133,13 +177,18 @@ impl App {
         use crate::continuation::MAX_INSTRUCTION_BYTES;
         input::required_text("instruction", instruction, MAX_INSTRUCTION_BYTES, "required (what to do now)")?;
         input::check_text("idempotency_key", &idempotency_key, MAX_IDEMPOTENCY_KEY)?;
-        let parent = self.job_id("job_id", job_id).await?;
+        let caller = self.caller()?;
+        let parent = self.job("job_id", job_id).await?;
+        self.authorize_on(&caller, Verb::Continue, &parent, job_id).await?;
         let key = Some(idempotency_key).filter(|k| !k.is_empty());
-        let (job, created) =
-            crate::continuation::create(self.b.store.as_ref(), self.b.objects.clone(), parent, instruction, key)
-                .await?;
+        let by = caller.principal.subject.clone();
+        let store = self.b.store.as_ref();
+        let made = crate::continuation::create(store, self.b.objects.clone(), parent.id, instruction, key, Some(by));
+        let (job, created) = self
+            .audited(&caller, Verb::Continue, &parent.namespace, &parent.id.to_string(), async { Ok(made.await?) })
+            .await?;
         if created {
-            tracing::info!(job = %job.id, parent = %parent, "job continued");
+            tracing::info!(job = %job.id, parent = %parent.id, "job continued");
             self.runs.submitted(job.id);
         }
         Ok(Submitted { job, created })
@@ -149,16 +198,37 @@ impl App {
     /// recorded).
     pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<Job> {
         input::check_text("reason", reason, MAX_REASON)?;
-        let job = self.job_id("job_id", job_id).await?;
+        let (caller, found) = self.job_for(Verb::Cancel, job_id).await?;
+        let job = found.id;
         let notifier = self.runs.notifier(job);
-        let ended = crate::actions::cancel(self.b.store.as_ref(), notifier.as_deref(), job, reason).await?;
+        let store = self.b.store.as_ref();
+        let ended = self
+            .audited(&caller, Verb::Cancel, &found.namespace, &job.to_string(), async {
+                Ok(crate::actions::cancel(store, notifier.as_deref(), job, reason).await?)
+            })
+            .await?;
         self.runs.cancelled(job).await;
         Ok(ended)
     }
 
+    /// The job `job_id` names, if the caller may do `verb` on it.
+    async fn job_for(&self, verb: Verb, job_id: &str) -> Result<(Caller, Job)> {
+        let caller = self.caller()?;
+        let job = self.job("job_id", job_id).await?;
+        self.authorize_on(&caller, verb, &job, job_id).await?;
+        Ok((caller, job))
+    }
+
     /// Send a message to a running job's coordinator.
     pub async fn interrupt(&self, job_id: &str, message: &str) -> Result<Job> {
-        let job = self.job_id("job_id", job_id).await?;
+        let (caller, found) = self.job_for(Verb::Interrupt, job_id).await?;
+        let outcome = self.send(found.id, message).await;
+        self.record(&caller, Verb::Interrupt, &found.namespace, &found.id.to_string(), outcome.as_ref().map(|_| ()))
+            .await;
+        outcome
+    }
+
+    async fn send(&self, job: JobId, message: &str) -> Result<Job> {
         if message.trim().is_empty() {
             return Err(AppError::invalid("message", "required"));
         }
@@ -179,7 +249,13 @@ impl App {
 
     /// Answer the question a job waits on; the job as it is after.
     pub async fn answer(&self, job_id: &str, r: AnswerRequest) -> Result<Job> {
-        let job = self.job_id("job_id", job_id).await?;
+        let (caller, found) = self.job_for(Verb::Answer, job_id).await?;
+        let outcome = self.reply(found.id, r).await;
+        self.record(&caller, Verb::Answer, &found.namespace, &found.id.to_string(), outcome.as_ref().map(|_| ())).await;
+        outcome
+    }
+
+    async fn reply(&self, job: JobId, r: AnswerRequest) -> Result<Job> {
         let reply = match (r.text.trim().is_empty(), r.option) {
             (false, 0) => {
                 input::check_text("text", &r.text, flower_model::spec::MAX_MESSAGE_BYTES)?;
@@ -204,8 +280,14 @@ impl App {
     /// Answer a side question about a job from its events and workbench,
     /// outside its main thread.
     pub async fn aside(&self, job_id: &str, question: &str) -> Result<crate::aside::Aside> {
+        let (caller, job) = self.job_for(Verb::Aside, job_id).await?;
+        let target = job.id.to_string();
+        let namespace = job.namespace.clone();
+        self.audited(&caller, Verb::Aside, &namespace, &target, self.ask_aside(job, question)).await
+    }
+
+    async fn ask_aside(&self, job: Job, question: &str) -> Result<crate::aside::Aside> {
         use crate::aside::MAX_QUESTION_BYTES;
-        let job = self.job("job_id", job_id).await?;
         input::required_text("question", question, MAX_QUESTION_BYTES, "required")?;
         let spec = JobSpec::from_value(job.spec.clone()).map_err(|e| AppError::internal("the job's stored spec", e))?;
         let providers = &self.b.providers;

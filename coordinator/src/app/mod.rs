@@ -10,7 +10,11 @@
 //! this process) is behind [`Runs`].
 //!
 //! # Layout
-//! - [`access`]: who may do what — roles, actions, principals, API keys (groundwork)
+//! - [`access`]: who may do what — roles, actions, principals, API keys
+//! - [`auth`]: who is calling — a bearer credential made a [`access::Caller`]
+//! - [`jwt`]: signed tokens verified against a JWKS
+//! - [`keys`]: namespaces, API keys and the audit log, as calls
+//! - [`audit`]: checking a call against the caller, and recording it
 //! - [`error`]: [`AppError`], a kind and words a client may read
 //! - [`input`]: checks on ids, text and paths, and their limits
 //! - [`commands`]: the calls that change a job
@@ -26,9 +30,13 @@ use flower_store::Store;
 use object_store::ObjectStore;
 
 pub mod access;
+pub mod audit;
+pub mod auth;
 pub mod commands;
 pub mod error;
 pub mod input;
+pub mod jwt;
+pub mod keys;
 pub mod views;
 
 pub use commands::{AnswerRequest, SubmitRequest, Submitted};
@@ -99,11 +107,35 @@ pub struct App {
     workspaces: Workspaces,
     /// Largest request accepted (spec and workspace together).
     max_request_bytes: usize,
+    auth: Arc<auth::Authenticator>,
+    /// Who this application acts for ([`App::acting_as`]); `None`: the
+    /// local admin of an open deployment, or no one.
+    caller: Option<Arc<access::Caller>>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App").field("caller", &self.caller).field("ids", &self.ids).finish_non_exhaustive()
+    }
 }
 
 impl App {
     pub fn new(b: AppBackends, runs: Arc<dyn Runs>) -> Self {
-        Self { b, runs, ids: Ids::Whole, workspaces: Workspaces::Sent, max_request_bytes: 16 << 20 }
+        Self {
+            b,
+            runs,
+            ids: Ids::Whole,
+            workspaces: Workspaces::Sent,
+            max_request_bytes: 16 << 20,
+            auth: Arc::new(auth::Authenticator::new(auth::AuthConfig::default())),
+            caller: None,
+        }
+    }
+
+    /// The credentials this deployment accepts (default: none, an open deployment).
+    pub fn with_auth(mut self, config: auth::AuthConfig) -> Self {
+        self.auth = Arc::new(auth::Authenticator::new(config));
+        self
     }
 
     /// Accept unique id prefixes where an id is asked for.
@@ -143,8 +175,19 @@ impl App {
         &self.runs
     }
 
-    /// The job `field` names: a whole id (or, with [`Ids::Prefix`], a unique prefix).
+    /// The job `field` names: a whole id (or, with [`Ids::Prefix`], a unique
+    /// prefix), of a namespace the caller sees (another's is `NOT_FOUND`,
+    /// in the same words as a job that does not exist).
     pub async fn job(&self, field: &str, id: &str) -> Result<Job> {
+        let caller = self.caller()?;
+        let job = self.find_job(field, id).await?;
+        if !caller.principal.sees(&job.namespace) {
+            return Err(not_found(id));
+        }
+        Ok(job)
+    }
+
+    async fn find_job(&self, field: &str, id: &str) -> Result<Job> {
         input::check_id(field, id)?;
         let found = match (id.parse::<JobId>(), self.ids) {
             (Ok(whole), _) => self.b.store.get_job(whole).await,
@@ -157,9 +200,7 @@ impl App {
             (Err(_), _) => return Err(AppError::invalid(field, format_args!("`{id}` is not a valid id"))),
         };
         found.map_err(|e| match e {
-            flower_store::StoreError::NotFound(_) => {
-                AppError::new(flower_model::ErrorKind::NotFound, format!("job `{id}` not found: no job has this id"))
-            }
+            flower_store::StoreError::NotFound(_) => not_found(id),
             e => e.into(),
         })
     }
@@ -168,4 +209,8 @@ impl App {
     pub async fn job_id(&self, field: &str, id: &str) -> Result<JobId> {
         Ok(self.job(field, id).await?.id)
     }
+}
+
+fn not_found(id: &str) -> AppError {
+    AppError::new(flower_model::ErrorKind::NotFound, format!("job `{id}` not found: no job has this id"))
 }

@@ -19,6 +19,9 @@ pub struct Attempt {
     pub finished: Option<(i64, bool)>,
 }
 
+// Views take a job id that `App::job` returned (it checked that the caller
+// sees the job's namespace).
+
 /// Most jobs, events or entries one read returns.
 pub const MAX_PAGE: u32 = 1000;
 
@@ -28,9 +31,18 @@ pub fn page(asked: u32, default: u32) -> u32 {
 }
 
 impl App {
-    /// The most recent jobs, newest first.
+    /// The most recent jobs of the caller's namespace, newest first (an
+    /// admin's: of every namespace).
     pub async fn list(&self, limit: u32) -> Result<Vec<Job>> {
-        Ok(self.b.store.list_jobs(page(limit, 50)).await?)
+        self.list_in("", limit).await
+    }
+
+    /// The most recent jobs of `namespace` (empty: the caller's; an
+    /// admin's: every namespace), newest first. Another namespace than the
+    /// caller's is `PERMISSION_DENIED` but for an admin.
+    pub async fn list_in(&self, namespace: &str, limit: u32) -> Result<Vec<Job>> {
+        let scope = self.namespace_scope("namespace", namespace)?;
+        Ok(self.b.store.list_jobs(scope.as_deref(), page(limit, 50)).await?)
     }
 
     /// A job's events after `after` (0: from the first), at most `limit`.
@@ -78,9 +90,17 @@ impl App {
         Ok(crate::record::workflow(self.b.store.as_ref(), job).await?)
     }
 
-    /// A job by its id, as stored now (a front-end that already holds a checked id).
+    /// A job by its id, as stored now (a front-end that already holds a
+    /// checked id; checked again: another namespace's is `NOT_FOUND`).
     pub async fn get(&self, job: JobId) -> Result<Job> {
-        Ok(self.b.store.get_job(job).await?)
+        let found = self.b.store.get_job(job).await?;
+        if !self.caller()?.principal.sees(&found.namespace) {
+            return Err(AppError::new(
+                flower_model::ErrorKind::NotFound,
+                format!("job `{job}` not found: no job has this id"),
+            ));
+        }
+        Ok(found)
     }
 
     /// A job's tasks, in the order they were created.

@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status};
 
 use super::owner::Owner;
 use super::status::from_store;
+use crate::app::audit::Verb;
 use crate::app::{self, AnswerRequest, App, AppError, Runs, SubmitRequest};
 
 const CHUNK: usize = 64 * 1024;
@@ -64,8 +65,53 @@ impl Api {
         Self { app, notifier }
     }
 
-    async fn job(&self, field: &str, id: &str) -> Result<Job, Status> {
-        Ok(self.app.job(field, id).await?)
+    async fn read<T>(&self, req: &Request<T>) -> Result<App, Status> {
+        reader(&self.app, req).await
+    }
+
+    async fn change<T>(&self, req: &Request<T>, verb: Verb, target: &str) -> Result<App, Status> {
+        changer(&self.app, req, verb, target).await
+    }
+}
+
+/// The application acting for the request's caller (a read).
+pub(super) async fn reader<T>(app: &App, req: &Request<T>) -> Result<App, Status> {
+    Ok(app.authenticate(bearer(req.metadata())?, &origin(req)).await?)
+}
+
+/// The application acting for the request's caller (a change to
+/// `target`): a refused credential is recorded in the audit log.
+pub(super) async fn changer<T>(app: &App, req: &Request<T>, verb: Verb, target: &str) -> Result<App, Status> {
+    let origin = origin(req);
+    let entered = match bearer(req.metadata()) {
+        Ok(b) => app.authenticate(b, &origin).await,
+        Err(s) => Err(AppError::unauthenticated(s.message())),
+    };
+    match entered {
+        Ok(app) => Ok(app),
+        Err(e) => {
+            app.record_refused(&origin, verb, target, &e).await;
+            Err(e.into())
+        }
+    }
+}
+
+/// The bearer credential of a request: `None` when it shows none; a
+/// malformed `authorization` header is refused.
+pub fn bearer(metadata: &tonic::metadata::MetadataMap) -> Result<Option<&str>, Status> {
+    let Some(value) = metadata.get("authorization") else { return Ok(None) };
+    let value = value.to_str().map_err(|_| Status::unauthenticated("the authorization header is not text"))?;
+    match value.strip_prefix("Bearer ") {
+        Some(b) => Ok(Some(b)),
+        None => Err(Status::unauthenticated("the authorization header must be `Bearer <credential>`")),
+    }
+}
+
+/// Where a request comes from, for the audit log.
+pub fn origin<T>(req: &Request<T>) -> String {
+    match req.remote_addr() {
+        Some(a) => format!("grpc {a}"),
+        None => "grpc".into(),
     }
 }
 
@@ -87,25 +133,29 @@ fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> BoxStr
 impl Flower for Api {
     #[tracing::instrument(name = "submit", skip_all)]
     async fn submit(&self, req: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+        let app = self.change(&req, Verb::Submit, "").await?;
         let r = req.into_inner();
         let workspace = r.workspace.into_iter().map(|f| (f.path, Bytes::from(f.content))).collect();
-        let done =
-            self.app.submit(SubmitRequest { spec: r.spec, workspace, idempotency_key: r.idempotency_key }).await?;
+        let submit =
+            SubmitRequest { spec: r.spec, workspace, idempotency_key: r.idempotency_key, namespace: r.namespace };
+        let done = app.submit(submit).await?;
         Ok(Response::new(pb::SubmitResponse { job_id: done.job.id.to_string(), existing: !done.created }))
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::Job>, Status> {
-        Ok(Response::new(job_to_pb(&self.job("job_id", &req.into_inner().job_id).await?)))
+        let app = self.read(&req).await?;
+        Ok(Response::new(job_to_pb(&app.job("job_id", &req.into_inner().job_id).await?)))
     }
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
+        let app = self.read(&req).await?;
         let r = req.into_inner();
         if !r.page_token.is_empty() {
             return Err(
                 AppError::invalid("page_token", "this service lists the most recent jobs only; give a limit").into()
             );
         }
-        let jobs = self.app.list(r.limit).await?;
+        let jobs = app.list_in(&r.namespace, r.limit).await?;
         Ok(Response::new(pb::ListResponse {
             jobs: jobs.iter().map(job_to_pb).collect(),
             next_page_token: String::new(),
@@ -115,8 +165,9 @@ impl Flower for Api {
     type WatchStream = BoxStream<pb::JobEvent>;
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let app = self.read(&req).await?;
         let r = req.into_inner();
-        let job = self.job("job_id", &r.job_id).await?.id;
+        let job = app.job("job_id", &r.job_id).await?.id;
         if r.after_seq < 0 {
             return Err(AppError::invalid("after_seq", "must be 0 or a sequence number already seen").into());
         }
@@ -127,24 +178,28 @@ impl Flower for Api {
     }
 
     async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::Job>, Status> {
+        let app = self.change(&req, Verb::Cancel, &req.get_ref().job_id).await?;
         let r = req.into_inner();
-        Ok(Response::new(job_to_pb(&self.app.cancel(&r.job_id, &r.reason).await?)))
+        Ok(Response::new(job_to_pb(&app.cancel(&r.job_id, &r.reason).await?)))
     }
 
     async fn interrupt(&self, req: Request<pb::InterruptRequest>) -> Result<Response<pb::Job>, Status> {
+        let app = self.change(&req, Verb::Interrupt, &req.get_ref().job_id).await?;
         let r = req.into_inner();
-        Ok(Response::new(job_to_pb(&self.app.interrupt(&r.job_id, &r.message).await?)))
+        Ok(Response::new(job_to_pb(&app.interrupt(&r.job_id, &r.message).await?)))
     }
 
     async fn answer(&self, req: Request<pb::AnswerRequest>) -> Result<Response<pb::Job>, Status> {
+        let app = self.change(&req, Verb::Answer, &req.get_ref().job_id).await?;
         let r = req.into_inner();
         let answer = AnswerRequest { question_id: r.question_id, text: r.text, option: r.option };
-        Ok(Response::new(job_to_pb(&self.app.answer(&r.job_id, answer).await?)))
+        Ok(Response::new(job_to_pb(&app.answer(&r.job_id, answer).await?)))
     }
 
     async fn aside(&self, req: Request<pb::AsideRequest>) -> Result<Response<pb::AsideResponse>, Status> {
+        let app = self.change(&req, Verb::Aside, &req.get_ref().job_id).await?;
         let r = req.into_inner();
-        let a = self.app.aside(&r.job_id, &r.question).await?;
+        let a = app.aside(&r.job_id, &r.question).await?;
         Ok(Response::new(pb::AsideResponse { answer: a.answer, session_id: a.session.to_string() }))
     }
 
@@ -152,9 +207,10 @@ impl Flower for Api {
         &self,
         req: Request<pb::GetTranscriptRequest>,
     ) -> Result<Response<pb::GetTranscriptResponse>, Status> {
+        let app = self.read(&req).await?;
         let r = req.into_inner();
-        let job = self.job("job_id", &r.job_id).await?;
-        let sessions = self.app.sessions(job.id).await?;
+        let job = app.job("job_id", &r.job_id).await?;
+        let sessions = app.sessions(job.id).await?;
         let mut out = pb::GetTranscriptResponse::default();
         for s in &sessions {
             let entries = if r.session_id.is_empty() { 0 } else { 1 };
@@ -170,7 +226,7 @@ impl Flower for Api {
         if r.session_id.is_empty() {
             return Ok(Response::new(out));
         }
-        let entries = self.app.entries(job.id, &r.session_id, r.after_seq, r.limit).await?;
+        let entries = app.entries(job.id, &r.session_id, r.after_seq, r.limit).await?;
         out.next_after_seq = entries.last().map_or(r.after_seq, |e| e.seq);
         out.entries_json = entries.iter().map(|e| serde_json::to_string(e).unwrap_or_default()).collect();
         Ok(Response::new(out))
@@ -180,16 +236,18 @@ impl Flower for Api {
         &self,
         req: Request<pb::ListArtifactsRequest>,
     ) -> Result<Response<pb::ListArtifactsResponse>, Status> {
-        let job = self.job("job_id", &req.into_inner().job_id).await?;
-        let files = self.app.artifacts(job.id).await?;
+        let app = self.read(&req).await?;
+        let job = app.job("job_id", &req.into_inner().job_id).await?;
+        let files = app.artifacts(job.id).await?;
         Ok(Response::new(pb::ListArtifactsResponse {
             artifacts: files.into_iter().map(|(path, size)| pb::Artifact { path, size }).collect(),
         }))
     }
 
     async fn r#continue(&self, req: Request<pb::ContinueRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+        let app = self.change(&req, Verb::Continue, &req.get_ref().job_id).await?;
         let r = req.into_inner();
-        let done = self.app.continue_job(&r.job_id, &r.instruction, r.idempotency_key).await?;
+        let done = app.continue_job(&r.job_id, &r.instruction, r.idempotency_key).await?;
         Ok(Response::new(pb::SubmitResponse { job_id: done.job.id.to_string(), existing: !done.created }))
     }
 
@@ -197,8 +255,9 @@ impl Flower for Api {
         &self,
         req: Request<pb::GetWorkflowRequest>,
     ) -> Result<Response<pb::GetWorkflowResponse>, Status> {
-        let job = self.job("job_id", &req.into_inner().job_id).await?;
-        let record = self.app.workflow(job.id).await?;
+        let app = self.read(&req).await?;
+        let job = app.job("job_id", &req.into_inner().job_id).await?;
+        let record = app.workflow(job.id).await?;
         let record_json = serde_json::to_string(&record)
             .map_err(|e| AppError::internal("the workflow record could not be encoded", e))?;
         Ok(Response::new(pb::GetWorkflowResponse { record_json }))
@@ -208,8 +267,9 @@ impl Flower for Api {
         &self,
         req: Request<pb::GetContextRequest>,
     ) -> Result<Response<pb::GetContextResponse>, Status> {
-        let job = self.job("job_id", &req.into_inner().job_id).await?;
-        let report = self.app.context(job.id).await?;
+        let app = self.read(&req).await?;
+        let job = app.job("job_id", &req.into_inner().job_id).await?;
+        let report = app.context(job.id).await?;
         let report_json = serde_json::to_string(&report)
             .map_err(|e| AppError::internal("the context report could not be encoded", e))?;
         Ok(Response::new(pb::GetContextResponse { report_json }))
@@ -221,9 +281,10 @@ impl Flower for Api {
         &self,
         req: Request<pb::GetArtifactRequest>,
     ) -> Result<Response<Self::GetArtifactStream>, Status> {
+        let app = self.read(&req).await?;
         let r = req.into_inner();
-        let job = self.job("job_id", &r.job_id).await?;
-        let bytes = self.app.artifact(job.id, &r.path).await?;
+        let job = app.job("job_id", &r.job_id).await?;
+        let bytes = app.artifact(job.id, &r.path).await?;
         let (tx, rx) = mpsc::channel(8);
         tokio::spawn(async move {
             for chunk in bytes.chunks(CHUNK) {

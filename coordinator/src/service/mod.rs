@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flower_bus::{Notifier, TaskQueue};
+use flower_proto::v1::access_server::AccessServer;
 use flower_proto::v1::flower_server::FlowerServer;
 use flower_store::Store;
 use object_store::ObjectStore;
@@ -15,6 +16,7 @@ use tonic::{Request, Status};
 
 use flower_agent::provider::ConfiguredProviders;
 
+pub mod access;
 pub mod api;
 pub mod owner;
 pub mod status;
@@ -36,8 +38,13 @@ pub struct Backends {
 
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
-    /// When set, every call but health checks needs `authorization: Bearer <token>`.
+    /// The operator's token: an admin credential. With it (or `jwt`), every
+    /// call but health checks needs `authorization: Bearer <credential>`
+    /// (an API key, this token, or a signed token); without either, the
+    /// service is open (every caller without a credential is an admin).
     pub token: Option<String>,
+    /// Signed tokens accepted (JWT verified against a JWKS).
+    pub jwt: Option<Arc<crate::app::jwt::Verifier>>,
     /// Largest request accepted (spec + workspace), checked by the handlers (default 16 MiB).
     pub max_request_bytes: usize,
     /// Lease lifetime; a dead owner's jobs are taken over after it (default 15 s).
@@ -55,6 +62,7 @@ impl Default for ServiceConfig {
     fn default() -> Self {
         Self {
             token: None,
+            jwt: None,
             max_request_bytes: 16 << 20,
             lease_ttl: Duration::from_secs(15),
             replica: format!("coordinator-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
@@ -76,7 +84,8 @@ pub struct Service {
 impl Service {
     pub fn new(config: ServiceConfig, backends: Backends) -> Self {
         let owner = owner::Owner::new(backends.clone(), config.replica.clone(), config.lease_ttl, config.sweep);
-        let app = app(&backends, owner.clone(), config.max_request_bytes);
+        let auth = crate::app::auth::AuthConfig { token: config.token.clone(), jwt: config.jwt.clone() };
+        let app = app(&backends, owner.clone(), config.max_request_bytes).with_auth(auth);
         Self { config, backends, owner, app }
     }
 
@@ -120,15 +129,16 @@ async fn run(
         config.sweep.max_attempts,
         shutdown.clone(),
     ));
+    let access = AccessServer::new(access::AccessApi::new(app.clone()));
     let api = api::Api::new(app, backends.notifier.clone());
+    // Every call of `Flower` and `Access` is authenticated by the
+    // application (keys, the token, signed tokens); reflection, which shows
+    // only the public schema, needs the operator's token when one is set.
     let token = config.token.clone();
     let auth = move |req: Request<()>| check_token(&token, req);
     // Our own size checks give the precise message; the transport's limit sits above them.
     let transport_limit = config.max_request_bytes.saturating_mul(2).max(4 << 20);
-    let flower = tonic::service::interceptor::InterceptedService::new(
-        FlowerServer::new(api).max_decoding_message_size(transport_limit),
-        auth.clone(),
-    );
+    let flower = FlowerServer::new(api).max_decoding_message_size(transport_limit);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<FlowerServer<api::Api>>().await;
     // Reflection in both versions: v1, and v1alpha for the clients that speak
@@ -148,7 +158,7 @@ async fn run(
             tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(cert, key)),
         )?;
     }
-    let mut router = server.add_service(health).add_service(flower);
+    let mut router = server.add_service(health).add_service(flower).add_service(access);
     if let Some(r) = reflection_v1 {
         router = router.add_service(tonic::service::interceptor::InterceptedService::new(r, auth.clone()));
     }

@@ -47,6 +47,9 @@ macro_rules! store_conformance_tests {
             pages_of_a_transcript_cross_batches_whole,
             a_write_failing_at_its_last_statement_stores_nothing,
             rows_of_an_unknown_job_are_refused,
+            jobs_belong_to_a_namespace,
+            keys_are_stored_revoked_and_rotated,
+            the_audit_log_is_append_only_and_scoped,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -93,6 +96,8 @@ async fn new_job(store: &dyn Store, key: Option<&str>) -> JobId {
             spec: serde_json::json!({"name": "t"}),
             idempotency_key: key.map(str::to_string),
             continues: None,
+            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+            submitted_by: None,
         })
         .await
         .unwrap();
@@ -122,6 +127,8 @@ pub async fn jobs_and_idempotency(store: &dyn Store) {
             spec: serde_json::json!({}),
             idempotency_key: Some("key-1".into()),
             continues: None,
+            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+            submitted_by: None,
         })
         .await
         .unwrap();
@@ -145,7 +152,7 @@ pub async fn jobs_and_idempotency(store: &dyn Store) {
     );
     store.set_job_state(id, JobState::Failed, None, None, None).await.unwrap_err();
     assert_eq!(store.get_job(id).await.unwrap().final_answer.as_deref(), Some("42"), "the first end stands");
-    assert!(store.list_jobs(10).await.unwrap().iter().any(|j| j.id == id));
+    assert!(store.list_jobs(None, 10).await.unwrap().iter().any(|j| j.id == id));
 }
 
 pub async fn continuations_name_their_parent(store: &dyn Store) {
@@ -161,6 +168,8 @@ pub async fn continuations_name_their_parent(store: &dyn Store) {
                 spec: serde_json::json!({"name": "t"}),
                 idempotency_key: None,
                 continues: Some(lineage.clone()),
+                namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+                submitted_by: None,
             })
             .await
             .unwrap();
@@ -176,7 +185,7 @@ pub async fn continuations_name_their_parent(store: &dyn Store) {
     }
     assert_eq!(store.continuations(parent).await.unwrap(), children, "oldest first");
     assert!(store.continuations(children[0]).await.unwrap().is_empty());
-    let listed = store.list_jobs(10).await.unwrap();
+    let listed = store.list_jobs(None, 10).await.unwrap();
     assert!(listed.iter().any(|j| j.continues.as_ref().map(|l| l.parent) == Some(parent)));
 }
 
@@ -467,8 +476,10 @@ pub async fn a_fan_out_is_created_in_one_write(store: &dyn Store) {
 /// one write: the entry, the turn's event, then one `task_queued` per new
 /// row; a row already there is reported as it is, and a fenced batch stores
 /// neither.
+mod access;
 mod claims;
 mod leases;
 
+pub use access::*;
 pub use claims::*;
 pub use leases::*;

@@ -13,8 +13,7 @@ use super::{PostgresStore, corrupt, from_json, json, parse, written};
 use crate::rules;
 use crate::{Fence, NewJob, Result, StoreError, Written};
 
-const JOB_COLS: &str =
-    "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at, parent, instruction";
+const JOB_COLS: &str = "id, name, state, reason, spec, final_answer, idempotency_key, usage, created_at, updated_at, parent, instruction, namespace, submitted_by";
 
 fn decode_job(r: &Row) -> Result<Job> {
     Ok(Job {
@@ -24,7 +23,7 @@ fn decode_job(r: &Row) -> Result<Job> {
         reason: r.get(3),
         spec: r.get(4),
         final_answer: r.get(5),
-        idempotency_key: r.get(6),
+        idempotency_key: r.get::<_, Option<String>>(6).map(crate::unscoped_key),
         usage: from_json(r.get(7))?,
         created_at: r.get(8),
         updated_at: r.get(9),
@@ -34,6 +33,8 @@ fn decode_job(r: &Row) -> Result<Job> {
             }
             (None, _) => None,
         },
+        namespace: r.get(12),
+        submitted_by: r.get(13),
     })
 }
 
@@ -48,27 +49,29 @@ pub(super) async fn create_job(store: &PostgresStore, job: NewJob) -> Result<(Jo
     store.tx(move |tx| {
         Box::pin(async move {
             let now = now_ms();
+            let key = job.idempotency_key.as_deref().map(|k| crate::scoped_key(&job.namespace, k));
             let inserted = db_query_opt(
                 tx,
-                "INSERT INTO jobs (id, name, state, spec, idempotency_key, usage, created_at, updated_at, parent, instruction)
-                     VALUES ($1, $2, 'queued', $3, $4, $5, $6, $6, $7, $8)
+                "INSERT INTO jobs (id, name, state, spec, idempotency_key, usage, created_at, updated_at, parent, instruction, namespace, submitted_by)
+                     VALUES ($1, $2, 'queued', $3, $4, $5, $6, $6, $7, $8, $9, $10)
                      ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
                 &[
                     &job.id.0,
                     &job.name,
                     &job.spec,
-                    &job.idempotency_key,
+                    &key,
                     &json(&Usage::default())?,
                     &now,
                     &job.continues.as_ref().map(|l| l.parent.0),
                     &job.continues.as_ref().map(|l| l.instruction.as_str()),
+                    &job.namespace,
+                    &job.submitted_by,
                 ],
             )
             .await?;
             if inserted.is_none() {
                 let row =
-                    db_query_one(tx, "SELECT id FROM jobs WHERE idempotency_key = $1", &[&job.idempotency_key])
-                        .await?;
+                    db_query_one(tx, "SELECT id FROM jobs WHERE idempotency_key = $1", &[&key]).await?;
                 return Ok((load_job(tx, JobId(row.get(0))).await?, false));
             }
             write_events(tx, vec![(job.id, rules::job_created())], None).await?;
@@ -96,14 +99,19 @@ pub(super) async fn resolve_job(store: &PostgresStore, id_or_prefix: &str) -> Re
     }
 }
 
-pub(super) async fn list_jobs(store: &PostgresStore, limit: u32) -> Result<Vec<Job>> {
+pub(super) async fn list_jobs(store: &PostgresStore, namespace: Option<&str>, limit: u32) -> Result<Vec<Job>> {
     let client = store.pool.get().await?;
-    let rows = db_query(
-        &client,
-        &format!("SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id LIMIT $1"),
-        &[&(limit as i64)],
-    )
-    .await?;
+    let limit = limit as i64;
+    let rows = match namespace {
+        Some(ns) => {
+            let sql = format!("SELECT {JOB_COLS} FROM jobs WHERE namespace = $1 ORDER BY created_at DESC, id LIMIT $2");
+            db_query(&client, &sql, &[&ns, &limit]).await?
+        }
+        None => {
+            let sql = format!("SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id LIMIT $1");
+            db_query(&client, &sql, &[&limit]).await?
+        }
+    };
     rows.iter().map(decode_job).collect()
 }
 

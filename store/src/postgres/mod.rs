@@ -25,8 +25,10 @@
 //! - `transcripts`: sessions, transcript entries stored as chunks, and batches
 //! - `events`: job events numbered from the job row's counter, the commit sent with them, relaxed turns
 //! - `leases`: job leases and the fence check
+//! - `access`: namespaces, API keys and the audit log
 //! - `scratch`: throwaway databases for tests and benchmarks
 
+mod access;
 mod claims;
 mod creation;
 mod events;
@@ -241,8 +243,8 @@ impl Store for PostgresStore {
         jobs::resolve_job(self, id_or_prefix).await
     }
 
-    async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>> {
-        jobs::list_jobs(self, limit).await
+    async fn list_jobs(&self, namespace: Option<&str>, limit: u32) -> Result<Vec<Job>> {
+        jobs::list_jobs(self, namespace, limit).await
     }
 
     async fn continuations(&self, job: JobId) -> Result<Vec<JobId>> {
@@ -352,5 +354,46 @@ impl Store for PostgresStore {
 
     async fn events(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<Event>> {
         events::events(self, job, after_seq, limit).await
+    }
+
+    async fn create_namespace(&self, name: &str) -> Result<bool> {
+        access::create_namespace(self, name).await
+    }
+
+    async fn namespaces(&self) -> Result<Vec<flower_model::access::Namespace>> {
+        access::namespaces(self).await
+    }
+
+    async fn create_key(&self, key: flower_model::access::ApiKey, replaces: Option<String>) -> Result<()> {
+        access::create_key(self, key, replaces).await
+    }
+
+    async fn get_key(&self, id: &str) -> Result<flower_model::access::ApiKey> {
+        access::get_key(self, id).await
+    }
+
+    async fn keys(&self, namespace: Option<&str>) -> Result<Vec<flower_model::access::ApiKey>> {
+        access::keys(self, namespace).await
+    }
+
+    async fn revoke_key(&self, id: &str, at: i64) -> Result<flower_model::access::ApiKey> {
+        access::revoke_key(self, id, at).await
+    }
+
+    async fn touch_keys(&self, ids: Vec<String>, at: i64) -> Result<()> {
+        access::touch_keys(self, ids, at).await
+    }
+
+    async fn append_audit(&self, records: Vec<flower_model::access::AuditRecord>) -> Result<()> {
+        access::append_audit(self, records).await
+    }
+
+    async fn audit_log(
+        &self,
+        namespace: Option<&str>,
+        after_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<flower_model::access::AuditRecord>> {
+        access::audit_log(self, namespace, after_seq, limit).await
     }
 }

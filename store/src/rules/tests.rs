@@ -114,6 +114,8 @@ fn an_ended_job_stays_ended_and_keeps_its_answer() {
         created_at: 0,
         updated_at: 0,
         continues: None,
+        namespace: "default".into(),
+        submitted_by: None,
     };
     let done = set_job_state(&job, JobState::Succeeded, None, None, 3).unwrap();
     assert_eq!(done.job.final_answer.as_deref(), Some("42"));

@@ -1,0 +1,211 @@
+//! Namespaces, API keys and the audit log as calls of the application
+//! (docs/design.md, section 17): who may make or revoke a key, and read
+//! what was done.
+
+use std::time::Duration;
+
+use flower_model::ErrorKind;
+use flower_model::access::{ApiKey, AuditRecord, Namespace, Role, check_namespace};
+use flower_store::StoreError;
+
+use super::access::{self, Caller, Owner, Principal};
+use super::audit::Verb;
+use super::views::page;
+use super::{App, AppError, Result};
+
+/// Longest name a key may be given.
+pub const MAX_KEY_NAME: usize = 200;
+
+/// A key as made: its record and the key itself, shown this once.
+#[derive(Clone, Debug)]
+pub struct CreatedKey {
+    pub key: ApiKey,
+    pub secret: String,
+}
+
+/// A key to make.
+#[derive(Clone, Debug, Default)]
+pub struct KeyRequest {
+    /// Empty: the caller's namespace.
+    pub namespace: String,
+    pub role: String,
+    pub name: String,
+    /// None: it never expires.
+    pub expires_in: Option<Duration>,
+}
+
+fn key_not_found(id: &str) -> AppError {
+    AppError::new(ErrorKind::NotFound, format!("key `{id}` not found"))
+}
+
+impl App {
+    /// Who the caller is.
+    pub fn whoami(&self) -> Result<Principal> {
+        Ok(self.caller()?.principal)
+    }
+
+    /// A new namespace (admin).
+    pub async fn create_namespace(&self, name: &str) -> Result<Namespace> {
+        let caller = self.caller()?;
+        check_namespace(name).map_err(|m| AppError::invalid("name", m))?;
+        self.authorize_in(&caller, Verb::CreateNamespace, name, name).await?;
+        let store = self.b.store.clone();
+        self.audited(&caller, Verb::CreateNamespace, name, name, async {
+            if !store.create_namespace(name).await? {
+                return Err(AppError::new(ErrorKind::AlreadyExists, format!("namespace `{name}` exists already")));
+            }
+            let all = store.namespaces().await?;
+            all.into_iter()
+                .find(|n| n.name == name)
+                .ok_or_else(|| AppError::not_found(format_args!("namespace `{name}`")))
+        })
+        .await
+    }
+
+    /// The namespaces the caller sees.
+    pub async fn namespaces(&self) -> Result<Vec<Namespace>> {
+        let p = self.caller()?.principal;
+        Ok(self.b.store.namespaces().await?.into_iter().filter(|n| p.sees(&n.name)).collect())
+    }
+
+    /// A new key; its role may not be above the caller's.
+    pub async fn create_key(&self, r: KeyRequest) -> Result<CreatedKey> {
+        let caller = self.caller()?;
+        let role: Role = r.role.parse().map_err(|m| AppError::invalid("role", m))?;
+        super::input::check_text("name", &r.name, MAX_KEY_NAME)?;
+        let namespace = match r.namespace.as_str() {
+            "" => caller.principal.namespace.clone(),
+            named => {
+                check_namespace(named).map_err(|m| AppError::invalid("namespace", m))?;
+                named.to_string()
+            }
+        };
+        self.authorize_in(&caller, Verb::CreateKey, &namespace, &namespace).await?;
+        if role > caller.principal.role {
+            let e =
+                AppError::permission_denied(format!("role: a `{}` may not make a `{role}` key", caller.principal.role));
+            self.record(&caller, Verb::CreateKey, &namespace, &namespace, Err(&e)).await;
+            return Err(e);
+        }
+        let now = flower_model::now_ms();
+        let expires_at = r.expires_in.map(|d| now.saturating_add(d.as_millis().min(i64::MAX as u128) as i64));
+        let made = self.make_key(&caller, &namespace, role, r.name, expires_at, None);
+        self.audited(&caller, Verb::CreateKey, &namespace, "", made).await
+    }
+
+    async fn make_key(
+        &self,
+        caller: &Caller,
+        namespace: &str,
+        role: Role,
+        name: String,
+        expires_at: Option<i64>,
+        replaces: Option<String>,
+    ) -> Result<CreatedKey> {
+        let new = access::new_key();
+        let key = ApiKey {
+            id: new.id,
+            namespace: namespace.to_string(),
+            role,
+            name,
+            digest: new.digest,
+            created_at: flower_model::now_ms(),
+            created_by: caller.principal.subject.clone(),
+            expires_at,
+            last_used_at: None,
+            revoked_at: None,
+        };
+        match self.b.store.create_key(key.clone(), replaces.clone()).await {
+            Ok(()) => {}
+            Err(StoreError::NotFound(_)) => {
+                return Err(AppError::invalid("namespace", format_args!("no namespace `{namespace}`")));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(old) = &replaces {
+            self.auth.forget(old);
+        }
+        tracing::info!(key = %key.id, namespace, role = %role, "API key created");
+        Ok(CreatedKey { key, secret: new.secret })
+    }
+
+    /// The key `id`, if the caller may manage it (another namespace's is
+    /// `NOT_FOUND`).
+    async fn managed_key(&self, caller: &Caller, verb: Verb, id: &str) -> Result<ApiKey> {
+        super::input::check_id("key_id", id)?;
+        let key = match self.b.store.get_key(id).await {
+            Ok(k) if caller.principal.sees(&k.namespace) => k,
+            Ok(_) | Err(StoreError::NotFound(_)) => {
+                let e = key_not_found(id);
+                self.record(caller, verb, &caller.principal.namespace, id, Err(&e)).await;
+                return Err(e);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if !caller.principal.allows(verb.action(), &key.namespace, Owner::Other) || key.role > caller.principal.role {
+            let e = AppError::permission_denied(format!("role `{}` may not manage this key", caller.principal.role));
+            self.record(caller, verb, &key.namespace, id, Err(&e)).await;
+            return Err(e);
+        }
+        Ok(key)
+    }
+
+    /// A new key in place of `id` (same namespace, role, name and expiry),
+    /// the old one revoked in the same write.
+    pub async fn rotate_key(&self, id: &str) -> Result<CreatedKey> {
+        let caller = self.caller()?;
+        let old = self.managed_key(&caller, Verb::RotateKey, id).await?;
+        if old.revoked_at.is_some() {
+            let e = AppError::precondition(format!("key `{id}` is revoked: make a new one"));
+            self.record(&caller, Verb::RotateKey, &old.namespace, id, Err(&e)).await;
+            return Err(e);
+        }
+        let made =
+            self.make_key(&caller, &old.namespace, old.role, old.name.clone(), old.expires_at, Some(old.id.clone()));
+        self.audited(&caller, Verb::RotateKey, &old.namespace, id, made).await
+    }
+
+    /// Revoke `id` at once.
+    pub async fn revoke_key(&self, id: &str) -> Result<ApiKey> {
+        let caller = self.caller()?;
+        let key = self.managed_key(&caller, Verb::RevokeKey, id).await?;
+        let store = self.b.store.clone();
+        let revoked = self
+            .audited(&caller, Verb::RevokeKey, &key.namespace, id, async {
+                Ok(store.revoke_key(id, flower_model::now_ms()).await?)
+            })
+            .await?;
+        self.auth.forget(id);
+        tracing::info!(key = %id, namespace = %key.namespace, "API key revoked");
+        Ok(revoked)
+    }
+
+    /// The keys of `namespace` (empty: the caller's; an admin's: all).
+    pub async fn keys(&self, namespace: &str) -> Result<Vec<ApiKey>> {
+        let scope = self.namespace_scope("namespace", namespace)?;
+        let caller = self.caller()?;
+        let ns = scope.clone().unwrap_or_else(|| caller.principal.namespace.clone());
+        if !caller.principal.allows(access::Action::ManageKeys, &ns, Owner::Other) {
+            return Err(AppError::permission_denied(format!("role `{}` may not list keys", caller.principal.role)));
+        }
+        Ok(self.b.store.keys(scope.as_deref()).await?)
+    }
+
+    /// The audit log of `namespace` (empty: the caller's; an admin's: all)
+    /// after `after`, at most `limit` records.
+    pub async fn audit_log(&self, namespace: &str, after: i64, limit: u32) -> Result<Vec<AuditRecord>> {
+        let scope = self.namespace_scope("namespace", namespace)?;
+        let caller = self.caller()?;
+        let ns = scope.clone().unwrap_or_else(|| caller.principal.namespace.clone());
+        if !caller.principal.allows(access::Action::Audit, &ns, Owner::Other) {
+            return Err(AppError::permission_denied(format!(
+                "role `{}` may not read the audit log",
+                caller.principal.role
+            )));
+        }
+        if after < 0 {
+            return Err(AppError::invalid("after_seq", "must be 0 or a sequence number already seen"));
+        }
+        Ok(self.b.store.audit_log(scope.as_deref(), after, page(limit, 100)).await?)
+    }
+}

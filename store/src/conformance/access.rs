@@ -1,0 +1,104 @@
+//! Namespaces, API keys and the audit log: the checks every backend passes.
+
+use flower_model::access::{ApiKey, AuditRecord, DEFAULT_NAMESPACE, Outcome, Role};
+use flower_model::{JobId, now_ms};
+
+use crate::{NewJob, Store, StoreError};
+
+fn key(id: &str, namespace: &str, role: Role) -> ApiKey {
+    ApiKey {
+        id: id.into(),
+        namespace: namespace.into(),
+        role,
+        name: "ci's key".into(),
+        digest: format!("digest-of-{id}"),
+        created_at: now_ms(),
+        created_by: "token".into(),
+        expires_at: Some(now_ms() + 60_000),
+        last_used_at: None,
+        revoked_at: None,
+    }
+}
+
+async fn job_in(store: &dyn Store, namespace: &str, key: Option<&str>) -> (flower_model::Job, bool) {
+    store
+        .create_job(NewJob {
+            id: JobId::random(),
+            name: "t".into(),
+            spec: serde_json::json!({}),
+            idempotency_key: key.map(str::to_string),
+            continues: None,
+            namespace: namespace.into(),
+            submitted_by: Some("key:0123456789abcdef".into()),
+        })
+        .await
+        .unwrap()
+}
+
+pub async fn jobs_belong_to_a_namespace(store: &dyn Store) {
+    let names: Vec<String> = store.namespaces().await.unwrap().into_iter().map(|n| n.name).collect();
+    assert_eq!(names, vec![DEFAULT_NAMESPACE.to_string()], "`default` exists from the start");
+    assert!(store.create_namespace("team-a").await.unwrap());
+    assert!(!store.create_namespace("team-a").await.unwrap(), "a second create is told it exists");
+    let (a, _) = job_in(store, "team-a", Some("k")).await;
+    let (d, _) = job_in(store, DEFAULT_NAMESPACE, Some("k")).await;
+    assert_ne!(a.id, d.id, "an idempotency key is unique within its namespace only");
+    assert_eq!(a.idempotency_key.as_deref(), Some("k"), "the key reads back as given");
+    assert_eq!((a.namespace.as_str(), a.submitted_by.as_deref()), ("team-a", Some("key:0123456789abcdef")));
+    let (again, created) = job_in(store, "team-a", Some("k")).await;
+    assert!(!created && again.id == a.id, "the same key in the same namespace names the first job");
+    let only_a: Vec<JobId> = store.list_jobs(Some("team-a"), 10).await.unwrap().iter().map(|j| j.id).collect();
+    assert_eq!(only_a, vec![a.id]);
+    assert_eq!(store.list_jobs(None, 10).await.unwrap().len(), 2);
+    assert!(store.list_jobs(Some("team-b"), 10).await.unwrap().is_empty());
+}
+
+pub async fn keys_are_stored_revoked_and_rotated(store: &dyn Store) {
+    let missing = store.create_key(key("00000000000000aa", "nowhere", Role::Viewer), None).await;
+    assert!(matches!(missing, Err(StoreError::NotFound(_))), "{missing:?}");
+    store.create_namespace("team-a").await.unwrap();
+    let k = key("00000000000000a1", "team-a", Role::Operator);
+    store.create_key(k.clone(), None).await.unwrap();
+    assert_eq!(store.get_key(&k.id).await.unwrap(), k);
+    assert!(matches!(store.get_key("ffffffffffffffff").await, Err(StoreError::NotFound(_))));
+    store.touch_keys(vec![k.id.clone()], 500).await.unwrap();
+    store.touch_keys(vec![k.id.clone()], 400).await.unwrap();
+    assert_eq!(store.get_key(&k.id).await.unwrap().last_used_at, Some(500), "last use only moves forward");
+    let other = key("00000000000000b1", DEFAULT_NAMESPACE, Role::Viewer);
+    store.create_key(other.clone(), None).await.unwrap();
+    assert_eq!(store.keys(Some("team-a")).await.unwrap().len(), 1);
+    assert_eq!(store.keys(None).await.unwrap().len(), 2);
+    let rotated = key("00000000000000a2", "team-a", Role::Operator);
+    store.create_key(rotated.clone(), Some(k.id.clone())).await.unwrap();
+    let old = store.get_key(&k.id).await.unwrap();
+    assert_eq!(old.revoked_at, Some(rotated.created_at), "a rotation revokes the old key in the same write");
+    let revoked = store.revoke_key(&rotated.id, 7).await.unwrap();
+    assert_eq!(revoked.revoked_at, Some(7));
+    assert_eq!(store.revoke_key(&rotated.id, 9).await.unwrap().revoked_at, Some(7), "the first revocation stands");
+    assert!(matches!(store.revoke_key("ffffffffffffffff", 1).await, Err(StoreError::NotFound(_))));
+}
+
+pub async fn the_audit_log_is_append_only_and_scoped(store: &dyn Store) {
+    let record = |ns: &str, action: &str, outcome| AuditRecord {
+        seq: 0,
+        at: now_ms(),
+        subject: "key:00000000000000a1".into(),
+        namespace: ns.into(),
+        action: action.into(),
+        target: "t".into(),
+        origin: "grpc 127.0.0.1:1".into(),
+        outcome,
+        detail: String::new(),
+    };
+    store.append_audit(vec![]).await.unwrap();
+    store.append_audit(vec![record("a", "submit", Outcome::Ok), record("b", "cancel", Outcome::Denied)]).await.unwrap();
+    store.append_audit(vec![record("a", "cancel", Outcome::Failed)]).await.unwrap();
+    let all = store.audit_log(None, 0, 10).await.unwrap();
+    assert_eq!(all.iter().map(|r| r.action.as_str()).collect::<Vec<_>>(), ["submit", "cancel", "cancel"]);
+    assert!(all.windows(2).all(|w| w[0].seq < w[1].seq), "in order of writing");
+    assert_eq!(all[1].outcome, Outcome::Denied);
+    let a = store.audit_log(Some("a"), 0, 10).await.unwrap();
+    assert_eq!(a.len(), 2);
+    assert_eq!(store.audit_log(Some("a"), a[0].seq, 10).await.unwrap().len(), 1, "after a sequence number");
+    assert_eq!(store.audit_log(None, 0, 1).await.unwrap().len(), 1, "a limit");
+}

@@ -1,0 +1,282 @@
+//! Many teams on one deployment: two namespaces with their own keys on a
+//! cluster (real coordinator, worker, Postgres, NATS), each seeing and
+//! controlling only its own jobs through the CLI, every RPC and the console;
+//! every kind of bad credential on every RPC gets its status and changes
+//! nothing; the audit log shows the refused attempts.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use tonic::Code;
+
+use crate::cluster::{Cluster, Options};
+use crate::hostile::{RPCS, Rpc, send};
+use crate::support::repo;
+
+const TOKEN: &str = "access-s3cret";
+
+/// `flower ARGS` with `credential`, its JSON output.
+fn as_(c: &mut Cluster, credential: &str, args: &[&str]) -> Result<Value, String> {
+    let server = c.server();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flower"))
+        .args(args)
+        .env("FLOWER_SERVER", server)
+        .env("FLOWER_TOKEN", credential)
+        .env("FLOWER_HOME", c.client_home.path())
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).to_string());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(serde_json::from_str(text.trim()).unwrap_or(Value::String(text.trim().to_string())))
+}
+
+fn key(c: &mut Cluster, namespace: &str, role: &str) -> (String, String) {
+    let made = as_(c, TOKEN, &["auth", "create", "--namespace", namespace, "--role", role, "--json"]).unwrap();
+    (made["key"]["id"].as_str().unwrap().to_string(), made["secret"].as_str().unwrap().to_string())
+}
+
+fn jwt(claims: Value, pem: &str) -> String {
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some("test-1".into());
+    let pem = std::fs::read(repo().join("coordinator/tests/fixtures/jwt").join(pem)).unwrap();
+    jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_ec_pem(&pem).unwrap()).unwrap()
+}
+
+/// A form body, URL-encoded.
+fn form(pairs: &[(&str, &str)]) -> String {
+    let enc = |v: &str| {
+        v.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    pairs.iter().map(|(k, v)| format!("{k}={}", enc(v))).collect::<Vec<_>>().join("&")
+}
+
+fn claims(namespace: &str, role: &str, exp_in: i64) -> Value {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    serde_json::json!({"iss": "https://idp.example", "aud": "flower", "sub": "carol@example",
+        "exp": now + exp_in, "flower_namespace": namespace, "flower_role": role})
+}
+
+/// Acceptance: two namespaces, each sees and controls only its own jobs in
+/// every front-end; an operator key of one cannot touch the other; the
+/// refusal matrix over every RPC; the audit log.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_namespaces_share_a_cluster_and_each_sees_only_its_own() {
+    let mut c =
+        Cluster::start(Options { workers: 1, token: Some(TOKEN), console: true, jwt: true, ..Default::default() })
+            .await;
+    for ns in ["team-a", "team-b"] {
+        as_(&mut c, TOKEN, &["auth", "namespace", "create", ns, "--json"]).unwrap();
+    }
+    let (_, a_sub) = key(&mut c, "team-a", "submitter");
+    let (_, a_other_sub) = key(&mut c, "team-a", "submitter");
+    let (_, a_op) = key(&mut c, "team-a", "operator");
+    let (_, a_viewer) = key(&mut c, "team-a", "viewer");
+    let (_, b_op) = key(&mut c, "team-b", "operator");
+    let (revoked_id, revoked) = key(&mut c, "team-a", "operator");
+    as_(&mut c, &a_op, &["auth", "revoke", &revoked_id, "--json"]).unwrap();
+    let expiring = as_(
+        &mut c,
+        TOKEN,
+        &["auth", "create", "--namespace", "team-a", "--role", "operator", "--expires-in", "1s", "--json"],
+    )
+    .unwrap();
+    let expired = expiring["secret"].as_str().unwrap().to_string();
+    let spec = |name: &str| repo().join("tests/fixtures/distributed").join(name).display().to_string();
+
+    // Each team submits (team a's job waits for its user); each lists only its own.
+    let a_job =
+        as_(&mut c, &a_sub, &["submit", &spec("ask.yaml"), "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
+    let b_job =
+        as_(&mut c, &b_op, &["submit", &spec("slow.yaml"), "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
+    c.wait_job(&a_job, "waiting_for_user").await;
+    let listed =
+        |v: Value| v.as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    assert_eq!(listed(as_(&mut c, &a_viewer, &["status", "--json"]).unwrap()), vec![a_job.clone()]);
+    assert_eq!(listed(as_(&mut c, &b_op, &["status", "--json"]).unwrap()), vec![b_job.clone()]);
+    let all = listed(as_(&mut c, TOKEN, &["status", "--json"]).unwrap());
+    assert!(all.contains(&a_job) && all.contains(&b_job), "the admin sees both");
+    let e = as_(&mut c, &b_op, &["cancel", &a_job]).unwrap_err();
+    assert!(e.contains("not found"), "team b's operator: {e}");
+    let e = as_(&mut c, &b_op, &["auth", "list", "--namespace", "team-a", "--json"]).unwrap_err();
+    assert!(e.contains("PermissionDenied") || e.contains("does not allow"), "{e}");
+
+    // The refusal matrix: every RPC, every bad credential.
+    let channel = tonic::transport::Channel::from_shared(c.server()).unwrap().connect().await.unwrap();
+    while flower_model::now_ms() <= expiring["key"]["expires_at"].as_i64().unwrap() {
+        tokio::task::yield_now().await;
+    }
+    let mut tampered = jwt(claims("team-a", "operator", 600), "es256.pem");
+    tampered.push_str("AA");
+    let b64 = |v: Value| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let none = format!(
+        "{}.{}.",
+        b64(serde_json::json!({"alg": "none", "kid": "test-1"})),
+        b64(claims("team-a", "admin", 600))
+    );
+    let mut bad: Vec<(&str, Option<String>, Code)> = vec![
+        ("no credential", None, Code::Unauthenticated),
+        ("a wrong token", Some("Bearer access-s3creT".into()), Code::Unauthenticated),
+        ("not a bearer", Some(format!("Basic {TOKEN}")), Code::Unauthenticated),
+        ("a revoked key", Some(format!("Bearer {revoked}")), Code::Unauthenticated),
+        ("an expired key", Some(format!("Bearer {expired}")), Code::Unauthenticated),
+        ("another key's secret", Some(format!("Bearer {}0000", &a_op[..a_op.len() - 4])), Code::Unauthenticated),
+        ("a JWT with a bad signature", Some(format!("Bearer {tampered}")), Code::Unauthenticated),
+        (
+            "a JWT of another key",
+            Some(format!("Bearer {}", jwt(claims("team-a", "admin", 600), "attacker.pem"))),
+            Code::Unauthenticated,
+        ),
+        ("a JWT with alg none", Some(format!("Bearer {none}")), Code::Unauthenticated),
+        (
+            "an expired JWT",
+            Some(format!("Bearer {}", jwt(claims("team-a", "admin", -3600), "es256.pem"))),
+            Code::Unauthenticated,
+        ),
+    ];
+    for (field, value, label) in
+        [("aud", "other", "a JWT for another audience"), ("iss", "https://evil.example", "a JWT of another issuer")]
+    {
+        let mut c = claims("team-a", "admin", 600);
+        c[field] = value.into();
+        bad.push((label, Some(format!("Bearer {}", jwt(c, "es256.pem"))), Code::Unauthenticated));
+    }
+    let mut wrong = Vec::new();
+    let mut sent = 0;
+    for rpc in RPCS {
+        let body = match rpc {
+            Rpc::Submit | Rpc::List => rpc.valid(),
+            _ => rpc.with_job(&a_job),
+        };
+        for (label, auth, want) in &bad {
+            let s = send(&channel, rpc, body.clone(), auth.as_deref()).await;
+            sent += 1;
+            if s.code() != *want {
+                wrong.push(format!("{rpc:?} with {label}: want {want:?}, got {:?}: {}", s.code(), s.message()));
+            }
+        }
+        // Team b's operator: team a's job does not exist (a submit and a list are its own).
+        if !matches!(rpc, Rpc::Submit | Rpc::List) {
+            let s = send(&channel, rpc, body.clone(), Some(&format!("Bearer {b_op}"))).await;
+            sent += 1;
+            if s.code() != Code::NotFound {
+                wrong.push(format!("{rpc:?} by another namespace: want NotFound, got {:?}: {}", s.code(), s.message()));
+            }
+        }
+    }
+    // Roles: a viewer mutating, a submitter cancelling someone else's job.
+    for (label, who, rpc) in [
+        ("a viewer submitting", &a_viewer, Rpc::Submit),
+        ("a viewer cancelling", &a_viewer, Rpc::Cancel),
+        ("a viewer interrupting", &a_viewer, Rpc::Interrupt),
+        ("a viewer answering", &a_viewer, Rpc::Answer),
+        ("a viewer continuing", &a_viewer, Rpc::Continue),
+        ("a viewer asking aside", &a_viewer, Rpc::Aside),
+        ("a submitter cancelling another's job", &a_other_sub, Rpc::Cancel),
+        ("a submitter messaging another's job", &a_other_sub, Rpc::Interrupt),
+    ] {
+        let body = if rpc == Rpc::Submit { rpc.valid() } else { rpc.with_job(&a_job) };
+        let s = send(&channel, rpc, body, Some(&format!("Bearer {who}"))).await;
+        sent += 1;
+        if s.code() != Code::PermissionDenied {
+            wrong.push(format!("{label}: want PermissionDenied, got {:?}: {}", s.code(), s.message()));
+        }
+    }
+    assert!(wrong.is_empty(), "{} of {sent} requests got the wrong status:\n{}", wrong.len(), wrong.join("\n"));
+    let state = as_(&mut c, TOKEN, &["status", &a_job, "--json"]).unwrap();
+    assert_ne!(state["state"], "cancelled", "no refused call changed the job");
+
+    // A signed token of team a works without a flower key.
+    let carol = jwt(claims("team-a", "viewer", 600), "es256.pem");
+    assert_eq!(listed(as_(&mut c, &carol, &["status", "--json"]).unwrap()), vec![a_job.clone()]);
+    let who = as_(&mut c, &carol, &["auth", "whoami", "--json"]).unwrap();
+    assert_eq!((who["namespace"].as_str(), who["role"].as_str()), (Some("team-a"), Some("viewer")));
+
+    // The console: team b's operator signs in and does not find team a's job;
+    // a viewer's cancel is refused; a bad key signs in to nothing.
+    let console = c.coordinators[0].console_url();
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let page = |cred: &str, path: &str| http.get(format!("{console}{path}")).bearer_auth(cred.to_string()).send();
+    assert_eq!(page(&b_op, &format!("/jobs/{a_job}")).await.unwrap().status(), 404);
+    assert_eq!(page(&a_viewer, &format!("/jobs/{a_job}")).await.unwrap().status(), 200);
+    assert_eq!(page(&revoked, "/").await.unwrap().status(), 401);
+    let deep = http.get(format!("{console}/jobs/{a_job}")).send().await.unwrap();
+    assert_eq!(deep.status(), 401);
+    let sign_in_page = deep.text().await.unwrap();
+    assert!(sign_in_page.contains(&format!("value=\"/jobs/{a_job}\"")), "the sign-in form keeps the deep link");
+    let signed = http
+        .post(format!("{console}/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", a_viewer.as_str()), ("next", &format!("/jobs/{a_job}"))]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed.status(), 303);
+    assert_eq!(signed.headers()["location"], format!("/jobs/{a_job}").as_str(), "back to the deep link");
+    let cookie = signed.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+    assert!(!cookie.contains(&a_viewer), "the cookie is not the key");
+    let job_page = http.get(format!("{console}/jobs/{a_job}")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(job_page.status(), 200);
+    let html = job_page.text().await.unwrap();
+    let csrf = html.split("name=\"csrf\" value=\"").nth(1).map(|r| r.split('"').next().unwrap().to_string());
+    let cancel = http
+        .post(format!("{console}/jobs/{a_job}/cancel"))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", csrf.unwrap_or_default().as_str()), ("reason", "viewer")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), 403, "a viewer's cancel from the console");
+    let out = http.post(format!("{console}/logout")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(out.status(), 303);
+    let after = http.get(format!("{console}/jobs/{a_job}")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(after.status(), 401, "signed out");
+
+    // Team a's operator cancels its submitter's job.
+    as_(&mut c, &a_op, &["cancel", &a_job, "--reason", "operator"]).unwrap();
+    c.wait_job(&a_job, "cancelled").await;
+
+    // The audit log: the refused mutations, anonymous and denied, with where from.
+    let log = as_(&mut c, TOKEN, &["audit", "--limit", "1000", "--json"]).unwrap();
+    let log = log.as_array().unwrap();
+    let mut outcomes: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for r in log {
+        *outcomes.entry((r["action"].as_str().unwrap().into(), r["outcome"].as_str().unwrap().into())).or_default() +=
+            1;
+    }
+    for (action, outcome) in [
+        ("cancel", "unauthenticated"),
+        ("cancel", "denied"),
+        ("submit", "denied"),
+        ("cancel", "ok"),
+        ("key.create", "ok"),
+        ("key.revoke", "ok"),
+        ("interrupt", "denied"),
+    ] {
+        assert!(
+            outcomes.contains_key(&(action.to_string(), outcome.to_string())),
+            "{action} {outcome} in the audit log: {outcomes:?}"
+        );
+    }
+    assert!(
+        log.iter().all(|r| r["origin"].as_str().unwrap().starts_with("grpc ")
+            || r["origin"].as_str().unwrap().starts_with("console "))
+    );
+    let a_log = as_(&mut c, &a_op, &["audit", "--limit", "1000", "--json"]).unwrap();
+    assert!(
+        a_log.as_array().unwrap().iter().all(|r| r["namespace"] == "team-a"),
+        "an operator reads its namespace's log"
+    );
+    assert!(as_(&mut c, &a_viewer, &["audit", "--json"]).is_err(), "a viewer does not read the audit log");
+    c.stop().await;
+}
