@@ -1,61 +1,149 @@
 //! A job's budget, checked before every model call of every session: tokens,
 //! cost (priced from the spec's table, else the built-in one) and a deadline.
-//! Crossing one ends the session with the reason; nothing stored is lost.
+//! A deadline passed ends the session with the reason. Tokens or cost spent
+//! go to the job's [`BudgetGate`], when it has one: the user is asked to
+//! raise the budget or stop (the job waits meanwhile, holding no model call),
+//! and a raise lets the session go on. Nothing stored is lost either way.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use async_trait::async_trait;
 use flower_model::spec::Budget;
-use flower_model::{JobId, now_ms};
+use flower_model::{JobId, SessionId, now_ms};
 use flower_store::Store;
+
+/// What was spent when a budget ran out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spent {
+    /// `cost budget spent: $1.0200 of $1.0000`, …
+    pub reason: String,
+    pub tokens: u64,
+    /// Priced at the job's model, when a price is known.
+    pub cost_usd: Option<f64>,
+}
+
+/// The answer of a [`BudgetGate`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Raise {
+    /// Go on with this budget.
+    To(Budget),
+    /// Stop here: the session ends on its budget.
+    Stop,
+    /// The run is stopping (cancelled, or handing the job over) while it waited.
+    Interrupted,
+}
+
+/// Who decides whether a job whose budget ran out goes on.
+#[async_trait]
+pub trait BudgetGate: Send + Sync {
+    /// `budget` is spent in `session`: ask, and wait for the answer.
+    async fn ask(&self, session: SessionId, spent: &Spent, budget: &Budget) -> Raise;
+}
+
+/// What a check before a model call decided.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    Go,
+    /// End the session on its budget, with this reason.
+    Stop(String),
+    /// The run is stopping.
+    Interrupted,
+}
 
 pub struct JobLimits {
     store: Arc<dyn Store>,
     job: JobId,
-    budget: Budget,
+    /// The budget in force: the spec's, as raised since.
+    budget: Mutex<Budget>,
     /// The job's model, whose price applies to its usage.
     model: String,
     /// When the job was submitted (ms).
     submitted: i64,
+    gate: Option<Arc<dyn BudgetGate>>,
 }
 
 impl JobLimits {
     /// `None` when the budget sets no limit.
-    pub fn new(store: Arc<dyn Store>, job: JobId, budget: &Budget, model: &str, submitted: i64) -> Option<Arc<Self>> {
+    pub fn new(
+        store: Arc<dyn Store>,
+        job: JobId,
+        budget: &Budget,
+        model: &str,
+        submitted: i64,
+        gate: Option<Arc<dyn BudgetGate>>,
+    ) -> Option<Arc<Self>> {
         let any = budget.max_tokens.is_some() || budget.max_cost_usd.is_some() || budget.deadline.is_some();
-        any.then(|| Arc::new(Self { store, job, budget: budget.clone(), model: model.to_string(), submitted }))
+        any.then(|| {
+            Arc::new(Self { store, job, budget: Mutex::new(budget.clone()), model: model.to_string(), submitted, gate })
+        })
     }
 
-    /// Why the job must stop now, if it must.
+    /// The budget in force.
+    pub fn budget(&self) -> Budget {
+        self.budget.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether `session` may make its next model call: the deadline, then
+    /// tokens and cost; spent ones go to the gate, which may raise them.
+    pub async fn check(&self, session: SessionId) -> Verdict {
+        loop {
+            let budget = self.budget();
+            let spent = match self.spent(&budget).await {
+                Ok(None) => return Verdict::Go,
+                Ok(Some(spent)) => spent,
+                Err(deadline) => return Verdict::Stop(deadline),
+            };
+            let Some(gate) = &self.gate else { return Verdict::Stop(spent.reason) };
+            match gate.ask(session, &spent, &budget).await {
+                Raise::To(raised) => {
+                    tracing::info!(job = %self.job, "budget raised");
+                    *self.budget.lock().unwrap_or_else(|p| p.into_inner()) = raised;
+                }
+                Raise::Stop => return Verdict::Stop(spent.reason),
+                Raise::Interrupted => return Verdict::Interrupted,
+            }
+        }
+    }
+
+    /// Why the job must stop now, if it must (no gate asked).
     pub async fn exceeded(&self) -> Option<String> {
-        if let Some(d) = self.budget.deadline
+        match self.spent(&self.budget()).await {
+            Ok(None) => None,
+            Ok(Some(spent)) => Some(spent.reason),
+            Err(deadline) => Some(deadline),
+        }
+    }
+
+    /// `Err` when the deadline passed; what was spent when tokens or cost ran out.
+    async fn spent(&self, budget: &Budget) -> Result<Option<Spent>, String> {
+        if let Some(d) = budget.deadline
             && now_ms() - self.submitted > d.as_millis() as i64
         {
-            return Some(format!("deadline of {} ms passed", d.as_millis()));
+            return Err(format!("deadline of {} ms passed", d.as_millis()));
         }
-        if self.budget.max_tokens.is_none() && self.budget.max_cost_usd.is_none() {
-            return None;
+        if budget.max_tokens.is_none() && budget.max_cost_usd.is_none() {
+            return Ok(None);
         }
         let usage = match self.store.get_job(self.job).await {
             Ok(j) => j.usage,
             Err(e) => {
                 tracing::warn!(error = %e, "budget not checked");
-                return None;
+                return Ok(None);
             }
         };
         let tokens = usage.context_tokens() + usage.output_tokens;
-        if let Some(max) = self.budget.max_tokens
+        let cost_usd = budget.price(&self.model).map(|p| p.cost(&usage));
+        let spent = |reason| Ok(Some(Spent { reason, tokens, cost_usd }));
+        if let Some(max) = budget.max_tokens
             && tokens >= max
         {
-            return Some(format!("token budget spent: {tokens} of {max} tokens"));
+            return spent(format!("token budget spent: {tokens} of {max} tokens"));
         }
-        if let Some(max) = self.budget.max_cost_usd
-            && let Some(price) = self.budget.price(&self.model)
+        if let (Some(max), Some(cost)) = (budget.max_cost_usd, cost_usd)
+            && cost >= max
         {
-            let cost = price.cost(&usage);
-            if cost >= max {
-                return Some(format!("cost budget spent: ${cost:.4} of ${max:.4}"));
-            }
+            return spent(format!("cost budget spent: ${cost:.4} of ${max:.4}"));
         }
-        None
+        Ok(None)
     }
 }

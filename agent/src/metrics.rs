@@ -24,6 +24,14 @@ pub struct StateLabel {
     pub state: &'static str,
 }
 
+/// A job series' labels: its namespace (bounded: namespaces are made by an
+/// admin; never a job id) and state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceStateLabel {
+    pub namespace: String,
+    pub state: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
@@ -65,7 +73,7 @@ pub const DEAD_LETTER_OUTCOMES: &[&str] = &["republished", "failed", "none"];
 pub struct Metrics {
     registry: Registry,
     /// Jobs by state, as the store counts them (set by whoever can ask the store).
-    pub jobs: Family<StateLabel, Gauge>,
+    pub jobs: Family<NamespaceStateLabel, Gauge>,
     /// Task attempts by outcome: `started`, then `succeeded`, `failed`,
     /// `cancelled` or `retried` (a transient failure; the delivery comes back).
     pub tasks: Family<OutcomeLabel, Counter>,
@@ -148,7 +156,7 @@ impl Metrics {
 
     /// A coordinator's series: jobs, the tasks it queues, its leases, dead letters.
     fn register_jobs(&self, registry: &mut Registry) {
-        registry.register("flower_jobs", "Jobs by state, as stored", self.jobs.clone());
+        registry.register("flower_jobs", "Jobs by namespace and state, as stored", self.jobs.clone());
         registry.register(
             "flower_tasks_queued",
             "Tasks this coordinator created and queued (one per Agent call)",
@@ -236,12 +244,20 @@ impl Metrics {
         );
     }
 
-    /// Set the jobs gauge from the store's counts; states with no job read 0.
-    pub fn set_job_counts(&self, counts: &[(flower_model::JobState, u64)]) {
+    /// Set the jobs gauge from the store's counts by namespace and state;
+    /// the states of a namespace (and of `default`) with no job read 0.
+    pub fn set_job_counts(&self, counts: &[(String, flower_model::JobState, u64)]) {
         use flower_model::JobState::*;
-        for state in [Queued, Running, WaitingForUser, Succeeded, Failed, Cancelled] {
-            let n = counts.iter().filter(|(s, _)| *s == state).map(|(_, n)| *n).sum::<u64>();
-            self.jobs.get_or_create(&StateLabel { state: state.as_str() }).set(n as i64);
+        let mut namespaces: Vec<&str> = counts.iter().map(|(ns, _, _)| ns.as_str()).collect();
+        namespaces.push(flower_model::access::DEFAULT_NAMESPACE);
+        namespaces.sort_unstable();
+        namespaces.dedup();
+        for namespace in namespaces {
+            for state in [Queued, Running, WaitingForUser, WaitingForBudget, Succeeded, Failed, Cancelled] {
+                let n: u64 = counts.iter().filter(|(ns, s, _)| ns == namespace && *s == state).map(|(_, _, n)| n).sum();
+                let label = NamespaceStateLabel { namespace: namespace.to_string(), state: state.as_str() };
+                self.jobs.get_or_create(&label).set(n as i64);
+            }
         }
     }
 
@@ -320,7 +336,7 @@ mod tests {
         assert!(sonnet.is_some());
         m.model_call("sim", "claude-sonnet-4-5", Duration::from_millis(20), Some(&usage), sonnet.as_ref());
         m.model_call("sim", "claude-sonnet-4-5", Duration::from_millis(20), None, sonnet.as_ref());
-        m.set_job_counts(&[(flower_model::JobState::Running, 2)]);
+        m.set_job_counts(&[("team-a".into(), flower_model::JobState::Running, 2)]);
         m.spills.inc();
         m.tool_denied(crate::guards::DELEGATE_GUARD);
         m.tool_denied("worker_tools");
@@ -334,8 +350,9 @@ mod tests {
             "flower_tasks_total{outcome=\"started\"} 1",
             "flower_model_calls_total{provider=\"sim\",model=\"m\",outcome=\"ok\"} 1",
             "flower_tokens_total{kind=\"output\"} 10",
-            "flower_jobs{state=\"running\"} 2",
-            "flower_jobs{state=\"failed\"} 0",
+            "flower_jobs{namespace=\"team-a\",state=\"running\"} 2",
+            "flower_jobs{namespace=\"team-a\",state=\"failed\"} 0",
+            "flower_jobs{namespace=\"default\",state=\"running\"} 0",
             "flower_model_call_duration_seconds_count 3",
             "flower_lease_takeovers_total 0",
             "flower_tasks_queued_total 0",

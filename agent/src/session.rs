@@ -432,10 +432,12 @@ impl AgentSession {
         if turns >= c.max_turns {
             return Ok(Some(Outcome::TurnLimit { turns, usage }));
         }
-        if let Some(limits) = &self.limits
-            && let Some(reason) = limits.exceeded().await
-        {
-            return Ok(Some(Outcome::Budget { reason, turns, usage }));
+        if let Some(limits) = &self.limits {
+            match limits.check(c.session_id).await {
+                crate::limits::Verdict::Go => {}
+                crate::limits::Verdict::Stop(reason) => return Ok(Some(Outcome::Budget { reason, turns, usage })),
+                crate::limits::Verdict::Interrupted => return Ok(Some(Outcome::Cancelled { turns, usage })),
+            }
         }
         Ok(None)
     }

@@ -33,6 +33,7 @@
 pub mod actions;
 pub mod app;
 pub mod aside;
+pub mod budget;
 pub mod clarify;
 pub mod context;
 pub mod continuation;

@@ -108,8 +108,7 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Option<Finished>
         }
     };
     let start = open_session(ctx, &spec, job_id, first).await?;
-    let limits =
-        flower_agent::limits::JobLimits::new(store.clone(), job_id, &spec.runtime.budget, &spec.model, job.created_at);
+    let limits = job_limits(ctx, &spec, job_id, job.created_at).await?;
     let mut driven = drive(ctx, &spec, job_id, start, limits.clone()).await?;
     if let Some(judge) = &spec.workflow.judge
         && !ctx.stop.handing_over()
@@ -439,6 +438,32 @@ pub(crate) fn dispatcher(ctx: &JobContext, job_id: JobId) -> Arc<Dispatcher> {
         Dispatcher::new(ctx.journal.clone(), ctx.queue.clone(), workspace, ctx.epoch, ctx.sweep)
             .with_stop(ctx.stop.clone()),
     )
+}
+
+/// The job's budget as raised so far, with the gate that asks its user
+/// for a raise when tokens or cost run out (`runtime.budget.wait` > 0).
+async fn job_limits(
+    ctx: &JobContext,
+    spec: &JobSpec,
+    job_id: JobId,
+    submitted: i64,
+) -> Result<Option<Arc<flower_agent::limits::JobLimits>>, StoreError> {
+    let store = ctx.journal.store().clone();
+    let (budget, _, _) = crate::budget::replay(store.as_ref(), job_id, &spec.runtime.budget).await?;
+    let wait = spec.runtime.budget.raise_wait();
+    let gate = (!wait.is_zero()).then(|| {
+        let asker = crate::tools::ask::Asker::new(
+            ctx.journal.clone(),
+            ctx.qa_log.clone(),
+            ctx.inbox.clone(),
+            crate::budget::BudgetAsk::ask_options(wait),
+            ctx.stop.clone(),
+            "coordinator",
+        );
+        Arc::new(crate::budget::BudgetAsk::new(asker, store.clone(), job_id, ctx.stop.clone()))
+            as Arc<dyn flower_agent::limits::BudgetGate>
+    });
+    Ok(flower_agent::limits::JobLimits::new(store, job_id, &budget, &spec.model, submitted, gate))
 }
 
 fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session: SessionId) -> AgentSession {

@@ -298,3 +298,36 @@ async fn signed_tokens_are_verified_against_the_jwks() {
         assert_eq!(e.kind, ErrorKind::Unauthenticated, "{label}: {e}");
     }
 }
+
+/// The chart's bootstrap: namespaces and keys from values and a Secret,
+/// made to exist at every start without duplicates; a key id taken by
+/// another key is refused; a bootstrapped key works.
+#[tokio::test]
+async fn a_bootstrap_makes_namespaces_and_keys_exist_once() {
+    use flower_coordinator::app::keys::ProvidedKey;
+    use flower_model::access::Role;
+    let dir = tempfile::tempdir().unwrap();
+    let (app, store) = app(&dir);
+    let secret = format!("flk_{}_{}", "a1".repeat(8), "b2".repeat(32));
+    let keys = vec![ProvidedKey {
+        namespace: "team-a".into(),
+        role: Role::Operator,
+        name: "team-a operators".into(),
+        secret: secret.clone(),
+    }];
+    let namespaces = vec!["team-b".to_string()];
+    app.bootstrap(&namespaces, &keys).await.unwrap();
+    app.bootstrap(&namespaces, &keys).await.unwrap();
+    let names: Vec<String> = store.namespaces().await.unwrap().into_iter().map(|n| n.name).collect();
+    assert_eq!(names, ["default", "team-a", "team-b"]);
+    assert_eq!(store.keys(None).await.unwrap().len(), 1, "made once");
+    let op = as_(&app, &secret).await;
+    assert_eq!(op.whoami().unwrap().namespace, "team-a");
+    assert_eq!(op.whoami().unwrap().subject, format!("key:{}", "a1".repeat(8)));
+    let other = ProvidedKey { secret: format!("flk_{}_{}", "a1".repeat(8), "c3".repeat(32)), ..keys[0].clone() };
+    assert_eq!(app.bootstrap(&[], &[other]).await.unwrap_err().kind, ErrorKind::AlreadyExists);
+    let bad = ProvidedKey { secret: "not-a-key".into(), ..keys[0].clone() };
+    assert_eq!(app.bootstrap(&[], &[bad]).await.unwrap_err().kind, ErrorKind::Invalid);
+    let log = as_(&app, TOKEN).await.audit_log("", 0, 100).await.unwrap();
+    assert!(log.iter().any(|r| r.subject == "bootstrap" && r.action == "key.create"));
+}

@@ -170,7 +170,7 @@ pub fn catalog(templates: &Templates) -> Vec<ToolDef> {
         },
         ToolDef {
             name: "job_status",
-            description: "A job's state now (queued, running, waiting_for_user, succeeded, failed, cancelled), its reason, final answer and token usage; when it waits for its user, the question to answer with answer_question.".into(),
+            description: "A job's state now (queued, running, waiting_for_user, waiting_for_budget, succeeded, failed, cancelled), its reason, final answer and token usage; when it waits for its user, the question to answer with answer_question.".into(),
             schema: schema_of::<JobArgs>(),
         },
         ToolDef {
@@ -212,7 +212,7 @@ pub fn catalog(templates: &Templates) -> Vec<ToolDef> {
         },
         ToolDef {
             name: "answer_question",
-            description: "Answer the question a job asked its user (the job waits in waiting_for_user; job_status and watch_job show the question and its options). Give words in `text`, or choose an option by its number in `option`.".into(),
+            description: "Answer the question a job asked its user (the job waits in waiting_for_user, or in waiting_for_budget for a raise; job_status and watch_job show the question and its options). Give words in `text`, or choose an option by its number in `option`.".into(),
             schema: schema_of::<AnswerArgs>(),
         },
         ToolDef {

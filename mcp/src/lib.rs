@@ -238,7 +238,7 @@ impl FlowerMcp {
         let j = self.jobs.job(job).await?;
         let mut v = serde_json::to_value(&j).unwrap_or_default();
         v["ended"] = json!(j.ended());
-        if j.state == JobState::WaitingForUser {
+        if matches!(j.state, JobState::WaitingForUser | JobState::WaitingForBudget) {
             let events = self.all_events(&j.job_id).await?;
             if let Some(q) = backend::pending_question(&events) {
                 v["question"] = q;
@@ -280,6 +280,8 @@ impl FlowerMcp {
                 Some("ended")
             } else if j.state == JobState::WaitingForUser {
                 Some("waiting_for_user")
+            } else if j.state == JobState::WaitingForBudget {
+                Some("waiting_for_budget")
             } else if now >= deadline {
                 Some("timeout")
             } else {

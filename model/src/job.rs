@@ -17,6 +17,10 @@ pub enum JobState {
     /// Running, with a session waiting on a user's answer to its question
     /// (the `ask` tool): no model call and no worker slot is held meanwhile.
     WaitingForUser,
+    /// Running, its next model call held back because it would cross its
+    /// budget: the user is asked to raise it or stop (no model call and no
+    /// worker slot is held meanwhile).
+    WaitingForBudget,
     Succeeded,
     Failed,
     Cancelled,
@@ -31,6 +35,7 @@ impl JobState {
             Self::Queued => "queued",
             Self::Running => "running",
             Self::WaitingForUser => "waiting_for_user",
+            Self::WaitingForBudget => "waiting_for_budget",
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -56,6 +61,7 @@ impl FromStr for JobState {
             "queued" => Self::Queued,
             "running" => Self::Running,
             "waiting_for_user" => Self::WaitingForUser,
+            "waiting_for_budget" => Self::WaitingForBudget,
             "succeeded" => Self::Succeeded,
             "failed" => Self::Failed,
             "cancelled" => Self::Cancelled,

@@ -12,6 +12,7 @@ impl From<m::JobState> for pb::JobState {
             m::JobState::Queued => Self::Queued,
             m::JobState::Running => Self::Running,
             m::JobState::WaitingForUser => Self::WaitingForUser,
+            m::JobState::WaitingForBudget => Self::WaitingForBudget,
             m::JobState::Succeeded => Self::Succeeded,
             m::JobState::Failed => Self::Failed,
             m::JobState::Cancelled => Self::Cancelled,
@@ -27,6 +28,7 @@ pub fn job_state(typed: i32, name: &str) -> Option<m::JobState> {
         pb::JobState::Queued => Some(m::JobState::Queued),
         pb::JobState::Running => Some(m::JobState::Running),
         pb::JobState::WaitingForUser => Some(m::JobState::WaitingForUser),
+        pb::JobState::WaitingForBudget => Some(m::JobState::WaitingForBudget),
         pb::JobState::Succeeded => Some(m::JobState::Succeeded),
         pb::JobState::Failed => Some(m::JobState::Failed),
         pb::JobState::Cancelled => Some(m::JobState::Cancelled),
@@ -215,7 +217,7 @@ mod tests {
     #[test]
     fn states_and_roles_go_and_come_back() {
         use m::JobState::*;
-        for s in [Queued, Running, WaitingForUser, Succeeded, Failed, Cancelled] {
+        for s in [Queued, Running, WaitingForUser, WaitingForBudget, Succeeded, Failed, Cancelled] {
             assert_eq!(job_state(pb::JobState::from(s).into(), ""), Some(s));
             // A service that predates the typed field sends the name only.
             assert_eq!(job_state(0, s.as_str()), Some(s));

@@ -414,7 +414,7 @@ pub trait Store: Send + Sync + 'static {
     async fn continuations(&self, job: JobId) -> Result<Vec<JobId>>;
     /// How many jobs are in each state (states without a job left out): one
     /// aggregate query, cheap enough for every metrics scrape.
-    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>>;
+    async fn job_counts(&self) -> Result<Vec<(String, JobState, u64)>>;
     /// Move a job to `state`, with its event, in one transaction (fenced when
     /// `fence` is given); an ended job refuses with [`StoreError::JobEnded`].
     async fn set_job_state(

@@ -580,15 +580,15 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>> {
+    async fn job_counts(&self) -> Result<Vec<(String, JobState, u64)>> {
         self.run(move |c| {
-            let mut stmt = c.prepare_cached("SELECT state, count(*) FROM jobs GROUP BY state")?;
-            let rows: Vec<(String, i64)> =
-                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+            let mut stmt = c.prepare_cached("SELECT namespace, state, count(*) FROM jobs GROUP BY namespace, state")?;
+            let rows: Vec<(String, String, i64)> =
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<rusqlite::Result<_>>()?;
             rows.into_iter()
-                .map(|(state, n)| {
+                .map(|(namespace, state, n)| {
                     let state = state.parse::<JobState>().map_err(corrupt)?;
-                    Ok((state, n.max(0) as u64))
+                    Ok((namespace, state, n.max(0) as u64))
                 })
                 .collect()
         })
@@ -623,7 +623,7 @@ impl Store for SqliteStore {
         self.run(move |c| {
             let mut stmt = c.prepare_cached(
                 "SELECT j.id FROM jobs j LEFT JOIN leases l ON l.job_id = j.id
-                 WHERE j.state IN ('queued', 'running', 'waiting_for_user') AND (l.job_id IS NULL OR l.expires_at < ?1)
+                 WHERE j.state IN ('queued', 'running', 'waiting_for_user', 'waiting_for_budget') AND (l.job_id IS NULL OR l.expires_at < ?1)
                  ORDER BY j.created_at, j.id LIMIT ?2",
             )?;
             let ids: Vec<String> =

@@ -242,6 +242,22 @@ async fn two_namespaces_share_a_cluster_and_each_sees_only_its_own() {
     let after = http.get(format!("{console}/jobs/{a_job}")).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(after.status(), 401, "signed out");
 
+    // A job whose budget runs out waits for a raise: not team b's to give,
+    // nor a viewer's; team a's operator raises it and the job finishes.
+    let dir = tempfile::tempdir().unwrap();
+    let budgeted = dir.path().join("budgeted.yaml");
+    let text = std::fs::read_to_string(spec("slow.yaml")).unwrap();
+    std::fs::write(&budgeted, format!("{text}runtime:\n  budget: {{max_tokens: 1, wait: 5m}}\n")).unwrap();
+    let budgeted = budgeted.display().to_string();
+    let c_job = as_(&mut c, &a_sub, &["submit", &budgeted, "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
+    c.wait_job(&c_job, "waiting_for_budget").await;
+    let e = as_(&mut c, &b_op, &["answer", &c_job, "--option", "1"]).unwrap_err();
+    assert!(e.contains("not found"), "{e}");
+    let e = as_(&mut c, &a_viewer, &["answer", &c_job, "--option", "1"]).unwrap_err();
+    assert!(e.contains("PermissionDenied") || e.contains("does not allow"), "{e}");
+    as_(&mut c, &a_op, &["answer", &c_job, "raise it to 100000000 tokens"]).unwrap();
+    c.wait_job(&c_job, "succeeded").await;
+
     // Team a's operator cancels its submitter's job.
     as_(&mut c, &a_op, &["cancel", &a_job, "--reason", "operator"]).unwrap();
     c.wait_job(&a_job, "cancelled").await;

@@ -148,26 +148,64 @@ fn an_imported_sessions_glances_expire_but_the_latest_six() {
     assert_eq!(text.matches("`git status --short` result expired").count(), 3);
 }
 
-/// A job that crosses its token budget ends cleanly with the reason; what ran is kept.
+/// A job whose token budget runs out mid-run waits in `waiting_for_budget`
+/// and asks its user; a raise from another process lets it finish; without
+/// an answer it ends `failed` with the budget as its reason after
+/// `runtime.budget.wait`; what ran is kept either way.
 #[test]
-fn a_spent_budget_ends_the_job_with_the_reason() {
+fn a_spent_budget_asks_for_a_raise_then_finishes_or_ends_with_the_reason() {
     let home = Home::new();
     let dir = tempfile::tempdir().unwrap();
     let demo = repo().join("examples/demo");
-    let spec = std::fs::read_to_string(demo.join("job.yaml"))
-        .unwrap()
-        .replace("scenario: scenario.yaml", &format!("scenario: {}", demo.join("scenario.yaml").display()))
-        .replace("workspace: .", &format!("workspace: {}", demo.display()))
-        .replace("  bash_timeout: 30s", "  bash_timeout: 30s\n  budget:\n    max_tokens: 3000");
+    let spec = |budget: &str| {
+        std::fs::read_to_string(demo.join("job.yaml"))
+            .unwrap()
+            .replace("scenario: scenario.yaml", &format!("scenario: {}", demo.join("scenario.yaml").display()))
+            .replace("workspace: .", &format!("workspace: {}", demo.display()))
+            .replace("  bash_timeout: 30s", &format!("  bash_timeout: 30s\n  budget:\n{budget}"))
+    };
+    // Raised: the run waits, `flower answer` (another process) raises, it finishes.
+    let path = dir.path().join("raised.yaml");
+    std::fs::write(&path, spec("    max_tokens: 3000\n    wait: 5m\n")).unwrap();
+    let run = home
+        .cmd()
+        .args(["run", path.to_str().unwrap(), "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let job = crate::support::wait_state(&home, "waiting_for_budget");
+    let status: serde_json::Value = serde_json::from_slice(&home.run(&["status", &job, "--json"]).stdout).unwrap();
+    let asked = status["questions"][0]["question"].as_str().unwrap_or_default().to_string();
+    assert!(asked.contains("token budget spent") && asked.contains("Raise the budget, or stop here?"), "{status}");
+    let sent = home.run(&["answer", &job, "raise it to 10000000 tokens"]);
+    assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+    let out = run.wait_with_output().unwrap();
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["state"], "succeeded", "{summary} {}", String::from_utf8_lossy(&out.stderr));
+
+    // Not raised: "no answer" after the wait ends it, the budget as the reason.
     let path = dir.path().join("job.yaml");
-    std::fs::write(&path, spec).unwrap();
+    std::fs::write(&path, spec("    max_tokens: 3000\n    wait: 1s\n")).unwrap();
     let out = home.run(&["run", path.to_str().unwrap(), "--json"]);
     assert_eq!(out.status.code(), Some(1));
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["state"], "failed");
     assert!(summary["reason"].as_str().unwrap().starts_with("budget: token budget spent:"), "{}", summary["reason"]);
-    let t = home.transcripts(summary["job_id"].as_str().unwrap());
+    let id = summary["job_id"].as_str().unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&home.run(&["status", id, "--json"]).stdout).unwrap();
+    assert_eq!(status["questions"][0]["answered_by"], "timeout", "{status}");
+    let t = home.transcripts(id);
     assert!(t["sessions"].as_array().unwrap().len() > 1, "the work done before the limit is kept");
+
+    // `wait: 0s`: the job ends at once, as a budget without a user.
+    std::fs::write(&path, spec("    max_tokens: 3000\n    wait: 0s\n")).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_slice(&home.run(&["run", path.to_str().unwrap(), "--json"]).stdout).unwrap();
+    assert_eq!(summary["state"], "failed");
+    let status: serde_json::Value =
+        serde_json::from_slice(&home.run(&["status", summary["job_id"].as_str().unwrap(), "--json"]).stdout).unwrap();
+    assert!(status["questions"].as_array().is_none_or(|q| q.is_empty()), "no question: {status}");
 
     // A deadline ends the job at the next model call.
     let deadline = std::fs::read_to_string(&path).unwrap().replace("max_tokens: 3000", "deadline: 1ms");

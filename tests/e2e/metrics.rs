@@ -52,8 +52,8 @@ async fn metrics_are_served_by_both_roles() {
         workers.push(scrape(&w.metrics_url()).await);
     }
 
-    assert_eq!(value(&coordinator, "flower_jobs{state=\"succeeded\"}"), 1.0, "{coordinator}");
-    assert_eq!(value(&coordinator, "flower_jobs{state=\"running\"}"), 0.0);
+    assert_eq!(value(&coordinator, "flower_jobs{namespace=\"default\",state=\"succeeded\"}"), 1.0, "{coordinator}");
+    assert_eq!(value(&coordinator, "flower_jobs{namespace=\"default\",state=\"running\"}"), 0.0);
     assert!(value(&coordinator, "flower_lease_takeovers_total") >= 1.0, "{coordinator}");
     assert_eq!(value(&coordinator, "flower_tasks_queued_total"), tasks.len() as f64, "{coordinator}");
     assert!(sum(&coordinator, "flower_model_calls_total") > 0.0, "{coordinator}");
@@ -87,7 +87,8 @@ async fn metrics_are_served_by_both_roles() {
     }
 
     // Low cardinality: no id in any label (ids are UUIDs; look for any
-    // hyphenated hex run too, in case a prefix slipped in).
+    // hyphenated hex run too, in case a prefix slipped in); namespaces are
+    // bounded (an admin makes them).
     for text in std::iter::once(&coordinator).chain(&workers) {
         for id in std::iter::once(&job).chain(&tasks) {
             assert!(!text.contains(id.as_str()) && !text.contains(&id[..8]), "an id in\n{text}");
@@ -98,7 +99,7 @@ async fn metrics_are_served_by_both_roles() {
                 for pair in labels.split(',') {
                     let (k, _) = pair.split_once('=').unwrap();
                     assert!(
-                        ["state", "outcome", "provider", "model", "kind", "le"].contains(&k),
+                        ["namespace", "state", "outcome", "provider", "model", "kind", "le"].contains(&k),
                         "unexpected label `{k}` in `{line}`"
                     );
                 }

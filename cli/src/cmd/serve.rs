@@ -26,6 +26,10 @@ pub struct CoordinatorArgs {
     pub token: Option<String>,
     #[command(flatten)]
     pub jwt: JwtArgs,
+    /// Namespaces and API keys to make exist at start (YAML: `namespaces: [..]`, `keys: [{namespace,
+    /// role, name, env}]`, each key read from the variable `env` names, e.g. from a Secret)
+    #[arg(long, env = "FLOWER_BOOTSTRAP")]
+    pub bootstrap: Option<PathBuf>,
     /// Largest request accepted (spec and workspace together)
     #[arg(long, env = "FLOWER_MAX_REQUEST_BYTES", default_value = "16 MiB")]
     pub max_request_bytes: bytesize::ByteSize,
@@ -51,6 +55,44 @@ pub struct CoordinatorArgs {
     pub insecure: bool,
     #[command(flatten)]
     pub backends: BackendArgs,
+}
+
+/// The `--bootstrap` file.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Bootstrap {
+    #[serde(default)]
+    namespaces: Vec<String>,
+    #[serde(default)]
+    keys: Vec<BootstrapKey>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BootstrapKey {
+    namespace: String,
+    role: String,
+    #[serde(default)]
+    name: String,
+    /// The variable holding the key.
+    env: String,
+}
+
+/// The namespaces and keys a `--bootstrap` file names, each key read from its variable.
+fn read_bootstrap(
+    path: &std::path::Path,
+) -> anyhow::Result<(Vec<String>, Vec<flower_coordinator::app::keys::ProvidedKey>)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--bootstrap {}", path.display()))?;
+    let b: Bootstrap = serde_yaml_ng::from_str(&text).with_context(|| format!("--bootstrap {}", path.display()))?;
+    let mut keys = Vec::new();
+    for (i, k) in b.keys.into_iter().enumerate() {
+        let field = format!("--bootstrap {}: keys[{i}]", path.display());
+        let role = k.role.parse().map_err(|e: String| anyhow::anyhow!("{field}.role: {e}"))?;
+        let secret = std::env::var(&k.env).with_context(|| format!("{field}.env: `{}` is not set", k.env))?;
+        let name = if k.name.is_empty() { k.env.clone() } else { k.name };
+        keys.push(flower_coordinator::app::keys::ProvidedKey { namespace: k.namespace, role, name, secret });
+    }
+    Ok((b.namespaces, keys))
 }
 
 /// Signed tokens (JWT) from an identity provider.
@@ -186,6 +228,10 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     serve_metrics(metrics, Some(connected.store.clone()))?;
     let notifier = backends.notifier.clone();
     let service = service::Service::new(config, backends);
+    if let Some(path) = &args.bootstrap {
+        let (namespaces, keys) = read_bootstrap(path)?;
+        service.app().bootstrap(&namespaces, &keys).await.with_context(|| format!("--bootstrap {}", path.display()))?;
+    }
     if let Some(listener) = console {
         println!("console on http://{}/", listener.local_addr()?);
         let audits = Arc::new(flower_runtime::audit::SimAudits::new(audit_sources));

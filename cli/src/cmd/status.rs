@@ -47,6 +47,7 @@ pub async fn run(home: std::path::PathBuf, args: StatusArgs) -> anyhow::Result<E
                     "id": j.id, "name": j.name, "state": j.state, "reason": j.reason,
                     "final_answer": j.final_answer, "usage": j.usage,
                     "created_at": j.created_at, "updated_at": j.updated_at, "continues": j.continues,
+                    "namespace": j.namespace, "submitted_by": j.submitted_by,
                 });
                 if let Some(record) = &record {
                     merge(&mut v, record);
@@ -125,6 +126,7 @@ async fn remote(args: StatusArgs) -> anyhow::Result<ExitCode> {
             "created_at": j.created_at_ms, "updated_at": j.updated_at_ms,
             "continues": (!j.continues_job_id.is_empty())
                 .then(|| serde_json::json!({"parent": j.continues_job_id, "instruction": j.instruction})),
+            "namespace": j.namespace, "submitted_by": j.submitted_by,
         })
     };
     if args.json {

@@ -18,7 +18,8 @@ use crate::views::{human_ms, layout, money, pct, state_badge};
 use crate::{Console, LIST_WINDOW, PAGE};
 
 /// The states the filter offers (empty: any).
-const STATES: [&str; 7] = ["", "queued", "running", "waiting_for_user", "succeeded", "failed", "cancelled"];
+const STATES: [&str; 8] =
+    ["", "queued", "running", "waiting_for_user", "waiting_for_budget", "succeeded", "failed", "cancelled"];
 /// The creation windows the filter offers (hours, label; 0: any time).
 const WINDOWS: [(u64, &str); 4] = [(0, "any time"), (1, "1 hour"), (24, "1 day"), (168, "7 days")];
 

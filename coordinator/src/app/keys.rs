@@ -209,3 +209,72 @@ impl App {
         Ok(self.b.store.audit_log(scope.as_deref(), after, page(limit, 100)).await?)
     }
 }
+
+/// A key the operator provides (from a Secret) for [`App::bootstrap`].
+#[derive(Clone, Debug)]
+pub struct ProvidedKey {
+    pub namespace: String,
+    pub role: Role,
+    pub name: String,
+    /// The key itself (`flk_<id>_<secret>`), never stored.
+    pub secret: String,
+}
+
+impl App {
+    /// Make `namespaces` and `keys` exist (a deployment's bootstrap, from
+    /// the chart's values and a Secret): each namespace created if missing;
+    /// each key stored (its digest) if its id is new, left as it is when it
+    /// is there with the same digest (a revoked one stays revoked), refused
+    /// when its id is there with another key. Recorded as `bootstrap`.
+    pub async fn bootstrap(&self, namespaces: &[String], keys: &[ProvidedKey]) -> Result<()> {
+        let caller = super::access::Caller {
+            principal: Principal {
+                namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
+                role: Role::Admin,
+                subject: "bootstrap".into(),
+            },
+            origin: "bootstrap".into(),
+        };
+        let wanted = namespaces.iter().chain(keys.iter().map(|k| &k.namespace));
+        for ns in wanted {
+            check_namespace(ns).map_err(|m| AppError::invalid("namespace", m))?;
+            if self.b.store.create_namespace(ns).await? {
+                self.record(&caller, Verb::CreateNamespace, ns, ns, Ok(())).await;
+            }
+        }
+        for k in keys {
+            let id = access::key_id(&k.secret).ok_or_else(|| {
+                AppError::invalid(
+                    "key",
+                    format_args!("the key of `{}` is not an API key (flk_<16 hex>_<64 hex>)", k.name),
+                )
+            })?;
+            match self.b.store.get_key(id).await {
+                Ok(stored) if access::key_matches(&k.secret, &stored.digest) => continue,
+                Ok(_) => {
+                    return Err(AppError::new(
+                        ErrorKind::AlreadyExists,
+                        format!("key `{id}` exists with another secret: give the bootstrap a new key"),
+                    ));
+                }
+                Err(StoreError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let key = ApiKey {
+                id: id.to_string(),
+                namespace: k.namespace.clone(),
+                role: k.role,
+                name: k.name.clone(),
+                digest: access::key_digest(&k.secret),
+                created_at: flower_model::now_ms(),
+                created_by: "bootstrap".into(),
+                expires_at: None,
+                last_used_at: None,
+                revoked_at: None,
+            };
+            self.b.store.create_key(key, None).await?;
+            self.record(&caller, Verb::CreateKey, &k.namespace, id, Ok(())).await;
+        }
+        Ok(())
+    }
+}

@@ -41,6 +41,9 @@ pub struct Asker {
     options: AskOptions,
     stop: crate::stop::Stop,
     role: String,
+    /// The job's state while it waits (`waiting_for_user`, or
+    /// `waiting_for_budget` for the budget's question).
+    waiting: JobState,
 }
 
 /// How a question ended.
@@ -64,7 +67,13 @@ impl Asker {
         stop: crate::stop::Stop,
         role: &str,
     ) -> Self {
-        Self { journal, qa_log, inbox, options, stop, role: role.to_string() }
+        Self { journal, qa_log, inbox, options, stop, role: role.to_string(), waiting: JobState::WaitingForUser }
+    }
+
+    /// Wait in `state` rather than `waiting_for_user`.
+    pub fn waiting_in(mut self, state: JobState) -> Self {
+        self.waiting = state;
+        self
     }
 
     pub fn options(&self) -> &AskOptions {
@@ -101,7 +110,7 @@ impl Asker {
             let written = self.journal.commit(Batch { events: vec![(job, asked)], ..Default::default() }).await?;
             self.journal.announce(&written).await;
             q.read(&written.events, id);
-            self.set_state(job, JobState::WaitingForUser).await?;
+            self.set_state(job, self.waiting).await?;
             self.qa_log.question(&self.role, id, question, options).await;
         }
         let deadline_ms = q.asked_at.unwrap_or_else(now_ms) + self.options.timeout.as_millis() as i64;
@@ -190,7 +199,10 @@ impl Questions {
         self.cursor = self.cursor.max(e.seq);
         match &e.kind {
             EventKind::QuestionAsked { id: asked, .. } => {
-                self.count += 1;
+                // The budget's questions are not the sessions' own.
+                if !asked.starts_with("budget-") {
+                    self.count += 1;
+                }
                 if asked == id {
                     self.asked_at = Some(e.at);
                 }

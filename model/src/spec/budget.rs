@@ -22,6 +22,21 @@ pub struct Budget {
     /// Prices per million tokens, by model name (overrides the built-in table).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub prices: BTreeMap<String, Price>,
+    /// When tokens or cost run out, how long the job waits
+    /// (`waiting_for_budget`) for its user to raise the budget before it
+    /// ends `failed` (default [`DEFAULT_RAISE_WAIT`]; `0s`: it ends at once).
+    #[serde(skip_serializing_if = "Option::is_none", with = "humantime_serde::option")]
+    pub wait: Option<Duration>,
+}
+
+/// How long a job whose budget ran out waits for a raise, by default.
+pub const DEFAULT_RAISE_WAIT: Duration = Duration::from_secs(15 * 60);
+
+impl Budget {
+    /// How long a job whose tokens or cost ran out waits for a raise (zero: not at all).
+    pub fn raise_wait(&self) -> Duration {
+        self.wait.unwrap_or(DEFAULT_RAISE_WAIT)
+    }
 }
 
 /// US dollars per million tokens.

@@ -43,3 +43,6 @@ CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
 BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
 BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+-- A job waiting for a raise of its budget (`waiting_for_budget`) is live.
+DROP INDEX IF EXISTS jobs_live;
+CREATE INDEX jobs_live ON jobs (created_at) WHERE state IN ('queued', 'running', 'waiting_for_user', 'waiting_for_budget');

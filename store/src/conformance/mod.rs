@@ -196,8 +196,9 @@ pub async fn job_counts_by_state(store: &dyn Store) {
     new_job(store, None).await;
     store.set_job_state(a, JobState::Running, None, None, None).await.unwrap();
     let mut counts = store.job_counts().await.unwrap();
-    counts.sort_by_key(|(s, _)| s.as_str());
-    assert_eq!(counts, vec![(JobState::Queued, 2), (JobState::Running, 1)]);
+    counts.sort_by_key(|(_, s, _)| s.as_str());
+    let d = || "default".to_string();
+    assert_eq!(counts, vec![(d(), JobState::Queued, 2), (d(), JobState::Running, 1)]);
 }
 
 pub async fn transcripts_are_ordered_per_session(store: &dyn Store) {

@@ -121,15 +121,15 @@ pub(super) async fn continuations(store: &PostgresStore, job: JobId) -> Result<V
     Ok(rows.iter().map(|r| JobId(r.get(0))).collect())
 }
 
-pub(super) async fn job_counts(store: &PostgresStore) -> Result<Vec<(JobState, u64)>> {
+pub(super) async fn job_counts(store: &PostgresStore) -> Result<Vec<(String, JobState, u64)>> {
     let client = store.pool.get().await?;
-    let rows = db_query(&client, "SELECT state, count(*) FROM jobs GROUP BY state", &[]).await?;
+    let rows = db_query(&client, "SELECT namespace, state, count(*) FROM jobs GROUP BY namespace, state", &[]).await?;
     rows.iter()
         .map(|r| {
-            let state: String = r.get(0);
-            let n: i64 = r.get(1);
+            let state: String = r.get(1);
+            let n: i64 = r.get(2);
             let state = state.parse::<JobState>().map_err(corrupt)?;
-            Ok((state, n.max(0) as u64))
+            Ok((r.get(0), state, n.max(0) as u64))
         })
         .collect()
 }
@@ -169,7 +169,7 @@ pub(super) async fn orphaned_jobs(store: &PostgresStore, now_ms: i64, limit: u32
     let rows = db_query(
         &client,
         "SELECT j.id FROM jobs j LEFT JOIN leases l ON l.job_id = j.id
-             WHERE j.state IN ('queued', 'running', 'waiting_for_user') AND (l.job_id IS NULL OR l.expires_at < $1)
+             WHERE j.state IN ('queued', 'running', 'waiting_for_user', 'waiting_for_budget') AND (l.job_id IS NULL OR l.expires_at < $1)
              ORDER BY j.created_at, j.id LIMIT $2",
         &[&now_ms, &(limit as i64)],
     )

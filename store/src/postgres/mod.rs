@@ -251,7 +251,7 @@ impl Store for PostgresStore {
         jobs::continuations(self, job).await
     }
 
-    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>> {
+    async fn job_counts(&self) -> Result<Vec<(String, JobState, u64)>> {
         jobs::job_counts(self).await
     }
 

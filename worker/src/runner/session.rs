@@ -142,12 +142,20 @@ impl Worker {
         let history = if fresh { Vec::new() } else { self.load_history(task, spec, &dir.path).await? };
         let input = history.is_empty().then(|| vec![flower_model::ContentBlock::text(task.mandate.clone())]);
         let config = session_config(task, spec, wspec, &tools);
+        // While the coordinator may ask for a raise (`runtime.budget.wait`),
+        // it is the budget's gate: a worker stops on the deadline only, the
+        // tasks in flight finish, and the coordinator's next call asks.
+        let mut budget = spec.runtime.budget.clone();
+        if !budget.raise_wait().is_zero() {
+            (budget.max_tokens, budget.max_cost_usd) = (None, None);
+        }
         let limits = flower_agent::limits::JobLimits::new(
             self.journal.store().clone(),
             job.id,
-            &spec.runtime.budget,
+            &budget,
             &spec.model,
             job.created_at,
+            None,
         );
         let agent = AgentSession::new(config, provider, tools, hooks, self.journal.clone(), cancel)
             .with_held_answer()
