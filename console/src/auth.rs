@@ -166,6 +166,11 @@ impl FromRequestParts<Console> for Signed {
             return Ok(Signed { app: acting, csrf: c.auth().csrf_of(&digest(credential)) });
         }
         if let Some((caller, csrf)) = c.auth().session(&parts.headers) {
+            // A session lasts no longer than its credential: expired or revoked since, it ends.
+            if !app.still_valid(&caller).await? {
+                c.auth().close(&parts.headers);
+                return Err(Refusal::SignIn(next(parts)));
+            }
             let caller = Caller { origin: origin(parts), ..caller };
             return Ok(Signed { app: app.acting_as(caller), csrf });
         }

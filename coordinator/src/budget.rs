@@ -16,8 +16,14 @@ use flower_store::{Store, StoreError};
 
 use crate::tools::ask::{Asked, Asker};
 
-/// The budget's questions are `budget-1`, `budget-2`, …
+/// The budget's questions are `budget-tokens-1`, `budget-cost-2`, …: which
+/// limit ran out, and their number.
 const PREFIX: &str = "budget-";
+
+/// Which limit a [`Spent`] says ran out: `tokens` or `cost`.
+fn limit_of(spent: &Spent) -> &'static str {
+    if spent.reason.starts_with("token") { "tokens" } else { "cost" }
+}
 
 /// The options of the budget's question.
 pub fn options() -> Vec<String> {
@@ -28,9 +34,13 @@ pub fn options() -> Vec<String> {
 /// `budget`, or `None` to stop.
 pub fn decide(budget: &Budget, spent: &Spent, text: &str, option: Option<u32>) -> Option<Budget> {
     let mut raised = budget.clone();
+    let tokens_ran_out = limit_of(spent) == "tokens";
     match option {
-        Some(1) => {
+        Some(1) if tokens_ran_out => {
             raised.max_tokens = budget.max_tokens.map(|t| t.saturating_mul(2));
+            return Some(raised);
+        }
+        Some(1) => {
             raised.max_cost_usd = budget.max_cost_usd.map(|c| c * 2.0);
             return Some(raised);
         }
@@ -45,7 +55,7 @@ pub fn decide(budget: &Budget, spent: &Spent, text: &str, option: Option<u32>) -
         .filter(|c| *c != '_' && *c != ',')
         .collect();
     let value: f64 = number.trim_end_matches('.').parse().ok()?;
-    if spent.reason.starts_with("token") {
+    if tokens_ran_out {
         let tokens = value as u64;
         (tokens > spent.tokens).then(|| {
             raised.max_tokens = Some(tokens);
@@ -82,9 +92,11 @@ pub async fn replay(store: &dyn Store, job: JobId, base: &Budget) -> Result<(Bud
     for (id, answer) in &asked {
         match answer {
             Some((text, option)) => {
-                // The spent amounts only bound a number given in words; a
-                // replayed raise was accepted when it was given.
-                let spent = Spent { reason: raised_kind(&budget, text), tokens: 0, cost_usd: None };
+                // Which limit ran out is in the id; the spent amounts only
+                // bound a number given in words, and a replayed raise was
+                // accepted when it was given.
+                let kind = id.strip_prefix(PREFIX).and_then(|r| r.split('-').next()).unwrap_or("cost");
+                let spent = Spent { reason: kind.to_string(), tokens: 0, cost_usd: None };
                 if let Some(raised) = decide(&budget, &spent, text, *option) {
                     budget = raised;
                 }
@@ -93,12 +105,6 @@ pub async fn replay(store: &dyn Store, job: JobId, base: &Budget) -> Result<(Bud
         }
     }
     Ok((budget, asked.len() as u32, open))
-}
-
-/// Which limit a raise in words names, when replayed: tokens when the
-/// budget has only a token limit, else cost.
-fn raised_kind(budget: &Budget, _text: &str) -> String {
-    if budget.max_cost_usd.is_none() { "token".into() } else { "cost".into() }
 }
 
 /// The job's [`BudgetGate`]: the ask path, waiting in `waiting_for_budget`.
@@ -140,7 +146,7 @@ impl BudgetGate for BudgetAsk {
     async fn ask(&self, session: SessionId, spent: &Spent, budget: &Budget) -> Raise {
         let id = match replay(self.store.as_ref(), self.job, budget).await {
             Ok((_, _, Some(open))) => open,
-            Ok((_, n, None)) => format!("{PREFIX}{}", n + 1),
+            Ok((_, n, None)) => format!("{PREFIX}{}-{}", limit_of(spent), n + 1),
             Err(e) => {
                 tracing::warn!(job = %self.job, error = %e, "the budget's question could not be read; stopping");
                 return Raise::Stop;
@@ -175,7 +181,7 @@ mod tests {
         let b = Budget { max_tokens: Some(1000), max_cost_usd: Some(1.0), ..Default::default() };
         let cost = spent("cost budget spent: $1.02 of $1.00", 900, Some(1.02));
         let doubled = decide(&b, &cost, "", Some(1)).unwrap();
-        assert_eq!((doubled.max_tokens, doubled.max_cost_usd), (Some(2000), Some(2.0)));
+        assert_eq!((doubled.max_tokens, doubled.max_cost_usd), (Some(1000), Some(2.0)), "the limit that ran out");
         assert_eq!(decide(&b, &cost, "", Some(2)), None);
         assert_eq!(decide(&b, &cost, "raise it to $5", None).unwrap().max_cost_usd, Some(5.0));
         assert_eq!(decide(&b, &cost, "1", None), None, "below what is spent: not a raise");
@@ -183,5 +189,7 @@ mod tests {
         assert_eq!(decide(&b, &cost, "stop", None), None);
         let tokens = spent("token budget spent: 1000 of 1000 tokens", 1000, None);
         assert_eq!(decide(&b, &tokens, "go to 50,000 tokens", None).unwrap().max_tokens, Some(50_000));
+        assert_eq!(decide(&b, &tokens, "", Some(1)).unwrap().max_tokens, Some(2000));
+        assert_eq!(decide(&b, &tokens, "50000", None).unwrap().max_cost_usd, Some(1.0), "cost untouched");
     }
 }

@@ -13,6 +13,16 @@ pub const REFRESH: Duration = Duration::from_secs(300);
 
 /// Read the JWKS at `source` (a path, or an `http(s)://` URL).
 pub async fn read(source: &str) -> Result<String, String> {
+    if source.starts_with("http://") {
+        // Keys fetched in clear could be swapped on the way: https, but for loopback.
+        let url = reqwest::Url::parse(source).map_err(|e| format!("{source}: {e}"))?;
+        let host = url.host_str().unwrap_or_default();
+        let ip = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>();
+        let loopback = host == "localhost" || ip.is_ok_and(|ip| ip.is_loopback());
+        if !loopback {
+            return Err(format!("{source}: a JWKS is read over https (http only from loopback)"));
+        }
+    }
     if source.starts_with("http://") || source.starts_with("https://") {
         let fetch = async {
             let response = reqwest::get(source).await.map_err(|e| e.to_string())?;

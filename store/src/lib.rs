@@ -93,6 +93,10 @@ pub enum StoreError {
     /// stored, and the task's next attempt reports again.
     #[error("task {task} was not stored {} at attempt {attempt}, which this write was built on", state.as_str())]
     Unconfirmed { task: TaskId, state: TaskState, attempt: u32 },
+    /// A key rotated or revoked meanwhile: a rotation's old key must still
+    /// be live when the new one is stored. Not retryable.
+    #[error("key `{0}` is revoked")]
+    KeyRevoked(String),
     /// The database or object store failed; may be transient. `source` is
     /// the backend's own error, when there is one (for logs and callers that
     /// look deeper).
@@ -140,7 +144,8 @@ impl flower_model::Classify for StoreError {
             StoreError::Superseded { .. }
             | StoreError::NotClaimed { .. }
             | StoreError::AlreadyFinished { .. }
-            | StoreError::JobEnded { .. } => K::Precondition,
+            | StoreError::JobEnded { .. }
+            | StoreError::KeyRevoked(_) => K::Precondition,
             StoreError::TooLarge { .. } => K::TooLarge,
             StoreError::Unconfirmed { .. } => K::Conflict,
             StoreError::Fenced { .. } => K::Fenced,
@@ -406,7 +411,12 @@ pub trait Store: Send + Sync + 'static {
     async fn create_job(&self, job: NewJob) -> Result<(Job, bool)>;
     async fn get_job(&self, id: JobId) -> Result<Job>;
     /// A job by full id or unique id prefix (what humans type).
-    async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId>;
+    async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId> {
+        self.resolve_job_in(None, id_or_prefix).await
+    }
+    /// The same among the jobs of `namespace` only (`None`: every namespace),
+    /// so that another namespace's job never makes a prefix ambiguous.
+    async fn resolve_job_in(&self, namespace: Option<&str>, id_or_prefix: &str) -> Result<JobId>;
     /// Newest first; of one namespace, or of all.
     async fn list_jobs(&self, namespace: Option<&str>, limit: u32) -> Result<Vec<Job>>;
     /// The continuations of `job` (jobs created by `flower continue` from
@@ -563,7 +573,8 @@ pub trait Store: Send + Sync + 'static {
     async fn namespaces(&self) -> Result<Vec<Namespace>>;
     /// Store a new key (its namespace must exist: `NotFound` otherwise);
     /// with `replaces`, that key is revoked in the same transaction (a
-    /// rotation).
+    /// rotation), which stores nothing (`KeyRevoked`) when it was revoked
+    /// before: one live successor per key, whatever races.
     async fn create_key(&self, key: ApiKey, replaces: Option<String>) -> Result<()>;
     async fn get_key(&self, id: &str) -> Result<ApiKey>;
     /// Keys of one namespace, or of all, oldest first.

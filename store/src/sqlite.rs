@@ -532,14 +532,18 @@ impl Store for SqliteStore {
         self.run(move |c| load_job(c, &id.to_string())?.ok_or_else(|| StoreError::NotFound(format!("job {id}")))).await
     }
 
-    async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId> {
+    async fn resolve_job_in(&self, namespace: Option<&str>, id_or_prefix: &str) -> Result<JobId> {
         let needle = id_or_prefix.trim().to_lowercase();
         if needle.is_empty() || !needle.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
             return Err(StoreError::NotFound(format!("job `{id_or_prefix}`")));
         }
+        let namespace = namespace.map(str::to_string);
         self.run(move |c| {
-            let mut stmt = c.prepare_cached("SELECT id FROM jobs WHERE id LIKE ?1 || '%' LIMIT 2")?;
-            let ids: Vec<String> = stmt.query_map(params![needle], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+            let mut stmt = c.prepare_cached(
+                "SELECT id FROM jobs WHERE id LIKE ?1 || '%' AND (?2 IS NULL OR namespace = ?2) LIMIT 2",
+            )?;
+            let ids: Vec<String> =
+                stmt.query_map(params![needle, namespace], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
             match ids.as_slice() {
                 [one] => parse_id(one),
                 [] => Err(StoreError::NotFound(format!("job `{needle}`"))),

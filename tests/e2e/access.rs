@@ -44,6 +44,39 @@ fn jwt(claims: Value, pem: &str) -> String {
     jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_ec_pem(&pem).unwrap()).unwrap()
 }
 
+/// One MCP tool call over streamable HTTP with `bearer`: its result.
+async fn mcp_call(url: &str, bearer: Option<&str>, tool: &str, arguments: Value) -> Value {
+    let http = reqwest::Client::new();
+    let post = |body: Value, session: Option<String>| {
+        let mut r = http
+            .post(url)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(b) = bearer {
+            r = r.bearer_auth(b.to_string());
+        }
+        if let Some(s) = session {
+            r = r.header("mcp-session-id", s);
+        }
+        r.send()
+    };
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "access-test", "version": "0"}}});
+    let r = post(init, None).await.unwrap();
+    assert!(r.status().is_success(), "initialize: {}", r.status());
+    let session = r.headers().get("mcp-session-id").map(|v| v.to_str().unwrap().to_string());
+    r.text().await.unwrap();
+    let done = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post(done, session.clone()).await.unwrap().text().await.unwrap();
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments}});
+    let text = post(call, session).await.unwrap().text().await.unwrap();
+    let body = text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|l| l.contains("\"id\":2"));
+    let reply: Value = serde_json::from_str(body.unwrap_or(text.trim())).unwrap();
+    reply["result"].clone()
+}
+
 /// A form body, URL-encoded.
 fn form(pairs: &[(&str, &str)]) -> String {
     let enc = |v: &str| {
@@ -257,6 +290,21 @@ async fn two_namespaces_share_a_cluster_and_each_sees_only_its_own() {
     assert!(e.contains("PermissionDenied") || e.contains("does not allow"), "{e}");
     as_(&mut c, &a_op, &["answer", &c_job, "raise it to 100000000 tokens"]).unwrap();
     c.wait_job(&c_job, "succeeded").await;
+
+    // MCP over HTTP: each request acts as its bearer (forwarded to the service).
+    let mcp = crate::cluster::Proc::spawn(
+        &["mcp-serve", "--server", &c.server(), "--http", "127.0.0.1:0"],
+        &[("FLOWER_TOKEN".to_string(), TOKEN.to_string())],
+    );
+    let url = mcp.url();
+    let seen = mcp_call(&url, Some(&a_viewer), "job_status", serde_json::json!({"job_id": a_job})).await;
+    assert_eq!(seen["isError"], false, "team a's viewer sees its job: {seen}");
+    let hidden = mcp_call(&url, Some(&b_op), "job_status", serde_json::json!({"job_id": a_job})).await;
+    assert_eq!(hidden["isError"], true, "{hidden}");
+    assert!(hidden.to_string().contains("not found") || hidden.to_string().contains("no job"), "{hidden}");
+    let refused = mcp_call(&url, Some(&a_viewer), "cancel_job", serde_json::json!({"job_id": a_job})).await;
+    assert_eq!(refused["isError"], true, "{refused}");
+    assert!(refused.to_string().contains("may not"), "a viewer's cancel over MCP: {refused}");
 
     // Team a's operator cancels its submitter's job.
     as_(&mut c, &a_op, &["cancel", &a_job, "--reason", "operator"]).unwrap();

@@ -87,8 +87,10 @@ pub async fn run(home: PathBuf, args: McpServeArgs) -> anyhow::Result<ExitCode> 
             flower_runtime::jobs::embedded_app(&home, tools).with_context(|| format!("opening {}", home.display()))?;
         let describe = format!("the embedded store at {} (jobs run in this process)", embedded.home().display());
         runs = Some(embedded);
-        // Over HTTP, the token (an admin's) or an API key of this store; over stdio, the local admin.
-        let auth = flower_coordinator::app::auth::AuthConfig { token: token.clone(), jwt: None };
+        // Over HTTP, the token (an admin's) or an API key of this store; over
+        // stdio, the local admin (the client is the process that started this one).
+        let http_token = if args.http.is_some() { token.clone() } else { None };
+        let auth = flower_coordinator::app::auth::AuthConfig { token: http_token, jwt: None };
         Arc::new(AppJobs::new(app.with_auth(auth), describe))
     };
     let base = match &args.spec_root {

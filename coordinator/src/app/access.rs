@@ -45,6 +45,10 @@ pub struct Caller {
     pub principal: Principal,
     /// The front-end and the peer: `grpc 127.0.0.1:53122`, `console …`, `cli`.
     pub origin: String,
+    /// When the credential stops being valid (a key's expiry, a signed
+    /// token's `exp`), in ms; what keeps a caller longer (a console
+    /// session) ends there.
+    pub until: Option<i64>,
 }
 
 impl Caller {
@@ -58,6 +62,7 @@ impl Caller {
                 subject: "local".into(),
             },
             origin: origin.into(),
+            until: None,
         }
     }
 }

@@ -52,6 +52,19 @@ impl Verb {
     }
 }
 
+/// Longest target or detail an audit record keeps (what a caller sends is
+/// cut: an anonymous request must not fill the log).
+pub const MAX_FIELD: usize = 256;
+
+/// `text`, cut at `max` bytes on a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    match text.char_indices().map(|(i, c)| i + c.len_utf8()).take_while(|end| *end <= max).last() {
+        Some(end) if end < text.len() => &text[..end],
+        Some(_) => text,
+        None => "",
+    }
+}
+
 fn outcome_of(kind: ErrorKind) -> Outcome {
     match kind {
         ErrorKind::Unauthenticated => Outcome::Unauthenticated,
@@ -73,8 +86,9 @@ impl App {
     ) {
         let (outcome, detail) = match result {
             Ok(()) => (Outcome::Ok, String::new()),
-            Err(e) => (outcome_of(e.kind), e.message.clone()),
+            Err(e) => (outcome_of(e.kind), cut(&e.message, MAX_FIELD).to_string()),
         };
+        let target = cut(target, MAX_FIELD);
         let record = AuditRecord {
             seq: 0,
             at: now_ms(),
@@ -98,6 +112,7 @@ impl App {
         let anonymous = Caller {
             principal: super::access::Principal { subject: "anonymous".into(), ..caller.principal },
             origin: caller.origin,
+            until: None,
         };
         self.record(&anonymous, verb, flower_model::access::DEFAULT_NAMESPACE, target, Err(error)).await;
     }
@@ -178,4 +193,15 @@ fn denied(caller: &Caller, verb: Verb, owner: Owner) -> AppError {
         _ => "",
     };
     AppError::new(ErrorKind::PermissionDenied, format!("role `{}` may not {} here{whose}", p.role, verb.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn long_fields_are_cut_on_a_character_boundary() {
+        assert_eq!(super::cut("abc", 256), "abc");
+        assert_eq!(super::cut(&"x".repeat(1000), 256).len(), 256);
+        assert_eq!(super::cut("ééé", 3), "é");
+        assert_eq!(super::cut("", 3), "");
+    }
 }

@@ -98,7 +98,7 @@ impl App {
         // A credential is exactly what is shown: no trimming (a token with a
         // trailing space is another token).
         let bearer = bearer.filter(|b| !b.is_empty());
-        let principal = match bearer {
+        let (principal, until) = match bearer {
             None if self.auth.open() => return Ok(self.acting_as(Caller::local(origin))),
             None => {
                 return Err(unauthenticated(
@@ -107,14 +107,16 @@ impl App {
             }
             Some(b) => self.principal_of(b).await?,
         };
-        Ok(self.acting_as(Caller { principal, origin: origin.to_string() }))
+        Ok(self.acting_as(Caller { principal, origin: origin.to_string(), until }))
     }
 
-    async fn principal_of(&self, bearer: &str) -> Result<Principal> {
+    /// The principal a credential names, and when it stops being valid.
+    async fn principal_of(&self, bearer: &str) -> Result<(Principal, Option<i64>)> {
         if let Some(token) = self.auth.config.token.as_deref().filter(|t| !t.is_empty())
             && flower_model::secret::same(bearer.as_bytes(), token.as_bytes())
         {
-            return Ok(Principal { namespace: DEFAULT_NAMESPACE.into(), role: Role::Admin, subject: "token".into() });
+            let admin = Principal { namespace: DEFAULT_NAMESPACE.into(), role: Role::Admin, subject: "token".into() };
+            return Ok((admin, None));
         }
         if let Some(id) = access::key_id(bearer) {
             return self.key_principal(id, bearer).await;
@@ -122,24 +124,46 @@ impl App {
         if let Some(jwt) = &self.auth.config.jwt
             && bearer.matches('.').count() == 2
         {
-            return jwt.verify(bearer).map_err(|why| unauthenticated(&format!("the signed token is refused: {why}")));
+            let (principal, exp) =
+                jwt.verify(bearer).map_err(|why| unauthenticated(&format!("the signed token is refused: {why}")))?;
+            return Ok((principal, Some(exp)));
         }
         Err(unauthenticated(NOT_VALID))
     }
 
-    async fn key_principal(&self, id: &str, presented: &str) -> Result<Principal> {
-        let key = match self.auth.cached(id) {
-            Some(k) => k,
-            None => match self.b.store.get_key(id).await {
-                Ok(k) => {
-                    let mut keys = self.auth.keys.lock().unwrap_or_else(|p| p.into_inner());
-                    keys.insert(id.to_string(), (k.clone(), Instant::now()));
-                    k
-                }
-                Err(flower_store::StoreError::NotFound(_)) => return Err(unauthenticated(NOT_VALID)),
-                Err(e) => return Err(e.into()),
-            },
-        };
+    /// Whether a caller checked earlier (a console session's) still holds:
+    /// its credential not expired, and a key not revoked since (read again
+    /// at most every [`KEY_CACHE`]).
+    pub async fn still_valid(&self, caller: &Caller) -> Result<bool> {
+        let now = flower_model::now_ms();
+        if caller.until.is_some_and(|until| now >= until) {
+            return Ok(false);
+        }
+        let Some(id) = caller.principal.subject.strip_prefix("key:") else { return Ok(true) };
+        match self.key(id).await? {
+            Some(key) => Ok(key.live(now)),
+            None => Ok(false),
+        }
+    }
+
+    /// The key `id`, from the cache or the store.
+    async fn key(&self, id: &str) -> Result<Option<ApiKey>> {
+        if let Some(k) = self.auth.cached(id) {
+            return Ok(Some(k));
+        }
+        match self.b.store.get_key(id).await {
+            Ok(k) => {
+                let mut keys = self.auth.keys.lock().unwrap_or_else(|p| p.into_inner());
+                keys.insert(id.to_string(), (k.clone(), Instant::now()));
+                Ok(Some(k))
+            }
+            Err(flower_store::StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn key_principal(&self, id: &str, presented: &str) -> Result<(Principal, Option<i64>)> {
+        let Some(key) = self.key(id).await? else { return Err(unauthenticated(NOT_VALID)) };
         let now = flower_model::now_ms();
         if !access::key_matches(presented, &key.digest) || !key.live(now) {
             return Err(unauthenticated(NOT_VALID));
@@ -153,7 +177,8 @@ impl App {
                 }
             });
         }
-        Ok(Principal { namespace: key.namespace, role: key.role, subject: format!("key:{}", key.id) })
+        let until = key.expires_at;
+        Ok((Principal { namespace: key.namespace, role: key.role, subject: format!("key:{}", key.id) }, until))
     }
 
     /// The application acting for `caller`.

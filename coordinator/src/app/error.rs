@@ -92,6 +92,7 @@ impl From<StoreError> for AppError {
             | StoreError::JobEnded { .. }
             | StoreError::TooLarge { .. }
             | StoreError::BadPath { .. }
+            | StoreError::KeyRevoked(_)
             | StoreError::Fenced { .. }) => Self::new(kind, e.to_string()),
         }
     }

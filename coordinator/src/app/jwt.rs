@@ -3,7 +3,8 @@
 //! runtime), with the namespace and role read from configured claims. Only
 //! asymmetric algorithms are accepted (RS*, PS*, ES*, EdDSA), each only
 //! with a key of its own type; `alg: none` and HMAC are refused, as is a
-//! token without an expiry, or with another issuer or audience.
+//! token without an expiry, not yet valid (`nbf`), or with another issuer
+//! or audience. Keys marked for encryption (`use: enc`) are not used.
 
 use std::sync::RwLock;
 
@@ -76,8 +77,8 @@ impl Verifier {
         Ok(n)
     }
 
-    /// The principal a token names, or why it is refused.
-    pub fn verify(&self, token: &str) -> Result<Principal, String> {
+    /// The principal a token names and its expiry (ms), or why it is refused.
+    pub fn verify(&self, token: &str) -> Result<(Principal, i64), String> {
         let header = jsonwebtoken::decode_header(token).map_err(|e| format!("unreadable header ({e})"))?;
         let key = {
             let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
@@ -88,6 +89,9 @@ impl Verifier {
             };
             found.ok_or("no key of the JWKS matches its `kid`")?
         };
+        if matches!(key.common.public_key_use, Some(jsonwebtoken::jwk::PublicKeyUse::Encryption)) {
+            return Err("the key its `kid` names is for encryption, not signatures".into());
+        }
         if !fits(header.alg, &key) {
             return Err(format!("algorithm {:?} is not accepted with this key", header.alg));
         }
@@ -102,9 +106,11 @@ impl Verifier {
         validation.set_audience(&[&self.config.audience]);
         validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         validation.leeway = 30;
+        validation.validate_nbf = true;
         let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(token, &decoding, &validation)
             .map_err(|e| e.to_string())?;
-        self.principal(&data.claims)
+        let exp = data.claims.get("exp").and_then(serde_json::Value::as_i64).ok_or("no numeric `exp` claim")?;
+        Ok((self.principal(&data.claims)?, exp.saturating_mul(1000)))
     }
 
     fn principal(&self, claims: &serde_json::Map<String, serde_json::Value>) -> Result<Principal, String> {

@@ -224,8 +224,9 @@ impl App {
     /// Make `namespaces` and `keys` exist (a deployment's bootstrap, from
     /// the chart's values and a Secret): each namespace created if missing;
     /// each key stored (its digest) if its id is new, left as it is when it
-    /// is there with the same digest (a revoked one stays revoked), refused
-    /// when its id is there with another key. Recorded as `bootstrap`.
+    /// is there with the same digest, namespace and role (a revoked one
+    /// stays revoked), refused when its id is there with another key or
+    /// another namespace or role. Recorded as `bootstrap`.
     pub async fn bootstrap(&self, namespaces: &[String], keys: &[ProvidedKey]) -> Result<()> {
         let caller = super::access::Caller {
             principal: Principal {
@@ -234,6 +235,7 @@ impl App {
                 subject: "bootstrap".into(),
             },
             origin: "bootstrap".into(),
+            until: None,
         };
         let wanted = namespaces.iter().chain(keys.iter().map(|k| &k.namespace));
         for ns in wanted {
@@ -250,7 +252,19 @@ impl App {
                 )
             })?;
             match self.b.store.get_key(id).await {
-                Ok(stored) if access::key_matches(&k.secret, &stored.digest) => continue,
+                Ok(stored) if access::key_matches(&k.secret, &stored.digest) => {
+                    if (stored.namespace.as_str(), stored.role) != (k.namespace.as_str(), k.role) {
+                        return Err(AppError::new(
+                            ErrorKind::Conflict,
+                            format!(
+                                "key `{id}` is a `{}` of `{}`, not a `{}` of `{}`: a key keeps its namespace and \
+                                 role; give the bootstrap a new key (and revoke this one)",
+                                stored.role, stored.namespace, k.role, k.namespace
+                            ),
+                        ));
+                    }
+                    continue;
+                }
                 Ok(_) => {
                     return Err(AppError::new(
                         ErrorKind::AlreadyExists,

@@ -192,7 +192,9 @@ impl App {
         let found = match (id.parse::<JobId>(), self.ids) {
             (Ok(whole), _) => self.b.store.get_job(whole).await,
             (Err(_), Ids::Prefix) if id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') => {
-                match self.b.store.resolve_job(&id.to_ascii_lowercase()).await {
+                let scope = self.caller()?.principal;
+                let scope = (scope.role != access::Role::Admin).then_some(scope.namespace);
+                match self.b.store.resolve_job_in(scope.as_deref(), &id.to_ascii_lowercase()).await {
                     Ok(whole) => self.b.store.get_job(whole).await,
                     Err(e) => Err(e),
                 }

@@ -51,6 +51,12 @@ pub async fn jobs_belong_to_a_namespace(store: &dyn Store) {
     assert_eq!(only_a, vec![a.id]);
     assert_eq!(store.list_jobs(None, 10).await.unwrap().len(), 2);
     assert!(store.list_jobs(Some("team-b"), 10).await.unwrap().is_empty());
+    // A prefix is resolved among a namespace's jobs only: the other's never makes it ambiguous.
+    let common = a.id.to_string().chars().zip(d.id.to_string().chars()).take_while(|(x, y)| x == y).count();
+    let prefix = &a.id.to_string()[..common.max(1)];
+    assert_eq!(store.resolve_job_in(Some("team-a"), prefix).await.unwrap(), a.id);
+    let other = store.resolve_job_in(Some("team-b"), &a.id.to_string()).await;
+    assert!(matches!(other, Err(StoreError::NotFound(_))), "{other:?}");
 }
 
 pub async fn keys_are_stored_revoked_and_rotated(store: &dyn Store) {
@@ -76,6 +82,11 @@ pub async fn keys_are_stored_revoked_and_rotated(store: &dyn Store) {
     assert_eq!(revoked.revoked_at, Some(7));
     assert_eq!(store.revoke_key(&rotated.id, 9).await.unwrap().revoked_at, Some(7), "the first revocation stands");
     assert!(matches!(store.revoke_key("ffffffffffffffff", 1).await, Err(StoreError::NotFound(_))));
+    // A rotation of a key revoked meanwhile stores nothing.
+    let late = key("00000000000000a3", "team-a", Role::Operator);
+    let refused = store.create_key(late.clone(), Some(rotated.id.clone())).await;
+    assert!(matches!(refused, Err(StoreError::KeyRevoked(_))), "{refused:?}");
+    assert!(matches!(store.get_key(&late.id).await, Err(StoreError::NotFound(_))), "rolled back");
 }
 
 pub async fn the_audit_log_is_append_only_and_scoped(store: &dyn Store) {

@@ -82,12 +82,15 @@ pub(super) async fn create_key(store: &PostgresStore, key: ApiKey, replaces: Opt
                 )
                 .await?;
                 if let Some(old) = replaces {
-                    db_execute(
+                    let revoked = db_execute(
                         tx,
-                        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2) WHERE id = $1",
+                        "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
                         &[&old, &key.created_at],
                     )
                     .await?;
+                    if revoked != 1 {
+                        return Err(StoreError::KeyRevoked(old));
+                    }
                 }
                 Ok(())
             })

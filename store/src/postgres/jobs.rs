@@ -85,13 +85,18 @@ pub(super) async fn get_job(store: &PostgresStore, id: JobId) -> Result<Job> {
     load_job(&*store.pool.get().await?, id).await
 }
 
-pub(super) async fn resolve_job(store: &PostgresStore, id_or_prefix: &str) -> Result<JobId> {
+pub(super) async fn resolve_job(store: &PostgresStore, namespace: Option<&str>, id_or_prefix: &str) -> Result<JobId> {
     let needle = id_or_prefix.trim().to_lowercase();
     if needle.is_empty() || !needle.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
         return Err(StoreError::NotFound(format!("job `{id_or_prefix}`")));
     }
     let client = store.pool.get().await?;
-    let rows = db_query(&client, "SELECT id FROM jobs WHERE id::text LIKE $1 || '%' LIMIT 2", &[&needle]).await?;
+    let rows = db_query(
+        &client,
+        "SELECT id FROM jobs WHERE id::text LIKE $1 || '%' AND ($2::text IS NULL OR namespace = $2) LIMIT 2",
+        &[&needle, &namespace],
+    )
+    .await?;
     match rows.as_slice() {
         [one] => Ok(JobId(one.get(0))),
         [] => Err(StoreError::NotFound(format!("job `{needle}`"))),

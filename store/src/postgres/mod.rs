@@ -239,8 +239,8 @@ impl Store for PostgresStore {
         jobs::get_job(self, id).await
     }
 
-    async fn resolve_job(&self, id_or_prefix: &str) -> Result<JobId> {
-        jobs::resolve_job(self, id_or_prefix).await
+    async fn resolve_job_in(&self, namespace: Option<&str>, id_or_prefix: &str) -> Result<JobId> {
+        jobs::resolve_job(self, namespace, id_or_prefix).await
     }
 
     async fn list_jobs(&self, namespace: Option<&str>, limit: u32) -> Result<Vec<Job>> {

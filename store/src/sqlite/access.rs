@@ -89,7 +89,14 @@ pub(super) fn create_key(c: &Connection, key: &ApiKey, replaces: Option<&str>) -
         ],
     )?;
     if let Some(old) = replaces {
-        revoke_key(c, old, key.created_at)?;
+        let revoked = exec(
+            c,
+            "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+            params![old, key.created_at],
+        )?;
+        if revoked != 1 {
+            return Err(StoreError::KeyRevoked(old.to_string()));
+        }
     }
     Ok(())
 }
