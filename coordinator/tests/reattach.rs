@@ -35,15 +35,7 @@ async fn a_reattached_wait_reads_an_end_committing_as_it_starts() {
     let store: Arc<dyn Store> = Arc::new(PostgresStore::connect(&db.url, 4).await.unwrap());
     let bus = Arc::new(flower_bus::MemoryBus::new());
     let (job, _) = store
-        .create_job(NewJob {
-            id: flower_model::JobId::random(),
-            name: "reattach".into(),
-            spec: serde_json::json!({"name": "reattach"}),
-            idempotency_key: None,
-            continues: None,
-            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-            submitted_by: None,
-        })
+        .create_job(NewJob::new(flower_model::JobId::random(), "reattach", serde_json::json!({"name": "reattach"})))
         .await
         .unwrap();
     let coordinator = SessionId::random();

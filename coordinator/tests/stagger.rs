@@ -20,15 +20,7 @@ async fn only_a_shapes_first_child_asks_for_its_stream_notice() {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().unwrap());
     let bus = Arc::new(MemoryBus::new());
     let job = JobId::random();
-    let new = NewJob {
-        id: job,
-        name: "stagger".into(),
-        spec: serde_json::json!({}),
-        idempotency_key: None,
-        continues: None,
-        namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-        submitted_by: None,
-    };
+    let new = NewJob::new(job, "stagger", serde_json::json!({}));
     store.create_job(new).await.unwrap();
     let coordinator = SessionId::random();
     let session = Session {

@@ -148,6 +148,44 @@ impl From<&m::access::ApiKey> for pb::ApiKey {
     }
 }
 
+/// A key read back from the wire (never with its digest); a role this
+/// client does not know is refused with its name.
+impl TryFrom<pb::ApiKey> for m::access::ApiKey {
+    type Error = String;
+    fn try_from(k: pb::ApiKey) -> Result<Self, String> {
+        let at = |v: i64| (v != 0).then_some(v);
+        Ok(Self {
+            role: k.role.parse()?,
+            id: k.id,
+            namespace: k.namespace,
+            name: k.name,
+            digest: String::new(),
+            created_at: k.created_at_ms,
+            created_by: k.created_by,
+            expires_at: at(k.expires_at_ms),
+            last_used_at: at(k.last_used_at_ms),
+            revoked_at: at(k.revoked_at_ms),
+        })
+    }
+}
+
+impl TryFrom<pb::AuditRecord> for m::access::AuditRecord {
+    type Error = String;
+    fn try_from(r: pb::AuditRecord) -> Result<Self, String> {
+        Ok(Self {
+            outcome: r.outcome.parse()?,
+            seq: r.seq,
+            at: r.at_ms,
+            subject: r.subject,
+            namespace: r.namespace,
+            action: r.action,
+            target: r.target,
+            origin: r.origin,
+            detail: r.detail,
+        })
+    }
+}
+
 impl From<&m::access::AuditRecord> for pb::AuditRecord {
     fn from(a: &m::access::AuditRecord) -> Self {
         Self {

@@ -133,18 +133,7 @@ impl EmbeddedRuntime {
     /// Record a job (state `queued`) and upload its workspace snapshot.
     pub async fn submit(&self, spec: &JobSpec, workspace: Option<&Path>) -> Result<JobId, RunError> {
         let value = serde_json::to_value(spec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let (job, _) = self
-            .store
-            .create_job(NewJob {
-                id: JobId::random(),
-                name: spec.name.clone(),
-                spec: value,
-                idempotency_key: None,
-                continues: None,
-                namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-                submitted_by: None,
-            })
-            .await?;
+        let (job, _) = self.store.create_job(NewJob::new(JobId::random(), spec.name.clone(), value)).await?;
         if let Some(dir) = workspace.or(spec.workspace.as_deref()) {
             Workspace::new(self.objects.clone(), job.id).upload_dir(dir, spec.runtime.workspace_limit.as_u64()).await?;
         }

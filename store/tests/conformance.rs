@@ -130,15 +130,7 @@ async fn postgres_work_dropped_midway_leaves_no_transaction_open() {
     let db = ScratchDatabase::create(&pg_admin_url()).await.unwrap();
     let store = PostgresStore::connect(&db.url, 1).await.unwrap();
     let job = flower_model::JobId::random();
-    let new = NewJob {
-        id: job,
-        name: "j".into(),
-        spec: serde_json::json!({}),
-        idempotency_key: None,
-        continues: None,
-        namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-        submitted_by: None,
-    };
+    let new = NewJob::new(job, "j", serde_json::json!({}));
     store.create_job(new).await.unwrap();
     let task = flower_model::Task::queued(job, flower_model::SessionId::random(), "toolu_1", "w", "d", "m");
     store.create_task(task.clone(), None).await.unwrap();
@@ -230,15 +222,7 @@ async fn postgres_a_turn_creating_tasks_is_flushed_before_anyone_reads_it() {
         }
     };
     let job = flower_model::JobId::random();
-    let new = NewJob {
-        id: job,
-        name: "j".into(),
-        spec: serde_json::json!({}),
-        idempotency_key: None,
-        continues: None,
-        namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-        submitted_by: None,
-    };
+    let new = NewJob::new(job, "j", serde_json::json!({}));
     store.create_job(new).await.unwrap();
     assert_eq!(mark(job).await, None, "a job's creation is synchronous");
     let lease = store.acquire_lease(job, "coordinator", 60_000).await.unwrap().unwrap();

@@ -127,15 +127,7 @@ mod tests {
     async fn claims_that_wait_go_in_one_write() {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().unwrap());
         let job = JobId::random();
-        let new = NewJob {
-            id: job,
-            name: "j".into(),
-            spec: serde_json::json!({}),
-            idempotency_key: None,
-            continues: None,
-            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-            submitted_by: None,
-        };
+        let new = NewJob::new(job, "j", serde_json::json!({}));
         store.create_job(new).await.unwrap();
         let tasks: Vec<Task> =
             (0..6).map(|i| Task::queued(job, SessionId::random(), &format!("toolu_{i}"), "w", "d", "go")).collect();

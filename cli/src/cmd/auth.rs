@@ -111,19 +111,7 @@ fn local(home: &std::path::Path) -> anyhow::Result<App> {
 }
 
 fn key_from(k: pb::ApiKey) -> anyhow::Result<ApiKey> {
-    let at = |v: i64| (v != 0).then_some(v);
-    Ok(ApiKey {
-        id: k.id,
-        namespace: k.namespace,
-        role: k.role.parse().map_err(anyhow::Error::msg)?,
-        name: k.name,
-        digest: String::new(),
-        created_at: k.created_at_ms,
-        created_by: k.created_by,
-        expires_at: at(k.expires_at_ms),
-        last_used_at: at(k.last_used_at_ms),
-        revoked_at: at(k.revoked_at_ms),
-    })
+    ApiKey::try_from(k).map_err(anyhow::Error::msg)
 }
 
 fn when(ms: Option<i64>) -> String {
@@ -290,23 +278,7 @@ pub async fn audit(home: std::path::PathBuf, a: AuditArgs) -> anyhow::Result<Exi
     let records: Vec<AuditRecord> = if a.common.server.configured() {
         let r = pb::ListAuditRequest { namespace: a.namespace, after_seq: a.after, limit: a.limit };
         let listed = a.common.server.connect_access().await?.list_audit(r).await.map_err(app_error)?.into_inner();
-        listed
-            .records
-            .into_iter()
-            .map(|r| {
-                Ok(AuditRecord {
-                    seq: r.seq,
-                    at: r.at_ms,
-                    subject: r.subject,
-                    namespace: r.namespace,
-                    action: r.action,
-                    target: r.target,
-                    origin: r.origin,
-                    outcome: r.outcome.parse().map_err(anyhow::Error::msg)?,
-                    detail: r.detail,
-                })
-            })
-            .collect::<anyhow::Result<_>>()?
+        listed.records.into_iter().map(AuditRecord::try_from).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?
     } else {
         local(&home)?.audit_log(&a.namespace, a.after, a.limit).await?
     };

@@ -99,17 +99,8 @@ async fn seed_main_thread(
 ) -> anyhow::Result<(flower_model::JobSpec, flower_model::SessionId)> {
     use flower_model::{Entry, EntryKind, JobId, Role, Session, SessionId};
     let spec = flower_model::JobSpec::parse(&spec("resume"))?;
-    let (job, _) = store
-        .create_job(flower_store::NewJob {
-            id: JobId::random(),
-            name: "resume".into(),
-            spec: serde_json::to_value(&spec)?,
-            idempotency_key: None,
-            continues: None,
-            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-            submitted_by: None,
-        })
-        .await?;
+    let (job, _) =
+        store.create_job(flower_store::NewJob::new(JobId::random(), "resume", serde_json::to_value(&spec)?)).await?;
     let session = SessionId::random();
     store
         .create_session(Session {

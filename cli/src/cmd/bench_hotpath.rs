@@ -40,19 +40,7 @@ pub async fn hotpath(a: HotpathArgs) -> anyhow::Result<ExitCode> {
 async fn run(tasks: usize, fan_out: usize) -> anyhow::Result<usize> {
     let store = SqliteStore::in_memory()?;
     let bus = MemoryBus::new();
-    let job = store
-        .create_job(NewJob {
-            id: JobId::random(),
-            name: "hotpath".into(),
-            spec: serde_json::json!({}),
-            idempotency_key: None,
-            continues: None,
-            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-            submitted_by: None,
-        })
-        .await?
-        .0
-        .id;
+    let job = store.create_job(NewJob::new(JobId::random(), "hotpath", serde_json::json!({}))).await?.0.id;
     let coordinator = SessionId::random();
     let mut done = 0;
     let mut n = 0;

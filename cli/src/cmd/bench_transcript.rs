@@ -48,19 +48,7 @@ pub async fn transcript(a: TranscriptArgs) -> anyhow::Result<ExitCode> {
     let store = PostgresStore::connect(&db.url, 2).await?;
     let (client, conn) = tokio_postgres::connect(&db.url, NoTls).await?;
     let driver = tokio::spawn(conn);
-    let job = store
-        .create_job(NewJob {
-            id: JobId::random(),
-            name: "bench-transcript".into(),
-            spec: json!({}),
-            idempotency_key: None,
-            continues: None,
-            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-            submitted_by: None,
-        })
-        .await?
-        .0
-        .id;
+    let job = store.create_job(NewJob::new(JobId::random(), "bench-transcript", json!({}))).await?.0.id;
     client.batch_execute(&row_per_entry_table()?).await?;
     let mut rows = synthetic_transcript(a.entries);
     wordy(&mut rows);

@@ -291,15 +291,11 @@ async fn import(home: std::path::PathBuf, args: ImportArgs) -> anyhow::Result<Ex
     let name =
         format!("import: {}", args.file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
     store
-        .create_job(flower_store::NewJob {
-            id: job,
-            name: name.clone(),
-            spec: serde_json::json!({"imported_from": args.file.display().to_string()}),
-            idempotency_key: None,
-            continues: None,
-            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-            submitted_by: None,
-        })
+        .create_job(flower_store::NewJob::new(
+            job,
+            name.clone(),
+            serde_json::json!({"imported_from": args.file.display().to_string()}),
+        ))
         .await?;
     let mut sessions = Vec::new();
     for (id, role, entries) in [(main, Role::Coordinator, &imported.main), (side, Role::Worker, &imported.sidechain)] {

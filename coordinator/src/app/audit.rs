@@ -124,7 +124,7 @@ impl App {
         let p = &caller.principal;
         let owner = if job.submitted_by.as_deref() == Some(p.subject.as_str()) { Owner::Caller } else { Owner::Other };
         let refused = if !p.sees(&job.namespace) {
-            Some(AppError::new(ErrorKind::NotFound, format!("job `{target}` not found: no job has this id")))
+            Some(super::not_found(target))
         } else if !p.allows(verb.action(), &job.namespace, owner) {
             Some(denied(caller, verb, owner))
         } else {

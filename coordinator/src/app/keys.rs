@@ -182,27 +182,26 @@ impl App {
 
     /// The keys of `namespace` (empty: the caller's; an admin's: all).
     pub async fn keys(&self, namespace: &str) -> Result<Vec<ApiKey>> {
-        let scope = self.namespace_scope("namespace", namespace)?;
-        let caller = self.caller()?;
-        let ns = scope.clone().unwrap_or_else(|| caller.principal.namespace.clone());
-        if !caller.principal.allows(access::Action::ManageKeys, &ns, Owner::Other) {
-            return Err(AppError::permission_denied(format!("role `{}` may not list keys", caller.principal.role)));
-        }
+        let scope = self.scope_for(access::Action::ManageKeys, namespace, "list keys")?;
         Ok(self.b.store.keys(scope.as_deref()).await?)
+    }
+
+    /// The namespace a listing names ([`App::namespace_scope`]), when the
+    /// caller's role allows `action` there.
+    fn scope_for(&self, action: access::Action, namespace: &str, what: &str) -> Result<Option<String>> {
+        let scope = self.namespace_scope("namespace", namespace)?;
+        let p = self.caller()?.principal;
+        let ns = scope.as_deref().unwrap_or(&p.namespace);
+        if !p.allows(action, ns, Owner::Other) {
+            return Err(AppError::permission_denied(format!("role `{}` may not {what}", p.role)));
+        }
+        Ok(scope)
     }
 
     /// The audit log of `namespace` (empty: the caller's; an admin's: all)
     /// after `after`, at most `limit` records.
     pub async fn audit_log(&self, namespace: &str, after: i64, limit: u32) -> Result<Vec<AuditRecord>> {
-        let scope = self.namespace_scope("namespace", namespace)?;
-        let caller = self.caller()?;
-        let ns = scope.clone().unwrap_or_else(|| caller.principal.namespace.clone());
-        if !caller.principal.allows(access::Action::Audit, &ns, Owner::Other) {
-            return Err(AppError::permission_denied(format!(
-                "role `{}` may not read the audit log",
-                caller.principal.role
-            )));
-        }
+        let scope = self.scope_for(access::Action::Audit, namespace, "read the audit log")?;
         if after < 0 {
             return Err(AppError::invalid("after_seq", "must be 0 or a sequence number already seen"));
         }

@@ -213,6 +213,7 @@ impl App {
     }
 }
 
-fn not_found(id: &str) -> AppError {
+/// A job the caller may not know of, in the words of one that does not exist.
+pub(crate) fn not_found(id: impl std::fmt::Display) -> AppError {
     AppError::new(flower_model::ErrorKind::NotFound, format!("job `{id}` not found: no job has this id"))
 }

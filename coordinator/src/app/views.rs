@@ -95,10 +95,7 @@ impl App {
     pub async fn get(&self, job: JobId) -> Result<Job> {
         let found = self.b.store.get_job(job).await?;
         if !self.caller()?.principal.sees(&found.namespace) {
-            return Err(AppError::new(
-                flower_model::ErrorKind::NotFound,
-                format!("job `{job}` not found: no job has this id"),
-            ));
+            return Err(super::not_found(job));
         }
         Ok(found)
     }

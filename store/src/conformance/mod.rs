@@ -91,13 +91,8 @@ macro_rules! workbench_conformance_tests {
 async fn new_job(store: &dyn Store, key: Option<&str>) -> JobId {
     let (job, created) = store
         .create_job(NewJob {
-            id: JobId::random(),
-            name: "t".into(),
-            spec: serde_json::json!({"name": "t"}),
             idempotency_key: key.map(str::to_string),
-            continues: None,
-            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-            submitted_by: None,
+            ..NewJob::new(JobId::random(), "t", serde_json::json!({"name": "t"}))
         })
         .await
         .unwrap();
@@ -122,13 +117,8 @@ pub async fn jobs_and_idempotency(store: &dyn Store) {
     let id = new_job(store, Some("key-1")).await;
     let (again, created) = store
         .create_job(NewJob {
-            id: JobId::random(),
-            name: "t".into(),
-            spec: serde_json::json!({}),
             idempotency_key: Some("key-1".into()),
-            continues: None,
-            namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-            submitted_by: None,
+            ..NewJob::new(JobId::random(), "t", serde_json::json!({}))
         })
         .await
         .unwrap();
@@ -163,13 +153,8 @@ pub async fn continuations_name_their_parent(store: &dyn Store) {
         let lineage = flower_model::Lineage { parent, instruction: format!("also do {n}: 'quoted' \\ \u{e9}") };
         let (child, created) = store
             .create_job(NewJob {
-                id: JobId::random(),
-                name: "t".into(),
-                spec: serde_json::json!({"name": "t"}),
-                idempotency_key: None,
                 continues: Some(lineage.clone()),
-                namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
-                submitted_by: None,
+                ..NewJob::new(JobId::random(), "t", serde_json::json!({"name": "t"}))
             })
             .await
             .unwrap();
