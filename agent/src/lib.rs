@@ -37,6 +37,7 @@ pub mod mailbox;
 pub mod metrics;
 pub mod provider;
 pub mod session;
+pub mod spend;
 pub mod surface;
 pub mod tool;
 

@@ -4,6 +4,8 @@
 //! go to the job's [`BudgetGate`], when it has one: the user is asked to
 //! raise the budget or stop (the job waits meanwhile, holding no model call),
 //! and a raise lets the session go on. Nothing stored is lost either way.
+//! With a gate, the job's namespace's spending limits are checked too
+//! ([`crate::spend`]): reached, they go to the gate the same way.
 
 use std::sync::{Arc, Mutex};
 
@@ -20,6 +22,9 @@ pub struct Spent {
     pub tokens: u64,
     /// Priced at the job's model, when a price is known.
     pub cost_usd: Option<f64>,
+    /// When it is the job's namespace's limit that was reached (then
+    /// `tokens` and `cost_usd` are the job's own).
+    pub namespace: Option<crate::spend::Over>,
 }
 
 /// The answer of a [`BudgetGate`].
@@ -60,6 +65,7 @@ pub struct JobLimits {
     /// When the job was submitted (ms).
     submitted: i64,
     gate: Option<Arc<dyn BudgetGate>>,
+    namespace: Option<Arc<crate::spend::NamespaceBudget>>,
 }
 
 impl JobLimits {
@@ -74,7 +80,38 @@ impl JobLimits {
     ) -> Option<Arc<Self>> {
         let any = budget.max_tokens.is_some() || budget.max_cost_usd.is_some() || budget.deadline.is_some();
         any.then(|| {
-            Arc::new(Self { store, job, budget: Mutex::new(budget.clone()), model: model.to_string(), submitted, gate })
+            Arc::new(Self {
+                store,
+                job,
+                budget: Mutex::new(budget.clone()),
+                model: model.to_string(),
+                submitted,
+                gate,
+                namespace: None,
+            })
+        })
+    }
+
+    /// A job's limits with its namespace's spending limits checked too
+    /// (through `gate`, which a namespace's limit always goes to).
+    pub fn with_namespace(
+        store: Arc<dyn Store>,
+        job: JobId,
+        budget: &Budget,
+        model: &str,
+        submitted: i64,
+        gate: Arc<dyn BudgetGate>,
+        namespace: &str,
+    ) -> Arc<Self> {
+        let namespace = Some(crate::spend::NamespaceBudget::new(store.clone(), namespace));
+        Arc::new(Self {
+            store,
+            job,
+            budget: Mutex::new(budget.clone()),
+            model: model.to_string(),
+            submitted,
+            gate: Some(gate),
+            namespace,
         })
     }
 
@@ -89,7 +126,10 @@ impl JobLimits {
         loop {
             let budget = self.budget();
             let spent = match self.spent(&budget).await {
-                Ok(None) => return Verdict::Go,
+                Ok(None) => match self.namespace_over(&budget).await {
+                    None => return Verdict::Go,
+                    Some(spent) => spent,
+                },
                 Ok(Some(spent)) => spent,
                 Err(deadline) => return Verdict::Stop(deadline),
             };
@@ -98,11 +138,27 @@ impl JobLimits {
                 Raise::To(raised) => {
                     tracing::info!(job = %self.job, "budget raised");
                     *self.budget.lock().unwrap_or_else(|p| p.into_inner()) = raised;
+                    if let Some(ns) = &self.namespace {
+                        ns.forget();
+                    }
                 }
                 Raise::Stop => return Verdict::Stop(spent.reason),
                 Raise::Interrupted => return Verdict::Interrupted,
             }
         }
+    }
+
+    /// The namespace's limit reached, as what the job spent.
+    async fn namespace_over(&self, budget: &Budget) -> Option<Spent> {
+        let over = self.namespace.as_ref()?.over().await?;
+        let (tokens, cost_usd) = match self.store.get_job(self.job).await {
+            Ok(j) => {
+                let tokens = j.usage.context_tokens() + j.usage.output_tokens;
+                (tokens, budget.price(&self.model).map(|p| p.cost(&j.usage)))
+            }
+            Err(_) => (0, None),
+        };
+        Some(Spent { reason: over.reason(), tokens, cost_usd, namespace: Some(over) })
     }
 
     /// Why the job must stop now, if it must (no gate asked).
@@ -133,7 +189,7 @@ impl JobLimits {
         };
         let tokens = usage.context_tokens() + usage.output_tokens;
         let cost_usd = budget.price(&self.model).map(|p| p.cost(&usage));
-        let spent = |reason| Ok(Some(Spent { reason, tokens, cost_usd }));
+        let spent = |reason| Ok(Some(Spent { reason, tokens, cost_usd, namespace: None }));
         if let Some(max) = budget.max_tokens
             && tokens >= max
         {

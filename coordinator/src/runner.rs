@@ -108,7 +108,7 @@ pub async fn run_job(ctx: &JobContext, job_id: JobId) -> Result<Option<Finished>
         }
     };
     let start = open_session(ctx, &spec, job_id, first).await?;
-    let limits = job_limits(ctx, &spec, job_id, job.created_at).await?;
+    let limits = job_limits(ctx, &spec, &job).await?;
     let mut driven = drive(ctx, &spec, job_id, start, limits.clone()).await?;
     if let Some(judge) = &spec.workflow.judge
         && !ctx.stop.handing_over()
@@ -440,30 +440,34 @@ pub(crate) fn dispatcher(ctx: &JobContext, job_id: JobId) -> Arc<Dispatcher> {
     )
 }
 
-/// The job's budget as raised so far, with the gate that asks its user
-/// for a raise when tokens or cost run out (`runtime.budget.wait` > 0).
+/// The job's budget as raised so far, with the gate that asks for a raise
+/// when its tokens or cost run out (`runtime.budget.wait` > 0) or its
+/// namespace's spending limits are reached (the namespace's `wait` > 0).
 async fn job_limits(
     ctx: &JobContext,
     spec: &JobSpec,
-    job_id: JobId,
-    submitted: i64,
+    job: &flower_model::Job,
 ) -> Result<Option<Arc<flower_agent::limits::JobLimits>>, StoreError> {
     let store = ctx.journal.store().clone();
-    let (budget, _, _) = crate::budget::replay(store.as_ref(), job_id, &spec.runtime.budget).await?;
-    let wait = spec.runtime.budget.raise_wait();
-    let gate = (!wait.is_zero()).then(|| {
-        let asker = crate::tools::ask::Asker::new(
-            ctx.journal.clone(),
-            ctx.qa_log.clone(),
-            ctx.inbox.clone(),
-            crate::budget::BudgetAsk::ask_options(wait),
-            ctx.stop.clone(),
-            "coordinator",
-        );
-        Arc::new(crate::budget::BudgetAsk::new(asker, store.clone(), job_id, ctx.stop.clone()))
-            as Arc<dyn flower_agent::limits::BudgetGate>
-    });
-    Ok(flower_agent::limits::JobLimits::new(store, job_id, &budget, &spec.model, submitted, gate))
+    let (budget, _, _) = crate::budget::replay(store.as_ref(), job.id, &spec.runtime.budget).await?;
+    let asker = crate::tools::ask::Asker::new(
+        ctx.journal.clone(),
+        ctx.qa_log.clone(),
+        ctx.inbox.clone(),
+        crate::budget::BudgetAsk::ask_options(spec.runtime.budget.raise_wait()),
+        ctx.stop.clone(),
+        "coordinator",
+    );
+    let gate = Arc::new(crate::budget::BudgetAsk::new(asker, store.clone(), job.id, ctx.stop.clone()));
+    Ok(Some(flower_agent::limits::JobLimits::with_namespace(
+        store,
+        job.id,
+        &budget,
+        &spec.model,
+        job.created_at,
+        gate,
+        &job.namespace,
+    )))
 }
 
 fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session: SessionId) -> AgentSession {

@@ -279,3 +279,50 @@ mod tests {
         assert_eq!(m::Usage::from(&pb::Usage::from(&u)), u);
     }
 }
+
+impl From<&m::access::Limits> for pb::Limits {
+    fn from(l: &m::access::Limits) -> Self {
+        pb::Limits {
+            max_jobs: l.max_jobs,
+            max_tasks: l.max_tasks,
+            cost_per_day_usd: l.cost_per_day_usd,
+            cost_per_month_usd: l.cost_per_month_usd,
+            tokens_per_day: l.tokens_per_day,
+            wait_ms: l.wait.map(|w| w.as_millis() as u64),
+        }
+    }
+}
+
+impl From<pb::Limits> for m::access::Limits {
+    fn from(l: pb::Limits) -> Self {
+        m::access::Limits {
+            max_jobs: l.max_jobs,
+            max_tasks: l.max_tasks,
+            cost_per_day_usd: l.cost_per_day_usd,
+            cost_per_month_usd: l.cost_per_month_usd,
+            tokens_per_day: l.tokens_per_day,
+            wait: l.wait_ms.map(std::time::Duration::from_millis),
+        }
+    }
+}
+
+impl From<&m::access::Namespace> for pb::Namespace {
+    fn from(n: &m::access::Namespace) -> Self {
+        pb::Namespace {
+            name: n.name.clone(),
+            created_at_ms: n.created_at,
+            limits: Some((&n.limits).into()),
+            spend: None,
+        }
+    }
+}
+
+impl From<pb::Namespace> for m::access::Namespace {
+    fn from(n: pb::Namespace) -> Self {
+        m::access::Namespace {
+            name: n.name,
+            created_at: n.created_at_ms,
+            limits: n.limits.map(Into::into).unwrap_or_default(),
+        }
+    }
+}

@@ -23,7 +23,7 @@
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
 use async_trait::async_trait;
-use flower_model::access::{ApiKey, AuditRecord, Namespace};
+use flower_model::access::{ApiKey, AuditRecord, Limits, Namespace};
 use flower_model::{
     Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, TaskState, Usage,
 };
@@ -571,6 +571,13 @@ pub trait Store: Send + Sync + 'static {
     /// Create a namespace; `false` when it exists already.
     async fn create_namespace(&self, name: &str) -> Result<bool>;
     async fn namespaces(&self) -> Result<Vec<Namespace>>;
+    /// One namespace, with its limits (`NotFound` when there is none).
+    async fn namespace(&self, name: &str) -> Result<Namespace>;
+    /// Replace a namespace's limits (`NotFound` when there is none).
+    async fn set_limits(&self, name: &str, limits: &Limits) -> Result<Namespace>;
+    /// What the namespace's jobs spent from UTC day `since_day` on, per day
+    /// and job (a row per pair that spent anything).
+    async fn spend(&self, namespace: &str, since_day: i64) -> Result<Vec<Spend>>;
     /// Store a new key (its namespace must exist: `NotFound` otherwise);
     /// with `replaces`, that key is revoked in the same transaction (a
     /// rotation), which stores nothing (`KeyRevoked`) when it was revoked
@@ -587,6 +594,26 @@ pub trait Store: Send + Sync + 'static {
     async fn append_audit(&self, records: Vec<AuditRecord>) -> Result<()>;
     /// The audit log after `after_seq`, oldest first; of one namespace, or of all.
     async fn audit_log(&self, namespace: Option<&str>, after_seq: i64, limit: u32) -> Result<Vec<AuditRecord>>;
+}
+
+/// What one job of a namespace spent on one UTC day ([`Store::spend`]).
+/// Added to with every usage the job is charged, in the same transaction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spend {
+    pub day: i64,
+    pub job: JobId,
+    pub usage: Usage,
+}
+
+/// A spend row's tokens (input, output, cache writes, cache reads, 1-hour
+/// cache writes) as a [`Usage`].
+pub(crate) fn spent_usage([input, output, writes, reads, writes_1h]: [u64; 5]) -> Usage {
+    let mut u = Usage { input_tokens: input, output_tokens: output, ..Default::default() };
+    u.cache_creation_input_tokens = writes;
+    u.cache_read_input_tokens = reads;
+    u.cache_creation.ephemeral_1h_input_tokens = writes_1h;
+    u.cache_creation.ephemeral_5m_input_tokens = writes.saturating_sub(writes_1h);
+    u
 }
 
 /// Events read by [`scan_events`] per round trip.

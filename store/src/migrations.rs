@@ -18,6 +18,7 @@ pub const POSTGRES: &[Migration] = &[
     (5, include_str!("../migrations/postgres/0005_counted_parents.sql")),
     (6, include_str!("../migrations/postgres/0006_unflushed_events.sql")),
     (7, include_str!("../migrations/postgres/0007_namespaces.sql")),
+    (8, include_str!("../migrations/postgres/0008_namespace_limits.sql")),
 ];
 
 /// The SQLite schema, in order. Version 1 is the schema shipped before
@@ -29,6 +30,7 @@ pub const SQLITE: &[Migration] = &[
     (3, include_str!("../migrations/sqlite/0003_waiting_for_user.sql")),
     (4, include_str!("../migrations/sqlite/0004_continuations.sql")),
     (5, include_str!("../migrations/sqlite/0005_namespaces.sql")),
+    (6, include_str!("../migrations/sqlite/0006_namespace_limits.sql")),
 ];
 
 /// Creates the version table where it is missing (same SQL on both backends).
@@ -70,9 +72,9 @@ mod tests {
     #[test]
     fn only_missing_versions_are_pending_and_newer_databases_are_refused() {
         assert_eq!(pending(SQLITE, &[]).unwrap().len(), SQLITE.len());
-        assert_eq!(pending(SQLITE, &[1]).unwrap().iter().map(|(v, _)| *v).collect::<Vec<_>>(), vec![2, 3, 4, 5]);
-        assert!(pending(SQLITE, &[1, 2, 3, 4, 5]).unwrap().is_empty());
+        assert_eq!(pending(SQLITE, &[1]).unwrap().iter().map(|(v, _)| *v).collect::<Vec<_>>(), vec![2, 3, 4, 5, 6]);
+        assert!(pending(SQLITE, &[1, 2, 3, 4, 5, 6]).unwrap().is_empty());
         assert!(matches!(pending(POSTGRES, &[1, 99]), Err(StoreError::Corrupt(_))));
-        assert_eq!(latest(SQLITE), 5);
+        assert_eq!(latest(SQLITE), 6);
     }
 }

@@ -445,11 +445,38 @@ fn decode_session(r: &Row<'_>) -> Result<Session> {
 
 fn add_usage(tx: &Transaction<'_>, job: JobId, usage: &Usage) -> Result<()> {
     let id = job.to_string();
-    let current: Option<String> =
-        row(tx, "SELECT usage FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()?;
-    let mut total: Usage = parse(&current.ok_or_else(|| StoreError::NotFound(format!("job {job}")))?)?;
+    let current: Option<(String, String)> =
+        row(tx, "SELECT usage, namespace FROM jobs WHERE id = ?1", params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+    let (current, namespace) = current.ok_or_else(|| StoreError::NotFound(format!("job {job}")))?;
+    let mut total: Usage = parse(&current)?;
     total.add(usage);
-    exec(tx, "UPDATE jobs SET usage = ?2, updated_at = ?3 WHERE id = ?1", params![id, json(&total)?, now_ms()])?;
+    let at = now_ms();
+    exec(tx, "UPDATE jobs SET usage = ?2, updated_at = ?3 WHERE id = ?1", params![id, json(&total)?, at])?;
+    // The namespace's spend of the day (docs/design.md, section 17).
+    let n = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+    exec(
+        tx,
+        "INSERT INTO spend (namespace, day, job_id, input_tokens, output_tokens, cache_creation_input_tokens,
+                            cache_read_input_tokens, ephemeral_1h_input_tokens)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (namespace, day, job_id) DO UPDATE SET
+            input_tokens = input_tokens + excluded.input_tokens,
+            output_tokens = output_tokens + excluded.output_tokens,
+            cache_creation_input_tokens = cache_creation_input_tokens + excluded.cache_creation_input_tokens,
+            cache_read_input_tokens = cache_read_input_tokens + excluded.cache_read_input_tokens,
+            ephemeral_1h_input_tokens = ephemeral_1h_input_tokens + excluded.ephemeral_1h_input_tokens",
+        params![
+            namespace,
+            flower_model::access::day_of(at),
+            id,
+            n(usage.input_tokens),
+            n(usage.output_tokens),
+            n(usage.cache_creation_input_tokens),
+            n(usage.cache_read_input_tokens),
+            n(usage.cache_creation.ephemeral_1h_input_tokens)
+        ],
+    )?;
     Ok(())
 }
 
@@ -883,6 +910,25 @@ impl Store for SqliteStore {
 
     async fn namespaces(&self) -> Result<Vec<flower_model::access::Namespace>> {
         self.run(|c| access::namespaces(c)).await
+    }
+
+    async fn namespace(&self, name: &str) -> Result<flower_model::access::Namespace> {
+        let name = name.to_string();
+        self.run(move |c| access::namespace(c, &name)).await
+    }
+
+    async fn set_limits(
+        &self,
+        name: &str,
+        limits: &flower_model::access::Limits,
+    ) -> Result<flower_model::access::Namespace> {
+        let (name, limits) = (name.to_string(), limits.clone());
+        self.tx(move |tx| access::set_limits(tx, &name, &limits)).await
+    }
+
+    async fn spend(&self, namespace: &str, since_day: i64) -> Result<Vec<crate::Spend>> {
+        let namespace = namespace.to_string();
+        self.run(move |c| access::spend(c, &namespace, since_day)).await
     }
 
     async fn create_key(&self, key: flower_model::access::ApiKey, replaces: Option<String>) -> Result<()> {

@@ -344,3 +344,71 @@ async fn two_namespaces_share_a_cluster_and_each_sees_only_its_own() {
     assert!(as_(&mut c, &a_viewer, &["audit", "--json"]).is_err(), "a viewer does not read the audit log");
     c.stop().await;
 }
+
+/// Acceptance: a job whose namespace's daily cost budget runs out mid-run
+/// waits in `waiting_for_budget` and asks; only an operator of the namespace
+/// raises it, and the job finishes. Raised by an admin's new limits, a
+/// waiting job goes on too. Without an answer, it ends `failed` with the
+/// namespace's budget as its reason after the namespace's wait, its
+/// transcript kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_namespaces_spent_budget_pauses_its_jobs_until_an_operator_raises_it() {
+    let mut c = Cluster::start(Options { workers: 1, token: Some(TOKEN), ..Default::default() }).await;
+    as_(&mut c, TOKEN, &["auth", "namespace", "create", "team-c", "--json"]).unwrap();
+    let (_, sub) = key(&mut c, "team-c", "submitter");
+    let (_, op) = key(&mut c, "team-c", "operator");
+    let spec = repo().join("tests/fixtures/distributed/slow.yaml").display().to_string();
+    let tiny = ["--cost-per-day", "0.000001", "--wait", "5m", "--json"];
+    let set = as_(&mut c, TOKEN, &[&["auth", "namespace", "limits", "team-c"][..], &tiny].concat()).unwrap();
+    assert_eq!(set["limits"]["cost_per_day_usd"], 0.000001, "{set}");
+    let e = as_(&mut c, &op, &["auth", "namespace", "limits", "team-c", "--cost-per-day", "5"]).unwrap_err();
+    assert!(e.contains("may not"), "limits are an admin's to set: {e}");
+
+    // The first turn spends past the limit; the job asks before its next one.
+    let job = as_(&mut c, &sub, &["submit", &spec, "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
+    c.wait_job(&job, "waiting_for_budget").await;
+    let shown = as_(&mut c, &sub, &["auth", "namespace", "show", "--json"]).unwrap();
+    assert!(shown["spend"]["cost_today_usd"].as_f64().unwrap() > 0.000001, "{shown}");
+    assert_eq!(shown["spend"]["waiting_for_budget"], 1, "{shown}");
+    let status = as_(&mut c, &sub, &["status", &job, "--json"]).unwrap();
+    let question = status.to_string();
+    assert!(question.contains("namespace-budget-cost-day-1"), "the question names the limit: {question}");
+    let e = as_(&mut c, &sub, &["answer", &job, "--option", "1"]).unwrap_err();
+    assert!(e.contains("may not raise"), "a submitter does not raise the namespace's budget: {e}");
+    as_(&mut c, &op, &["answer", &job, "raise it to $100"]).unwrap();
+    c.wait_job(&job, "succeeded").await;
+    let shown = as_(&mut c, &op, &["auth", "namespace", "show", "team-c", "--json"]).unwrap();
+    assert_eq!(shown["limits"]["cost_per_day_usd"], 100.0, "the operator's raise is the namespace's: {shown}");
+
+    // Limits raised by an admin let a waiting job go on.
+    as_(&mut c, TOKEN, &[&["auth", "namespace", "limits", "team-c"][..], &tiny].concat()).unwrap();
+    let raised = as_(&mut c, &sub, &["submit", &spec, "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
+    c.wait_job(&raised, "waiting_for_budget").await;
+    as_(&mut c, TOKEN, &["auth", "namespace", "limits", "team-c", "--cost-per-day", "100", "--json"]).unwrap();
+    c.wait_job(&raised, "succeeded").await;
+
+    // No answer within the namespace's wait: the job ends failed, saying
+    // why, after its first turn (the day's spend so far is under the limit).
+    let spent = as_(&mut c, &op, &["auth", "namespace", "show", "--json"]).unwrap()["spend"]["cost_today_usd"]
+        .as_f64()
+        .unwrap();
+    let limit = format!("{}", spent + 0.000001);
+    let short = ["--cost-per-day", &limit, "--wait", "1s", "--json"];
+    as_(&mut c, TOKEN, &[&["auth", "namespace", "limits", "team-c"][..], &short].concat()).unwrap();
+    let lapsed = as_(&mut c, &sub, &["submit", &spec, "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
+    c.wait_job(&lapsed, "failed").await;
+    let status = as_(&mut c, &sub, &["status", &lapsed, "--json"]).unwrap();
+    let reason = status.to_string();
+    assert!(reason.contains("namespace `team-c`'s daily cost budget spent"), "{reason}");
+    let transcript = as_(&mut c, &sub, &["transcript", "show", &lapsed, "--json"]);
+    let transcript = transcript.unwrap().to_string();
+    assert!(transcript.contains("\"Agent\"") && transcript.contains("rested"), "its work is kept: {transcript}");
+
+    // The raise and the refusal are in the audit log.
+    let log = as_(&mut c, &op, &["audit", "--limit", "1000", "--json"]).unwrap();
+    let seen = |action: &str, outcome: &str| {
+        log.as_array().unwrap().iter().any(|r| r["action"] == action && r["outcome"] == outcome)
+    };
+    assert!(seen("namespace.raise", "ok") && seen("namespace.raise", "denied"), "{log}");
+    c.stop().await;
+}

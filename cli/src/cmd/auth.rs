@@ -24,7 +24,7 @@ pub enum AuthCommand {
     Rotate(KeyArgs),
     /// Revoke a key at once
     Revoke(KeyArgs),
-    /// Namespaces: create (admin) or list
+    /// Namespaces: create (admin), list, show with their spend, set limits (admin)
     #[command(subcommand)]
     Namespace(NamespaceCommand),
 }
@@ -35,6 +35,47 @@ pub enum NamespaceCommand {
     Create(NamespaceArgs),
     /// The namespaces this credential sees
     List(Common),
+    /// A namespace's limits, and what its jobs spent today and this month (UTC)
+    Show(ShowArgs),
+    /// Set a namespace's limits (admin): the flags given change, the others stay
+    Limits(LimitsArgs),
+}
+
+#[derive(Args)]
+pub struct ShowArgs {
+    /// The namespace (default: the caller's)
+    #[arg(default_value = "")]
+    pub name: String,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct LimitsArgs {
+    pub name: String,
+    /// Jobs started and not ended at once (more wait, queued)
+    #[arg(long)]
+    pub max_jobs: Option<u32>,
+    /// Tasks running on workers at once
+    #[arg(long)]
+    pub max_tasks: Option<u32>,
+    /// US dollars per UTC day, priced as a job's budget is
+    #[arg(long)]
+    pub cost_per_day: Option<f64>,
+    /// US dollars per UTC month
+    #[arg(long)]
+    pub cost_per_month: Option<f64>,
+    /// Tokens per UTC day (input, cache reads and writes, output)
+    #[arg(long)]
+    pub tokens_per_day: Option<u64>,
+    /// How long a job waits for a raise before it ends failed (default 15m; 0s: at once)
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub wait: Option<std::time::Duration>,
+    /// Start from no limit at all (then apply the flags given)
+    #[arg(long)]
+    pub clear: bool,
+    #[command(flatten)]
+    pub common: Common,
 }
 
 #[derive(Args)]
@@ -164,6 +205,8 @@ pub async fn run(home: std::path::PathBuf, command: AuthCommand) -> anyhow::Resu
         AuthCommand::Revoke(a) => revoke(&home, a).await,
         AuthCommand::Namespace(NamespaceCommand::Create(a)) => create_namespace(&home, a).await,
         AuthCommand::Namespace(NamespaceCommand::List(c)) => namespaces(&home, c).await,
+        AuthCommand::Namespace(NamespaceCommand::Show(a)) => show_namespace(&home, a).await,
+        AuthCommand::Namespace(NamespaceCommand::Limits(a)) => set_limits(&home, a).await,
     }?;
     Ok(ExitCode::SUCCESS)
 }
@@ -236,7 +279,97 @@ async fn revoke(home: &std::path::Path, a: KeyArgs) -> anyhow::Result<()> {
 }
 
 fn namespace_from(n: pb::Namespace) -> Namespace {
-    Namespace { name: n.name, created_at: n.created_at_ms }
+    n.into()
+}
+
+/// A namespace with its spend, as `show` prints it.
+fn status_of(n: pb::Namespace) -> (Namespace, pb::NamespaceSpend) {
+    let spend = n.spend.unwrap_or_default();
+    (n.into(), spend)
+}
+
+async fn status(
+    home: &std::path::Path,
+    server: &ServerArgs,
+    name: &str,
+) -> anyhow::Result<(Namespace, pb::NamespaceSpend)> {
+    if server.configured() {
+        let r = pb::GetNamespaceRequest { name: name.to_string() };
+        return Ok(status_of(server.connect_access().await?.get_namespace(r).await.map_err(app_error)?.into_inner()));
+    }
+    let s = local(home)?.namespace_status(name).await?;
+    let spend = pb::NamespaceSpend {
+        tokens_today: s.spent.tokens_today,
+        cost_today_usd: s.spent.cost_today,
+        cost_this_month_usd: s.spent.cost_this_month,
+        live_jobs: s.live_jobs,
+        waiting_for_budget: s.waiting_for_budget,
+    };
+    Ok((s.namespace, spend))
+}
+
+async fn show_namespace(home: &std::path::Path, a: ShowArgs) -> anyhow::Result<()> {
+    let (n, spend) = status(home, &a.common.server, &a.name).await?;
+    print_status(&n, &spend, a.common.json)
+}
+
+fn print_status(n: &Namespace, spend: &pb::NamespaceSpend, json: bool) -> anyhow::Result<()> {
+    if json {
+        let out = serde_json::json!({
+            "name": n.name,
+            "created_at": n.created_at,
+            "limits": n.limits,
+            "spend": {
+                "tokens_today": spend.tokens_today,
+                "cost_today_usd": spend.cost_today_usd,
+                "cost_this_month_usd": spend.cost_this_month_usd,
+                "live_jobs": spend.live_jobs,
+                "waiting_for_budget": spend.waiting_for_budget,
+            },
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let l = &n.limits;
+    let of = |v: Option<String>| v.unwrap_or_else(|| "no limit".into());
+    println!("namespace {}  (created {})", n.name, super::format_ms(n.created_at));
+    println!("  jobs running      {}  (limit: {})", spend.live_jobs, of(l.max_jobs.map(|v| v.to_string())));
+    println!("  tasks at once     limit: {}", of(l.max_tasks.map(|v| v.to_string())));
+    println!("  tokens today      {}  (limit: {})", spend.tokens_today, of(l.tokens_per_day.map(|v| v.to_string())));
+    println!(
+        "  cost today        ${:.4}  (limit: {})",
+        spend.cost_today_usd,
+        of(l.cost_per_day_usd.map(|v| format!("${v:.4}")))
+    );
+    println!(
+        "  cost this month   ${:.4}  (limit: {})",
+        spend.cost_this_month_usd,
+        of(l.cost_per_month_usd.map(|v| format!("${v:.4}")))
+    );
+    println!(
+        "  waiting for budget {}  (a raise is waited for {})",
+        spend.waiting_for_budget,
+        humantime::format_duration(l.raise_wait())
+    );
+    Ok(())
+}
+
+async fn set_limits(home: &std::path::Path, a: LimitsArgs) -> anyhow::Result<()> {
+    let mut limits = if a.clear { Default::default() } else { status(home, &a.common.server, &a.name).await?.0.limits };
+    limits.max_jobs = a.max_jobs.or(limits.max_jobs);
+    limits.max_tasks = a.max_tasks.or(limits.max_tasks);
+    limits.cost_per_day_usd = a.cost_per_day.or(limits.cost_per_day_usd);
+    limits.cost_per_month_usd = a.cost_per_month.or(limits.cost_per_month_usd);
+    limits.tokens_per_day = a.tokens_per_day.or(limits.tokens_per_day);
+    limits.wait = a.wait.or(limits.wait);
+    if a.common.server.configured() {
+        let r = pb::SetLimitsRequest { namespace: a.name.clone(), limits: Some((&limits).into()) };
+        a.common.server.connect_access().await?.set_limits(r).await.map_err(app_error)?;
+    } else {
+        local(home)?.set_limits(&a.name, limits).await?;
+    }
+    let (n, spend) = status(home, &a.common.server, &a.name).await?;
+    print_status(&n, &spend, a.common.json)
 }
 
 async fn create_namespace(home: &std::path::Path, a: NamespaceArgs) -> anyhow::Result<()> {

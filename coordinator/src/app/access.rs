@@ -19,6 +19,8 @@ pub enum Action {
     /// Read the audit log.
     Audit,
     ManageNamespaces,
+    /// Raise the namespace's spending limits (answering a job's question).
+    RaiseBudget,
 }
 
 /// Whose job a call acts on, relative to the caller.
@@ -86,7 +88,7 @@ impl Principal {
             Action::Submit => self.role >= Role::Submitter,
             Action::Steer => self.role >= Role::Operator || (self.role == Role::Submitter && owner == Owner::Caller),
             Action::Cancel => self.role >= Role::Operator || (self.role == Role::Submitter && owner == Owner::Caller),
-            Action::ManageKeys | Action::Audit => self.role >= Role::Operator,
+            Action::ManageKeys | Action::Audit | Action::RaiseBudget => self.role >= Role::Operator,
             Action::ManageNamespaces => self.role == Role::Admin,
         }
     }

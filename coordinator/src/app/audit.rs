@@ -22,6 +22,8 @@ pub enum Verb {
     CreateKey,
     RotateKey,
     RevokeKey,
+    SetLimits,
+    RaiseBudget,
 }
 
 impl Verb {
@@ -37,6 +39,8 @@ impl Verb {
             Verb::CreateKey => "key.create",
             Verb::RotateKey => "key.rotate",
             Verb::RevokeKey => "key.revoke",
+            Verb::SetLimits => "namespace.limits",
+            Verb::RaiseBudget => "namespace.raise",
         }
     }
 
@@ -46,7 +50,8 @@ impl Verb {
             Verb::Submit => Action::Submit,
             Verb::Continue | Verb::Interrupt | Verb::Answer | Verb::Aside => Action::Steer,
             Verb::Cancel => Action::Cancel,
-            Verb::CreateNamespace => Action::ManageNamespaces,
+            Verb::CreateNamespace | Verb::SetLimits => Action::ManageNamespaces,
+            Verb::RaiseBudget => Action::RaiseBudget,
             Verb::CreateKey | Verb::RotateKey | Verb::RevokeKey => Action::ManageKeys,
         }
     }

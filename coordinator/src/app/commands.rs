@@ -250,6 +250,7 @@ impl App {
     /// Answer the question a job waits on; the job as it is after.
     pub async fn answer(&self, job_id: &str, r: AnswerRequest) -> Result<Job> {
         let (caller, found) = self.job_for(Verb::Answer, job_id).await?;
+        self.raise_for_answer(&caller, &found, &r.question_id, &r.text, r.option).await?;
         let outcome = self.reply(found.id, r).await;
         self.record(&caller, Verb::Answer, &found.namespace, &found.id.to_string(), outcome.as_ref().map(|_| ())).await;
         outcome

@@ -37,6 +37,7 @@ pub mod error;
 pub mod input;
 pub mod jwt;
 pub mod keys;
+pub mod limits;
 pub mod views;
 
 pub use commands::{AnswerRequest, SubmitRequest, Submitted};

@@ -35,7 +35,7 @@ fn created(k: CreatedKey) -> pb::CreatedKey {
 }
 
 fn namespace(n: &flower_model::access::Namespace) -> pb::Namespace {
-    pb::Namespace { name: n.name.clone(), created_at_ms: n.created_at }
+    n.into()
 }
 
 #[tonic::async_trait]
@@ -90,5 +90,25 @@ impl Access for AccessApi {
         let r = req.into_inner();
         let records = app.audit_log(&r.namespace, r.after_seq, r.limit).await?;
         Ok(Response::new(pb::ListAuditResponse { records: records.iter().map(Into::into).collect() }))
+    }
+
+    async fn get_namespace(&self, req: Request<pb::GetNamespaceRequest>) -> Result<Response<pb::Namespace>, Status> {
+        let status = self.read(&req).await?.namespace_status(&req.get_ref().name).await?;
+        let mut n = namespace(&status.namespace);
+        n.spend = Some(pb::NamespaceSpend {
+            tokens_today: status.spent.tokens_today,
+            cost_today_usd: status.spent.cost_today,
+            cost_this_month_usd: status.spent.cost_this_month,
+            live_jobs: status.live_jobs,
+            waiting_for_budget: status.waiting_for_budget,
+        });
+        Ok(Response::new(n))
+    }
+
+    async fn set_limits(&self, req: Request<pb::SetLimitsRequest>) -> Result<Response<pb::Namespace>, Status> {
+        let app = self.change(&req, Verb::SetLimits, &req.get_ref().namespace).await?;
+        let r = req.into_inner();
+        let limits = r.limits.map(Into::into).unwrap_or_default();
+        Ok(Response::new(namespace(&app.set_limits(&r.namespace, limits).await?)))
     }
 }

@@ -76,6 +76,12 @@ impl Asker {
         self
     }
 
+    /// Wait `timeout` for an answer rather than the configured time.
+    pub fn timed(mut self, timeout: Duration) -> Self {
+        self.options.timeout = timeout;
+        self
+    }
+
     pub fn options(&self) -> &AskOptions {
         &self.options
     }

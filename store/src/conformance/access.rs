@@ -113,3 +113,52 @@ pub async fn the_audit_log_is_append_only_and_scoped(store: &dyn Store) {
     assert_eq!(store.audit_log(Some("a"), a[0].seq, 10).await.unwrap().len(), 1, "after a sequence number");
     assert_eq!(store.audit_log(None, 0, 1).await.unwrap().len(), 1, "a limit");
 }
+
+pub async fn namespaces_keep_limits_and_count_spend(store: &dyn Store) {
+    use flower_model::Usage;
+    use flower_model::access::{Limits, day_of};
+
+    assert!(store.create_namespace("team-s").await.unwrap());
+    let fresh = store.namespace("team-s").await.unwrap();
+    assert_eq!(fresh.limits, Limits::default(), "no limit until one is set");
+    let limits = Limits {
+        max_jobs: Some(2),
+        cost_per_day_usd: Some(1.5),
+        tokens_per_day: Some(10_000),
+        wait: Some(std::time::Duration::from_secs(90)),
+        ..Default::default()
+    };
+    assert_eq!(store.set_limits("team-s", &limits).await.unwrap().limits, limits);
+    assert_eq!(store.namespace("team-s").await.unwrap().limits, limits, "read back");
+    let listed = store.namespaces().await.unwrap().into_iter().find(|n| n.name == "team-s").unwrap();
+    assert_eq!(listed.limits, limits);
+    let missing = store.set_limits("team-none", &limits).await;
+    assert!(matches!(missing, Err(StoreError::NotFound(_))), "{missing:?}");
+    assert!(matches!(store.namespace("team-none").await, Err(StoreError::NotFound(_))));
+
+    // Every usage charged to a job is counted on its namespace's day, per job.
+    let (a, _) = job_in(store, "team-s", None).await;
+    let (b, _) = job_in(store, "team-s", None).await;
+    let (other, _) = job_in(store, DEFAULT_NAMESPACE, None).await;
+    let mut u = Usage { input_tokens: 100, output_tokens: 20, ..Default::default() };
+    u.cache_creation_input_tokens = 30;
+    u.cache_creation.ephemeral_1h_input_tokens = 10;
+    u.cache_creation.ephemeral_5m_input_tokens = 20;
+    u.cache_read_input_tokens = 40;
+    let today = day_of(now_ms());
+    store.append(crate::Batch { usage: Some((a.id, u)), ..Default::default() }).await.unwrap();
+    store.append(crate::Batch { usage: Some((a.id, u)), ..Default::default() }).await.unwrap();
+    store.append(crate::Batch { usage: Some((b.id, u)), ..Default::default() }).await.unwrap();
+    store.append(crate::Batch { usage: Some((other.id, u)), ..Default::default() }).await.unwrap();
+    let spend = store.spend("team-s", today - 1).await.unwrap();
+    assert_eq!(spend.len(), 2, "one row per job and day: {spend:?}");
+    let of = |job: JobId| spend.iter().find(|s| s.job == job).unwrap();
+    let mut twice = u;
+    twice.add(&u);
+    let day = of(a.id).day;
+    assert!(day == today || day == today + 1, "counted on the day of the write");
+    assert_eq!(of(a.id).usage, twice, "both writes of job a, every kind of token");
+    assert_eq!(of(b.id).usage, u);
+    assert!(store.spend("team-s", today + 2).await.unwrap().is_empty(), "nothing from a later day");
+    assert_eq!(store.spend(DEFAULT_NAMESPACE, today - 1).await.unwrap().len(), 1, "namespaces apart");
+}

@@ -50,6 +50,7 @@ macro_rules! store_conformance_tests {
             jobs_belong_to_a_namespace,
             keys_are_stored_revoked_and_rotated,
             the_audit_log_is_append_only_and_scoped,
+            namespaces_keep_limits_and_count_spend,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

@@ -1,11 +1,12 @@
 //! Namespaces, API keys and the audit log on Postgres (docs/design.md, section 17).
 
-use flower_model::access::{ApiKey, AuditRecord, Namespace};
+use flower_model::JobId;
+use flower_model::access::{ApiKey, AuditRecord, Limits, Namespace};
 use tokio_postgres::Row;
 
 use super::transaction::{db_execute, db_query, db_query_opt};
-use super::{PostgresStore, corrupt, parse};
-use crate::{Result, StoreError};
+use super::{PostgresStore, corrupt, from_json, json, parse};
+use crate::{Result, Spend, StoreError};
 
 const KEY_COLS: &str =
     "id, namespace, role, name, digest, created_at, created_by, expires_at, last_used_at, revoked_at";
@@ -52,10 +53,50 @@ pub(super) async fn create_namespace(store: &PostgresStore, name: &str) -> Resul
     Ok(n == 1)
 }
 
+fn decode_namespace(r: &Row) -> Result<Namespace> {
+    Ok(Namespace { name: r.get(0), created_at: r.get(1), limits: from_json(r.get(2))? })
+}
+
 pub(super) async fn namespaces(store: &PostgresStore) -> Result<Vec<Namespace>> {
     let c = store.pool.get().await?;
-    let rows = db_query(&c, "SELECT name, created_at FROM namespaces ORDER BY name", &[]).await?;
-    Ok(rows.iter().map(|r| Namespace { name: r.get(0), created_at: r.get(1) }).collect())
+    let rows = db_query(&c, "SELECT name, created_at, limits FROM namespaces ORDER BY name", &[]).await?;
+    rows.iter().map(decode_namespace).collect()
+}
+
+pub(super) async fn namespace(store: &PostgresStore, name: &str) -> Result<Namespace> {
+    let c = store.pool.get().await?;
+    let row = db_query_opt(&c, "SELECT name, created_at, limits FROM namespaces WHERE name = $1", &[&name]).await?;
+    decode_namespace(&row.ok_or_else(|| StoreError::NotFound(format!("namespace {name}")))?)
+}
+
+pub(super) async fn set_limits(store: &PostgresStore, name: &str, limits: &Limits) -> Result<Namespace> {
+    let c = store.pool.get().await?;
+    let row = db_query_opt(
+        &c,
+        "UPDATE namespaces SET limits = $2 WHERE name = $1 RETURNING name, created_at, limits",
+        &[&name, &json(limits)?],
+    )
+    .await?;
+    decode_namespace(&row.ok_or_else(|| StoreError::NotFound(format!("namespace {name}")))?)
+}
+
+pub(super) async fn spend(store: &PostgresStore, namespace: &str, since_day: i64) -> Result<Vec<Spend>> {
+    let c = store.pool.get().await?;
+    let rows = db_query(
+        &c,
+        "SELECT day, job_id, input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+                ephemeral_1h_input_tokens
+         FROM spend WHERE namespace = $1 AND day >= $2 ORDER BY day, job_id",
+        &[&namespace, &since_day],
+    )
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let n = |i: usize| r.get::<_, i64>(i).max(0) as u64;
+            Spend { day: r.get(0), job: JobId(r.get(1)), usage: crate::spent_usage([n(2), n(3), n(4), n(5), n(6)]) }
+        })
+        .collect())
 }
 
 pub(super) async fn create_key(store: &PostgresStore, key: ApiKey, replaces: Option<String>) -> Result<()> {

@@ -104,7 +104,7 @@ pub(super) async fn flush_marked(c: &ClientWrapper) -> Result<()> {
 
 /// [`write_events_then`]'s statement, one per job: the job's counter bumped
 /// by its events ($2), its usage added ($4: whether any, $5 to $10 the
-/// tokens), its events inserted numbered from the counter ($11, $12), and,
+/// tokens) to the job and to its namespace's spend of the day, its events inserted numbered from the counter ($11, $12), and,
 /// relaxed ($13), the job marked and the commit made not to wait for its
 /// flush; the counter and how many events were inserted.
 const WRITE_JOB_EVENTS: &str = "WITH counter AS (
@@ -125,7 +125,17 @@ const WRITE_JOB_EVENTS: &str = "WITH counter AS (
             unflushed_seq = CASE WHEN $13 THEN COALESCE(unflushed_seq, next_event_seq + 1) END,
             unflushed_since = CASE WHEN $13 THEN COALESCE(unflushed_since, now()) END
         WHERE id = $1
-        RETURNING next_event_seq),
+        RETURNING next_event_seq, namespace),
+     spent AS (
+        INSERT INTO spend (namespace, day, job_id, input_tokens, output_tokens, cache_creation_input_tokens,
+                           cache_read_input_tokens, ephemeral_1h_input_tokens)
+        SELECT namespace, $3 / 86400000, $1, $5, $6, $7, $8, $10 FROM counter WHERE $4
+        ON CONFLICT (namespace, day, job_id) DO UPDATE SET
+            input_tokens = spend.input_tokens + EXCLUDED.input_tokens,
+            output_tokens = spend.output_tokens + EXCLUDED.output_tokens,
+            cache_creation_input_tokens = spend.cache_creation_input_tokens + EXCLUDED.cache_creation_input_tokens,
+            cache_read_input_tokens = spend.cache_read_input_tokens + EXCLUDED.cache_read_input_tokens,
+            ephemeral_1h_input_tokens = spend.ephemeral_1h_input_tokens + EXCLUDED.ephemeral_1h_input_tokens),
      inserted AS (
         INSERT INTO events (job_id, seq, at, kind, payload)
         SELECT $1, (SELECT next_event_seq FROM counter) - $2 + e.ord, $3, e.kind, e.payload

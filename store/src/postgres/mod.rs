@@ -364,6 +364,22 @@ impl Store for PostgresStore {
         access::namespaces(self).await
     }
 
+    async fn namespace(&self, name: &str) -> Result<flower_model::access::Namespace> {
+        access::namespace(self, name).await
+    }
+
+    async fn set_limits(
+        &self,
+        name: &str,
+        limits: &flower_model::access::Limits,
+    ) -> Result<flower_model::access::Namespace> {
+        access::set_limits(self, name, limits).await
+    }
+
+    async fn spend(&self, namespace: &str, since_day: i64) -> Result<Vec<crate::Spend>> {
+        access::spend(self, namespace, since_day).await
+    }
+
     async fn create_key(&self, key: flower_model::access::ApiKey, replaces: Option<String>) -> Result<()> {
         access::create_key(self, key, replaces).await
     }

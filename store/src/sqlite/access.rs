@@ -1,10 +1,10 @@
 //! Namespaces, API keys and the audit log on SQLite (docs/design.md, section 17).
 
-use flower_model::access::{ApiKey, AuditRecord, Namespace};
+use flower_model::access::{ApiKey, AuditRecord, Limits, Namespace};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::{exec, parse_id, row};
-use crate::{Result, StoreError};
+use super::{exec, json, parse, parse_id, row};
+use crate::{Result, Spend, StoreError};
 
 const KEY_COLS: &str =
     "id, namespace, role, name, digest, created_at, created_by, expires_at, last_used_at, revoked_at";
@@ -60,10 +60,50 @@ pub(super) fn create_namespace(c: &Connection, name: &str) -> Result<bool> {
     )? == 1)
 }
 
+fn decode_namespace(r: &Row<'_>) -> rusqlite::Result<(Namespace, String)> {
+    Ok((Namespace { name: r.get(0)?, created_at: r.get(1)?, limits: Limits::default() }, r.get(2)?))
+}
+
+fn with_limits((mut n, limits): (Namespace, String)) -> Result<Namespace> {
+    n.limits = parse(&limits)?;
+    Ok(n)
+}
+
 pub(super) fn namespaces(c: &Connection) -> Result<Vec<Namespace>> {
-    let mut stmt = c.prepare_cached("SELECT name, created_at FROM namespaces ORDER BY name")?;
-    let rows = stmt.query_map([], |r| Ok(Namespace { name: r.get(0)?, created_at: r.get(1)? }))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let mut stmt = c.prepare_cached("SELECT name, created_at, limits FROM namespaces ORDER BY name")?;
+    let rows = stmt.query_map([], decode_namespace)?;
+    rows.map(|r| with_limits(r?)).collect()
+}
+
+pub(super) fn namespace(c: &Connection, name: &str) -> Result<Namespace> {
+    let found =
+        row(c, "SELECT name, created_at, limits FROM namespaces WHERE name = ?1", params![name], decode_namespace)
+            .optional()?;
+    with_limits(found.ok_or_else(|| StoreError::NotFound(format!("namespace {name}")))?)
+}
+
+pub(super) fn set_limits(c: &Connection, name: &str, limits: &Limits) -> Result<Namespace> {
+    if exec(c, "UPDATE namespaces SET limits = ?2 WHERE name = ?1", params![name, json(limits)?])? == 0 {
+        return Err(StoreError::NotFound(format!("namespace {name}")));
+    }
+    namespace(c, name)
+}
+
+pub(super) fn spend(c: &Connection, namespace: &str, since_day: i64) -> Result<Vec<Spend>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT day, job_id, input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+                ephemeral_1h_input_tokens
+         FROM spend WHERE namespace = ?1 AND day >= ?2 ORDER BY day, job_id",
+    )?;
+    let rows = stmt.query_map(params![namespace, since_day], |r| {
+        let n = |i: usize| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
+        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, [n(2)?, n(3)?, n(4)?, n(5)?, n(6)?]))
+    })?;
+    rows.map(|r| {
+        let (day, job, tokens) = r?;
+        Ok(Spend { day, job: parse_id(&job)?, usage: crate::spent_usage(tokens) })
+    })
+    .collect()
 }
 
 fn namespace_exists(c: &Connection, name: &str) -> Result<bool> {
