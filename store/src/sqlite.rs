@@ -443,6 +443,33 @@ fn decode_session(r: &Row<'_>) -> Result<Session> {
     })
 }
 
+/// Whether a job never run before may start: its namespace has no
+/// `max_jobs`, or fewer jobs started and not ended (running, waiting, or
+/// queued with a lease). One writer at a time: the count holds.
+fn admitted(tx: &Transaction<'_>, job: JobId) -> Result<bool> {
+    let id = job.to_string();
+    let max: Option<i64> = row(
+        tx,
+        "SELECT json_extract(n.limits, '$.max_jobs') FROM jobs j JOIN namespaces n ON n.name = j.namespace
+         WHERE j.id = ?1",
+        params![id],
+        |r| r.get(0),
+    )
+    .optional()?
+    .flatten();
+    let Some(max) = max else { return Ok(true) };
+    let live: i64 = row(
+        tx,
+        "SELECT count(*) FROM jobs j
+         WHERE j.namespace = (SELECT namespace FROM jobs WHERE id = ?1) AND j.id <> ?1
+           AND j.state IN ('queued', 'running', 'waiting_for_user', 'waiting_for_budget')
+           AND (j.state <> 'queued' OR EXISTS (SELECT 1 FROM leases l WHERE l.job_id = j.id))",
+        params![id],
+        |r| r.get(0),
+    )?;
+    Ok(live < max)
+}
+
 fn add_usage(tx: &Transaction<'_>, job: JobId, usage: &Usage) -> Result<()> {
     let id = job.to_string();
     let current: Option<(String, String)> =
@@ -655,6 +682,12 @@ impl Store for SqliteStore {
             let mut stmt = c.prepare_cached(
                 "SELECT j.id FROM jobs j LEFT JOIN leases l ON l.job_id = j.id
                  WHERE j.state IN ('queued', 'running', 'waiting_for_user', 'waiting_for_budget') AND (l.job_id IS NULL OR l.expires_at < ?1)
+                   AND (l.job_id IS NOT NULL OR j.state <> 'queued' OR NOT EXISTS (
+                        SELECT 1 FROM namespaces n WHERE n.name = j.namespace
+                          AND json_extract(n.limits, '$.max_jobs') IS NOT NULL
+                          AND (SELECT count(*) FROM jobs k WHERE k.namespace = n.name
+                                 AND k.state IN ('running', 'waiting_for_user', 'waiting_for_budget'))
+                              >= json_extract(n.limits, '$.max_jobs')))
                  ORDER BY j.created_at, j.id LIMIT ?2",
             )?;
             let ids: Vec<String> =
@@ -854,6 +887,9 @@ impl Store for SqliteStore {
             let Some(lease) = rules::acquire_lease(current.as_ref(), job, &owner, now_ms(), ttl_ms) else {
                 return Ok(None);
             };
+            if current.is_none() && !admitted(tx, job)? {
+                return Ok(None);
+            }
             write_lease(tx, &lease)?;
             Ok(Some(lease))
         })

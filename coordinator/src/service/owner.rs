@@ -234,6 +234,8 @@ impl Owner {
         if let Some(r) = mine {
             let _ = b.store.release_lease(&r.lease).await;
         }
+        // A job of a namespace at its `max_jobs` may start now.
+        self.wake.notify_one();
     }
 
     /// Interrupts and cancels reach the owner as events of its jobs, read

@@ -162,3 +162,29 @@ pub async fn namespaces_keep_limits_and_count_spend(store: &dyn Store) {
     assert!(store.spend("team-s", today + 2).await.unwrap().is_empty(), "nothing from a later day");
     assert_eq!(store.spend(DEFAULT_NAMESPACE, today - 1).await.unwrap().len(), 1, "namespaces apart");
 }
+
+pub async fn a_namespaces_max_jobs_holds_its_queued_jobs(store: &dyn Store) {
+    use flower_model::JobState;
+    use flower_model::access::Limits;
+
+    assert!(store.create_namespace("team-j").await.unwrap());
+    store.set_limits("team-j", &Limits { max_jobs: Some(1), ..Default::default() }).await.unwrap();
+    let first = job_in(store, "team-j", None).await.0.id;
+    let second = job_in(store, "team-j", None).await.0.id;
+    let elsewhere = job_in(store, DEFAULT_NAMESPACE, None).await.0.id;
+    let now = now_ms();
+    let orphans = store.orphaned_jobs(now, 10).await.unwrap();
+    assert!(orphans.contains(&first) && orphans.contains(&second), "none runs yet: both may be tried");
+    assert!(store.acquire_lease(first, "r1", 60_000).await.unwrap().is_some());
+    assert_eq!(store.acquire_lease(second, "r2", 60_000).await.unwrap(), None, "one job of team-j at a time");
+    assert!(store.acquire_lease(elsewhere, "r2", 60_000).await.unwrap().is_some(), "other namespaces unaffected");
+    store.set_job_state(first, JobState::Running, None, None, None).await.unwrap();
+    let orphans = store.orphaned_jobs(now_ms(), 10).await.unwrap();
+    assert!(!orphans.contains(&second), "a held job is not offered while its namespace is full: {orphans:?}");
+    // A started job whose lease expired is offered whatever the limit.
+    assert!(store.orphaned_jobs(now_ms() + 120_000, 10).await.unwrap().contains(&first));
+    store.set_job_state(first, JobState::Succeeded, None, None, None).await.unwrap();
+    assert!(store.orphaned_jobs(now_ms(), 10).await.unwrap().contains(&second), "a slot freed");
+    assert!(store.acquire_lease(second, "r2", 60_000).await.unwrap().is_some());
+    store.set_limits("team-j", &Limits::default()).await.unwrap();
+}

@@ -51,6 +51,7 @@ macro_rules! store_conformance_tests {
             keys_are_stored_revoked_and_rotated,
             the_audit_log_is_append_only_and_scoped,
             namespaces_keep_limits_and_count_spend,
+            a_namespaces_max_jobs_holds_its_queued_jobs,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

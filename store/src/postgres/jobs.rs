@@ -175,6 +175,11 @@ pub(super) async fn orphaned_jobs(store: &PostgresStore, now_ms: i64, limit: u32
         &client,
         "SELECT j.id FROM jobs j LEFT JOIN leases l ON l.job_id = j.id
              WHERE j.state IN ('queued', 'running', 'waiting_for_user', 'waiting_for_budget') AND (l.job_id IS NULL OR l.expires_at < $1)
+               AND (l.job_id IS NOT NULL OR j.state <> 'queued' OR NOT EXISTS (
+                    SELECT 1 FROM namespaces n WHERE n.name = j.namespace AND n.limits ? 'max_jobs'
+                      AND (SELECT count(*) FROM jobs k WHERE k.namespace = n.name
+                             AND k.state IN ('running', 'waiting_for_user', 'waiting_for_budget'))
+                          >= (n.limits->>'max_jobs')::bigint))
              ORDER BY j.created_at, j.id LIMIT $2",
         &[&now_ms, &(limit as i64)],
     )

@@ -38,6 +38,33 @@ async fn update_lease(tx: &Tx<'_>, lease: &Lease) -> Result<()> {
     Ok(())
 }
 
+/// Whether a job never run before may start: its namespace has no
+/// `max_jobs`, or fewer jobs started and not ended. The namespace's row is
+/// locked for the count, so two replicas starting jobs of one namespace
+/// take turns.
+async fn admitted(tx: &Tx<'_>, job: JobId) -> Result<bool> {
+    let row = db_query_opt(
+        tx,
+        "SELECT n.name, (n.limits->>'max_jobs')::bigint FROM jobs j JOIN namespaces n ON n.name = j.namespace
+         WHERE j.id = $1",
+        &[&job.0],
+    )
+    .await?;
+    let Some((namespace, Some(max))) = row.map(|r| (r.get::<_, String>(0), r.get::<_, Option<i64>>(1))) else {
+        return Ok(true);
+    };
+    db_query_opt(tx, "SELECT 1 FROM namespaces WHERE name = $1 FOR UPDATE", &[&namespace]).await?;
+    let live = db_query_opt(tx, LIVE_IN_NAMESPACE, &[&namespace, &job.0]).await?.map_or(0, |r| r.get::<_, i64>(0));
+    Ok(live < max)
+}
+
+/// Jobs of a namespace ($1) started and not ended, but $2: running,
+/// waiting, or queued with a lease (taken, its state not yet written).
+const LIVE_IN_NAMESPACE: &str = "SELECT count(*) FROM jobs j
+     WHERE j.namespace = $1 AND j.id <> $2
+       AND j.state IN ('queued', 'running', 'waiting_for_user', 'waiting_for_budget')
+       AND (j.state <> 'queued' OR EXISTS (SELECT 1 FROM leases l WHERE l.job_id = j.id))";
+
 pub(super) async fn acquire_lease(
     store: &PostgresStore,
     job: JobId,
@@ -59,6 +86,9 @@ pub(super) async fn acquire_lease(
                     if current.is_some() {
                         update_lease(tx, &lease).await?;
                         return Ok(Some(lease));
+                    }
+                    if !admitted(tx, job).await? {
+                        return Ok(None);
                     }
                     let inserted = db_execute(
                         tx,
