@@ -94,9 +94,6 @@ pub struct Limits {
     /// Jobs of the namespace started and not ended (queued ones wait).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_jobs: Option<u32>,
-    /// Tasks of the namespace's jobs running on workers at once.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_tasks: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_per_day_usd: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -126,10 +123,8 @@ impl Limits {
     /// Refuses a limit no job could live with: a zero count, a negative or
     /// non-finite amount. Names the field.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
-        for (field, n) in [("max_jobs", self.max_jobs), ("max_tasks", self.max_tasks)] {
-            if n == Some(0) {
-                return Err((field, "must be at least 1 (leave it unset for no limit)".into()));
-            }
+        if self.max_jobs == Some(0) {
+            return Err(("max_jobs", "must be at least 1 (leave it unset for no limit)".into()));
         }
         for (field, c) in [("cost_per_day_usd", self.cost_per_day_usd), ("cost_per_month_usd", self.cost_per_month_usd)]
         {
@@ -247,8 +242,8 @@ mod day_tests {
     #[test]
     fn limits_name_the_bad_field() {
         assert!(Limits::default().check().is_ok());
-        let bad = Limits { max_tasks: Some(0), ..Default::default() };
-        assert_eq!(bad.check().unwrap_err().0, "max_tasks");
+        let bad = Limits { max_jobs: Some(0), ..Default::default() };
+        assert_eq!(bad.check().unwrap_err().0, "max_jobs");
         let bad = Limits { cost_per_month_usd: Some(f64::NAN), ..Default::default() };
         assert_eq!(bad.check().unwrap_err().0, "cost_per_month_usd");
         let raised = SpendLimit::CostPerDay.set(&Limits::default(), 2.0);

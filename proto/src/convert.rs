@@ -284,7 +284,6 @@ impl From<&m::access::Limits> for pb::Limits {
     fn from(l: &m::access::Limits) -> Self {
         pb::Limits {
             max_jobs: l.max_jobs,
-            max_tasks: l.max_tasks,
             cost_per_day_usd: l.cost_per_day_usd,
             cost_per_month_usd: l.cost_per_month_usd,
             tokens_per_day: l.tokens_per_day,
@@ -297,7 +296,6 @@ impl From<pb::Limits> for m::access::Limits {
     fn from(l: pb::Limits) -> Self {
         m::access::Limits {
             max_jobs: l.max_jobs,
-            max_tasks: l.max_tasks,
             cost_per_day_usd: l.cost_per_day_usd,
             cost_per_month_usd: l.cost_per_month_usd,
             tokens_per_day: l.tokens_per_day,

@@ -5,6 +5,7 @@
 //! nothing; the audit log shows the refused attempts.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::Value;
 use tonic::Code;
@@ -361,8 +362,24 @@ async fn a_namespaces_spent_budget_pauses_its_jobs_until_an_operator_raises_it()
     let tiny = ["--cost-per-day", "0.000001", "--wait", "5m", "--json"];
     let set = as_(&mut c, TOKEN, &[&["auth", "namespace", "limits", "team-c"][..], &tiny].concat()).unwrap();
     assert_eq!(set["limits"]["cost_per_day_usd"], 0.000001, "{set}");
+    as_(&mut c, TOKEN, &["auth", "namespace", "limits", "team-c", "--clear", "--json"]).unwrap();
     let e = as_(&mut c, &op, &["auth", "namespace", "limits", "team-c", "--cost-per-day", "5"]).unwrap_err();
     assert!(e.contains("may not"), "limits are an admin's to set: {e}");
+
+    // One job of team c at a time: the second starts when the first ended.
+    as_(&mut c, TOKEN, &["auth", "namespace", "limits", "team-c", "--max-jobs", "1", "--json"]).unwrap();
+    let one = as_(&mut c, &sub, &["submit", &spec, "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
+    let two = as_(&mut c, &sub, &["submit", &spec, "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
+    c.wait_job(&two, "succeeded").await;
+    let state_at = |job: &str, state: &str, f: &str| {
+        format!(
+            "(SELECT {f}(at) FROM events WHERE job_id = '{job}' AND kind = 'job_state' AND payload->>'state' = '{state}')"
+        )
+    };
+    let after = format!("SELECT {} >= {}", state_at(&two, "running", "min"), state_at(&one, "succeeded", "max"));
+    c.wait_for("the second job to have started after the first ended", Duration::from_secs(5), &after).await;
+    as_(&mut c, TOKEN, &["auth", "namespace", "limits", "team-c", "--clear", "--json"]).unwrap();
+    as_(&mut c, TOKEN, &[&["auth", "namespace", "limits", "team-c"][..], &tiny].concat()).unwrap();
 
     // The first turn spends past the limit; the job asks before its next one.
     let job = as_(&mut c, &sub, &["submit", &spec, "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();

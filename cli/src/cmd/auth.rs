@@ -56,9 +56,6 @@ pub struct LimitsArgs {
     /// Jobs started and not ended at once (more wait, queued)
     #[arg(long)]
     pub max_jobs: Option<u32>,
-    /// Tasks running on workers at once
-    #[arg(long)]
-    pub max_tasks: Option<u32>,
     /// US dollars per UTC day, priced as a job's budget is
     #[arg(long)]
     pub cost_per_day: Option<f64>,
@@ -334,7 +331,6 @@ fn print_status(n: &Namespace, spend: &pb::NamespaceSpend, json: bool) -> anyhow
     let of = |v: Option<String>| v.unwrap_or_else(|| "no limit".into());
     println!("namespace {}  (created {})", n.name, super::format_ms(n.created_at));
     println!("  jobs running      {}  (limit: {})", spend.live_jobs, of(l.max_jobs.map(|v| v.to_string())));
-    println!("  tasks at once     limit: {}", of(l.max_tasks.map(|v| v.to_string())));
     println!("  tokens today      {}  (limit: {})", spend.tokens_today, of(l.tokens_per_day.map(|v| v.to_string())));
     println!(
         "  cost today        ${:.4}  (limit: {})",
@@ -357,7 +353,6 @@ fn print_status(n: &Namespace, spend: &pb::NamespaceSpend, json: bool) -> anyhow
 async fn set_limits(home: &std::path::Path, a: LimitsArgs) -> anyhow::Result<()> {
     let mut limits = if a.clear { Default::default() } else { status(home, &a.common.server, &a.name).await?.0.limits };
     limits.max_jobs = a.max_jobs.or(limits.max_jobs);
-    limits.max_tasks = a.max_tasks.or(limits.max_tasks);
     limits.cost_per_day_usd = a.cost_per_day.or(limits.cost_per_day_usd);
     limits.cost_per_month_usd = a.cost_per_month.or(limits.cost_per_month_usd);
     limits.tokens_per_day = a.tokens_per_day.or(limits.tokens_per_day);
