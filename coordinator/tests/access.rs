@@ -316,18 +316,26 @@ async fn a_bootstrap_makes_namespaces_and_keys_exist_once() {
         secret: secret.clone(),
     }];
     let namespaces = vec!["team-b".to_string()];
-    app.bootstrap(&namespaces, &keys).await.unwrap();
-    app.bootstrap(&namespaces, &keys).await.unwrap();
+    let limits = flower_model::access::Limits { max_jobs: Some(3), cost_per_day_usd: Some(20.0), ..Default::default() };
+    let with_limits = vec![("team-c".to_string(), limits.clone())];
+    app.bootstrap(&namespaces, &with_limits, &keys).await.unwrap();
+    app.bootstrap(&namespaces, &with_limits, &keys).await.unwrap();
     let names: Vec<String> = store.namespaces().await.unwrap().into_iter().map(|n| n.name).collect();
-    assert_eq!(names, ["default", "team-a", "team-b"]);
+    assert_eq!(names, ["default", "team-a", "team-b", "team-c"]);
+    assert_eq!(store.namespace("team-c").await.unwrap().limits, limits, "limits from the values");
+    let zero = vec![("team-c".to_string(), flower_model::access::Limits { max_jobs: Some(0), ..Default::default() })];
+    let e = app.bootstrap(&[], &zero, &[]).await.unwrap_err();
+    assert!(e.kind == ErrorKind::Invalid && e.message.contains("limits.team-c.max_jobs"), "{e}");
     assert_eq!(store.keys(None).await.unwrap().len(), 1, "made once");
     let op = as_(&app, &secret).await;
     assert_eq!(op.whoami().unwrap().namespace, "team-a");
     assert_eq!(op.whoami().unwrap().subject, format!("key:{}", "a1".repeat(8)));
     let other = ProvidedKey { secret: format!("flk_{}_{}", "a1".repeat(8), "c3".repeat(32)), ..keys[0].clone() };
-    assert_eq!(app.bootstrap(&[], &[other]).await.unwrap_err().kind, ErrorKind::AlreadyExists);
+    assert_eq!(app.bootstrap(&[], &[], &[other]).await.unwrap_err().kind, ErrorKind::AlreadyExists);
     let bad = ProvidedKey { secret: "not-a-key".into(), ..keys[0].clone() };
-    assert_eq!(app.bootstrap(&[], &[bad]).await.unwrap_err().kind, ErrorKind::Invalid);
+    assert_eq!(app.bootstrap(&[], &[], &[bad]).await.unwrap_err().kind, ErrorKind::Invalid);
     let log = as_(&app, TOKEN).await.audit_log("", 0, 100).await.unwrap();
     assert!(log.iter().any(|r| r.subject == "bootstrap" && r.action == "key.create"));
+    let set = log.iter().filter(|r| r.subject == "bootstrap" && r.action == "namespace.limits").count();
+    assert_eq!(set, 1, "limits set once: the second start found them as wanted");
 }

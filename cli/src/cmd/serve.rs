@@ -63,8 +63,18 @@ pub struct CoordinatorArgs {
 struct Bootstrap {
     #[serde(default)]
     namespaces: Vec<String>,
+    /// Each namespace's limits, set at every start.
+    #[serde(default)]
+    limits: std::collections::BTreeMap<String, flower_model::access::Limits>,
     #[serde(default)]
     keys: Vec<BootstrapKey>,
+}
+
+/// What a `--bootstrap` file asks for.
+pub struct Bootstrapped {
+    pub namespaces: Vec<String>,
+    pub limits: Vec<(String, flower_model::access::Limits)>,
+    pub keys: Vec<flower_coordinator::app::keys::ProvidedKey>,
 }
 
 #[derive(serde::Deserialize)]
@@ -79,9 +89,7 @@ struct BootstrapKey {
 }
 
 /// The namespaces and keys a `--bootstrap` file names, each key read from its variable.
-fn read_bootstrap(
-    path: &std::path::Path,
-) -> anyhow::Result<(Vec<String>, Vec<flower_coordinator::app::keys::ProvidedKey>)> {
+fn read_bootstrap(path: &std::path::Path) -> anyhow::Result<Bootstrapped> {
     let text = std::fs::read_to_string(path).with_context(|| format!("--bootstrap {}", path.display()))?;
     let b: Bootstrap = serde_yaml_ng::from_str(&text).with_context(|| format!("--bootstrap {}", path.display()))?;
     let mut keys = Vec::new();
@@ -92,7 +100,7 @@ fn read_bootstrap(
         let name = if k.name.is_empty() { k.env.clone() } else { k.name };
         keys.push(flower_coordinator::app::keys::ProvidedKey { namespace: k.namespace, role, name, secret });
     }
-    Ok((b.namespaces, keys))
+    Ok(Bootstrapped { namespaces: b.namespaces, limits: b.limits.into_iter().collect(), keys })
 }
 
 /// Signed tokens (JWT) from an identity provider.
@@ -229,8 +237,12 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let notifier = backends.notifier.clone();
     let service = service::Service::new(config, backends);
     if let Some(path) = &args.bootstrap {
-        let (namespaces, keys) = read_bootstrap(path)?;
-        service.app().bootstrap(&namespaces, &keys).await.with_context(|| format!("--bootstrap {}", path.display()))?;
+        let b = read_bootstrap(path)?;
+        service
+            .app()
+            .bootstrap(&b.namespaces, &b.limits, &b.keys)
+            .await
+            .with_context(|| format!("--bootstrap {}", path.display()))?;
     }
     if let Some(listener) = console {
         println!("console on http://{}/", listener.local_addr()?);
@@ -349,5 +361,23 @@ mod tests {
         assert!(super::check_worker_id("..").unwrap_err().to_string().contains("start with '.'"));
         assert!(super::check_worker_id("").is_err());
         assert!(super::check_worker_id("w\n").unwrap_err().to_string().contains("'\\n' at byte 1"));
+    }
+
+    /// The chart's bootstrap ConfigMap, as `helm template` renders it.
+    #[test]
+    fn a_bootstrap_file_names_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bootstrap.yaml");
+        let rendered = "namespaces:\n  - \"team-a\"\nlimits:\n  \"team-a\": {\"cost_per_day_usd\":50,\"max_jobs\":8,\"wait\":\"30m\"}\n  \"team-b\": {\"tokens_per_day\":20000000}\nkeys:\n";
+        std::fs::write(&path, rendered).unwrap();
+        let b = super::read_bootstrap(&path).unwrap();
+        assert_eq!(b.namespaces, ["team-a"]);
+        let (ns, l) = &b.limits[0];
+        assert_eq!((ns.as_str(), l.max_jobs, l.cost_per_day_usd), ("team-a", Some(8), Some(50.0)));
+        assert_eq!(l.wait, Some(std::time::Duration::from_secs(1800)));
+        assert_eq!(b.limits[1].1.tokens_per_day, Some(20_000_000));
+        std::fs::write(&path, "limits:\n  team-a: {max_job: 8}\n").unwrap();
+        let e = format!("{:#}", super::read_bootstrap(&path).err().unwrap());
+        assert!(e.contains("max_job"), "a misspelled limit is named: {e}");
     }
 }

@@ -225,8 +225,15 @@ impl App {
     /// each key stored (its digest) if its id is new, left as it is when it
     /// is there with the same digest, namespace and role (a revoked one
     /// stays revoked), refused when its id is there with another key or
-    /// another namespace or role. Recorded as `bootstrap`.
-    pub async fn bootstrap(&self, namespaces: &[String], keys: &[ProvidedKey]) -> Result<()> {
+    /// another namespace or role. Each namespace of `limits` gets those
+    /// limits (the deployment's values are the truth at each start: a raise
+    /// given since lasts until then). Recorded as `bootstrap`.
+    pub async fn bootstrap(
+        &self,
+        namespaces: &[String],
+        limits: &[(String, flower_model::access::Limits)],
+        keys: &[ProvidedKey],
+    ) -> Result<()> {
         let caller = super::access::Caller {
             principal: Principal {
                 namespace: flower_model::access::DEFAULT_NAMESPACE.into(),
@@ -236,11 +243,18 @@ impl App {
             origin: "bootstrap".into(),
             until: None,
         };
-        let wanted = namespaces.iter().chain(keys.iter().map(|k| &k.namespace));
+        let wanted = namespaces.iter().chain(limits.iter().map(|(ns, _)| ns)).chain(keys.iter().map(|k| &k.namespace));
         for ns in wanted {
             check_namespace(ns).map_err(|m| AppError::invalid("namespace", m))?;
             if self.b.store.create_namespace(ns).await? {
                 self.record(&caller, Verb::CreateNamespace, ns, ns, Ok(())).await;
+            }
+        }
+        for (ns, l) in limits {
+            l.check().map_err(|(field, m)| AppError::invalid(&format!("limits.{ns}.{field}"), m))?;
+            if self.b.store.namespace(ns).await?.limits != *l {
+                self.b.store.set_limits(ns, l).await?;
+                self.record(&caller, Verb::SetLimits, ns, ns, Ok(())).await;
             }
         }
         for k in keys {
