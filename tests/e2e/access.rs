@@ -370,6 +370,10 @@ async fn a_namespaces_spent_budget_pauses_its_jobs_until_an_operator_raises_it()
     as_(&mut c, TOKEN, &["auth", "namespace", "limits", "team-c", "--max-jobs", "1", "--json"]).unwrap();
     let one = as_(&mut c, &sub, &["submit", &spec, "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
     let two = as_(&mut c, &sub, &["submit", &spec, "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
+    c.wait_job(&one, "running").await;
+    let held = as_(&mut c, &sub, &["auth", "namespace", "show", "--json"]).unwrap();
+    let one_ended = as_(&mut c, &sub, &["status", &one, "--json"]).unwrap().to_string().contains("succeeded");
+    assert!(held["spend"]["queued"] == 1 || one_ended, "the second job is held, and says so: {held}");
     c.wait_job(&two, "succeeded").await;
     let state_at = |job: &str, state: &str, f: &str| {
         format!(

@@ -301,6 +301,7 @@ async fn status(
         cost_this_month_usd: s.spent.cost_this_month,
         live_jobs: s.live_jobs,
         waiting_for_budget: s.waiting_for_budget,
+        queued: s.queued,
     };
     Ok((s.namespace, spend))
 }
@@ -322,6 +323,7 @@ fn print_status(n: &Namespace, spend: &pb::NamespaceSpend, json: bool) -> anyhow
                 "cost_this_month_usd": spend.cost_this_month_usd,
                 "live_jobs": spend.live_jobs,
                 "waiting_for_budget": spend.waiting_for_budget,
+                "queued": spend.queued,
             },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -330,7 +332,12 @@ fn print_status(n: &Namespace, spend: &pb::NamespaceSpend, json: bool) -> anyhow
     let l = &n.limits;
     let of = |v: Option<String>| v.unwrap_or_else(|| "no limit".into());
     println!("namespace {}  (created {})", n.name, super::format_ms(n.created_at));
-    println!("  jobs running      {}  (limit: {})", spend.live_jobs, of(l.max_jobs.map(|v| v.to_string())));
+    println!(
+        "  jobs running      {}  (limit: {}; {} queued)",
+        spend.live_jobs,
+        of(l.max_jobs.map(|v| v.to_string())),
+        spend.queued
+    );
     println!("  tokens today      {}  (limit: {})", spend.tokens_today, of(l.tokens_per_day.map(|v| v.to_string())));
     println!(
         "  cost today        ${:.4}  (limit: {})",

@@ -19,6 +19,8 @@ pub struct NamespaceStatus {
     pub live_jobs: u64,
     /// Jobs waiting for a raise of a budget (theirs or the namespace's).
     pub waiting_for_budget: u64,
+    /// Jobs not started yet (held back while the namespace is at `max_jobs`).
+    pub queued: u64,
 }
 
 impl App {
@@ -53,7 +55,7 @@ impl App {
             e => e.into(),
         })?;
         let spent = flower_agent::spend::Prices::default().tally(self.b.store.as_ref(), &name).await?;
-        let (mut live_jobs, mut waiting_for_budget) = (0, 0);
+        let (mut live_jobs, mut waiting_for_budget, mut queued) = (0, 0, 0);
         for (ns, state, n) in self.b.store.job_counts().await? {
             if ns == name && !state.is_terminal() && state != JobState::Queued {
                 live_jobs += n;
@@ -61,8 +63,11 @@ impl App {
             if ns == name && state == JobState::WaitingForBudget {
                 waiting_for_budget += n;
             }
+            if ns == name && state == JobState::Queued {
+                queued += n;
+            }
         }
-        Ok(NamespaceStatus { namespace, spent, live_jobs, waiting_for_budget })
+        Ok(NamespaceStatus { namespace, spent, live_jobs, waiting_for_budget, queued })
     }
 
     /// The question an answer is for, when it is one of the namespace's

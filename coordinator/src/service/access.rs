@@ -101,6 +101,7 @@ impl Access for AccessApi {
             cost_this_month_usd: status.spent.cost_this_month,
             live_jobs: status.live_jobs,
             waiting_for_budget: status.waiting_for_budget,
+            queued: status.queued,
         });
         Ok(Response::new(n))
     }
