@@ -33,6 +33,18 @@ pub struct NamespaceStateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespacePeriodLabel {
+    pub namespace: String,
+    /// `day` or `month` (UTC).
+    pub period: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabel {
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
@@ -74,6 +86,13 @@ pub struct Metrics {
     registry: Registry,
     /// Jobs by state, as the store counts them (set by whoever can ask the store).
     pub jobs: Family<NamespaceStateLabel, Gauge>,
+    /// What each namespace's jobs spent this UTC day and month, in dollars
+    /// (set, as `jobs`, from the store at each scrape).
+    pub namespace_spend: Family<NamespacePeriodLabel, Gauge<f64, AtomicU64>>,
+    /// Each namespace's cost limits, where set.
+    pub namespace_budget: Family<NamespacePeriodLabel, Gauge<f64, AtomicU64>>,
+    /// Tokens each namespace's jobs used this UTC day.
+    pub namespace_tokens: Family<NamespaceLabel, Gauge>,
     /// Task attempts by outcome: `started`, then `succeeded`, `failed`,
     /// `cancelled` or `retried` (a transient failure; the delivery comes back).
     pub tasks: Family<OutcomeLabel, Counter>,
@@ -121,6 +140,9 @@ impl Metrics {
     fn new() -> Self {
         let mut m = Self {
             jobs: Family::default(),
+            namespace_spend: Family::default(),
+            namespace_budget: Family::default(),
+            namespace_tokens: Family::default(),
             tasks: Family::default(),
             tasks_queued: Counter::default(),
             task_duration: Histogram::new(long_buckets()),
@@ -157,6 +179,21 @@ impl Metrics {
     /// A coordinator's series: jobs, the tasks it queues, its leases, dead letters.
     fn register_jobs(&self, registry: &mut Registry) {
         registry.register("flower_jobs", "Jobs by namespace and state, as stored", self.jobs.clone());
+        registry.register(
+            "flower_namespace_spend_usd",
+            "What a namespace's jobs spent this UTC day or month, priced as their budgets price it",
+            self.namespace_spend.clone(),
+        );
+        registry.register(
+            "flower_namespace_budget_usd",
+            "A namespace's cost limit per UTC day or month, where one is set",
+            self.namespace_budget.clone(),
+        );
+        registry.register(
+            "flower_namespace_tokens",
+            "Tokens a namespace's jobs used this UTC day",
+            self.namespace_tokens.clone(),
+        );
         registry.register(
             "flower_tasks_queued",
             "Tasks this coordinator created and queued (one per Agent call)",
@@ -257,6 +294,31 @@ impl Metrics {
                 let n: u64 = counts.iter().filter(|(ns, s, _)| ns == namespace && *s == state).map(|(_, _, n)| n).sum();
                 let label = NamespaceStateLabel { namespace: namespace.to_string(), state: state.as_str() };
                 self.jobs.get_or_create(&label).set(n as i64);
+            }
+        }
+    }
+
+    /// Set a namespace's spend and cost limits (as read from the store).
+    pub fn set_namespace_spend(
+        &self,
+        namespace: &str,
+        spent: &crate::spend::Tally,
+        limits: &flower_model::access::Limits,
+    ) {
+        let label = |period| NamespacePeriodLabel { namespace: namespace.to_string(), period };
+        self.namespace_spend.get_or_create(&label("day")).set(spent.cost_today);
+        self.namespace_spend.get_or_create(&label("month")).set(spent.cost_this_month);
+        self.namespace_tokens
+            .get_or_create(&NamespaceLabel { namespace: namespace.to_string() })
+            .set(spent.tokens_today as i64);
+        for (period, limit) in [("day", limits.cost_per_day_usd), ("month", limits.cost_per_month_usd)] {
+            match limit {
+                Some(l) => {
+                    self.namespace_budget.get_or_create(&label(period)).set(l);
+                }
+                None => {
+                    self.namespace_budget.remove(&label(period));
+                }
             }
         }
     }

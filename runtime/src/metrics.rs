@@ -29,6 +29,7 @@ pub fn serve(listener: TcpListener, store: Option<Arc<dyn Store>>, shutdown: Can
                         Ok(counts) => metrics().set_job_counts(&counts),
                         Err(e) => tracing::warn!(error = %e, "jobs not counted for metrics"),
                     }
+                    namespace_spend(store.as_ref()).await;
                 }
                 let text = metrics().encode();
                 let openmetrics = headers
@@ -50,6 +51,23 @@ pub fn serve(listener: TcpListener, store: Option<Arc<dyn Store>>, shutdown: Can
             tracing::warn!(error = %e, "metrics endpoint stopped");
         }
     });
+}
+
+/// Each namespace's spend of the day and month, and its cost limits, from
+/// the store (a query per namespace; each job's price read once).
+async fn namespace_spend(store: &dyn Store) {
+    static PRICES: std::sync::OnceLock<flower_agent::spend::Prices> = std::sync::OnceLock::new();
+    let prices = PRICES.get_or_init(Default::default);
+    let namespaces = match store.namespaces().await {
+        Ok(n) => n,
+        Err(e) => return tracing::warn!(error = %e, "namespaces not read for metrics"),
+    };
+    for ns in namespaces {
+        match prices.tally(store, &ns.name).await {
+            Ok(spent) => metrics().set_namespace_spend(&ns.name, &spent, &ns.limits),
+            Err(e) => tracing::warn!(namespace = %ns.name, error = %e, "spend not read for metrics"),
+        }
+    }
 }
 
 /// The Prometheus text format's media type.

@@ -58,6 +58,12 @@ async fn metrics_are_served_by_both_roles() {
     assert_eq!(value(&coordinator, "flower_tasks_queued_total"), tasks.len() as f64, "{coordinator}");
     assert!(sum(&coordinator, "flower_model_calls_total") > 0.0, "{coordinator}");
     assert!(sum(&coordinator, "flower_tokens_total") > 0.0, "{coordinator}");
+    // What the namespace spent, from the store (the demo's model has a price).
+    let spent = value(&coordinator, "flower_namespace_spend_usd{namespace=\"default\",period=\"day\"}");
+    assert!(spent > 0.0, "{coordinator}");
+    assert!(value(&coordinator, "flower_namespace_spend_usd{namespace=\"default\",period=\"month\"}") >= spent);
+    assert!(value(&coordinator, "flower_namespace_tokens{namespace=\"default\"}") > 0.0, "{coordinator}");
+    assert!(!coordinator.contains("flower_namespace_budget_usd{"), "no limit set, no limit series: {coordinator}");
 
     let total = |series: &str| workers.iter().map(|w| value_or_zero(w, series)).sum::<f64>();
     assert!(total("flower_tasks_total{outcome=\"started\"}") >= tasks.len() as f64, "{workers:?}");
@@ -99,7 +105,7 @@ async fn metrics_are_served_by_both_roles() {
                 for pair in labels.split(',') {
                     let (k, _) = pair.split_once('=').unwrap();
                     assert!(
-                        ["namespace", "state", "outcome", "provider", "model", "kind", "le"].contains(&k),
+                        ["namespace", "state", "outcome", "provider", "model", "kind", "period", "le"].contains(&k),
                         "unexpected label `{k}` in `{line}`"
                     );
                 }
