@@ -101,9 +101,9 @@ impl JobLimits {
         model: &str,
         submitted: i64,
         gate: Arc<dyn BudgetGate>,
-        namespace: &str,
+        namespace: Arc<crate::spend::NamespaceBudget>,
     ) -> Arc<Self> {
-        let namespace = Some(crate::spend::NamespaceBudget::new(store.clone(), namespace));
+        let namespace = Some(namespace);
         Arc::new(Self {
             store,
             job,

@@ -80,6 +80,10 @@ impl Over {
     }
 }
 
+/// Prices kept by a [`Prices`]; past this it starts again empty (a month's
+/// jobs are read again, once each).
+const PRICES_KEPT: usize = 50_000;
+
 /// Each job's price, read once from its spec.
 #[derive(Clone, Default)]
 pub struct Prices(Arc<Mutex<HashMap<JobId, Option<Price>>>>);
@@ -96,7 +100,11 @@ impl Prices {
         missing.dedup();
         for job in missing {
             let price = store.get_job(job).await.ok().and_then(|j| price_of(&j.spec));
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(job, price);
+            let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            if known.len() >= PRICES_KEPT {
+                known.clear();
+            }
+            known.insert(job, price);
         }
         let known = self.0.lock().unwrap_or_else(|p| p.into_inner());
         Ok(Tally::of(&rows, today, |j| known.get(&j).copied().flatten()))
@@ -111,7 +119,38 @@ fn price_of(spec: &serde_json::Value) -> Option<Price> {
     budget.price(model)
 }
 
-/// A namespace's limits as one job's checks see them.
+/// The namespaces' budgets as one process's jobs check them: one reading
+/// per namespace shared by all its jobs, so a namespace is read at most
+/// once per [`FRESH`] whatever the number of its jobs here.
+#[derive(Clone)]
+pub struct NamespaceBudgets {
+    store: Arc<dyn Store>,
+    prices: Prices,
+    each: Arc<Mutex<HashMap<String, Arc<NamespaceBudget>>>>,
+}
+
+impl NamespaceBudgets {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self { store, prices: Prices::default(), each: Arc::default() }
+    }
+
+    /// The budget of `namespace` (namespaces are few: made by an admin).
+    pub fn get(&self, namespace: &str) -> Arc<NamespaceBudget> {
+        let mut each = self.each.lock().unwrap_or_else(|p| p.into_inner());
+        each.entry(namespace.to_string())
+            .or_insert_with(|| {
+                Arc::new(NamespaceBudget {
+                    store: self.store.clone(),
+                    namespace: namespace.to_string(),
+                    prices: self.prices.clone(),
+                    last: Mutex::new(None),
+                })
+            })
+            .clone()
+    }
+}
+
+/// A namespace's limits as its jobs' checks see them.
 pub struct NamespaceBudget {
     store: Arc<dyn Store>,
     namespace: String,
@@ -153,7 +192,8 @@ impl NamespaceBudget {
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    async fn read(&self) -> Result<Option<Over>, StoreError> {
+    /// The limit reached, read now (an error is returned, not taken as "none").
+    pub async fn read(&self) -> Result<Option<Over>, StoreError> {
         let limits = self.store.namespace(&self.namespace).await?.limits;
         if !limits.limits_spend() {
             return Ok(None);

@@ -230,7 +230,7 @@ async fn answer_when_raised(store: Arc<dyn Store>, namespace: String, job: JobId
     let budget = NamespaceBudget::new(store.clone(), &namespace);
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        if budget.over().await.is_none() {
+        if let Ok(None) = budget.read().await {
             let kind =
                 EventKind::QuestionAnswered { id, answer: RAISED_ELSEWHERE.into(), option: None, by: "limits".into() };
             if let Err(e) = store.append(Batch { events: vec![(job, kind)], ..Default::default() }).await {

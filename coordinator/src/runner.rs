@@ -45,6 +45,8 @@ pub struct JobContext {
     /// The context windows learnt in this process: the run's sessions record
     /// what a provider names, each generation's thresholds read it.
     pub windows: Windows,
+    /// The namespaces' spending limits as this process's runs check them.
+    pub budgets: flower_agent::spend::NamespaceBudgets,
 }
 
 impl JobContext {
@@ -466,7 +468,7 @@ async fn job_limits(
         &spec.model,
         job.created_at,
         gate,
-        &job.namespace,
+        ctx.budgets.get(&job.namespace),
     )))
 }
 

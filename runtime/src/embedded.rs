@@ -248,6 +248,7 @@ impl EmbeddedRuntime {
             stop: flower_coordinator::stop::Stop::from_token(cancel),
             qa_log,
             windows: self.windows.clone(),
+            budgets: flower_agent::spend::NamespaceBudgets::new(self.store.clone()),
         };
         let finished = run_job(&ctx, job_id).await;
         shutdown.cancel();

@@ -45,18 +45,21 @@ pub struct Owner {
     wake: Notify,
     /// Trace context of recent submits, so a job's run continues its trace.
     traces: Mutex<HashMap<JobId, String>>,
+    /// The namespaces' spending limits, read once for all the runs here.
+    budgets: flower_agent::spend::NamespaceBudgets,
 }
 
 impl Owner {
     pub fn new(backends: Backends, replica: String, lease_ttl: Duration, sweep: crate::dispatch::Sweep) -> Arc<Self> {
         Arc::new(Self {
-            backends,
             replica,
             lease_ttl,
             sweep,
             running: Mutex::new(HashMap::new()),
             wake: Notify::new(),
             traces: Mutex::new(HashMap::new()),
+            budgets: flower_agent::spend::NamespaceBudgets::new(backends.store.clone()),
+            backends,
         })
     }
 
@@ -198,6 +201,7 @@ impl Owner {
                 stop,
                 qa_log,
                 windows: b.windows.clone(),
+                budgets: self.budgets.clone(),
             };
             // A store error is not a lost lease: while the lease holds (the
             // renewal loop stops the run when it is lost), the run is
