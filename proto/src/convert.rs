@@ -248,38 +248,6 @@ impl From<&m::Event> for pb::JobEvent {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn states_and_roles_go_and_come_back() {
-        use m::JobState::*;
-        for s in [Queued, Running, WaitingForUser, WaitingForBudget, Succeeded, Failed, Cancelled] {
-            assert_eq!(job_state(pb::JobState::from(s).into(), ""), Some(s));
-            // A service that predates the typed field sends the name only.
-            assert_eq!(job_state(0, s.as_str()), Some(s));
-        }
-        for s in [m::TaskState::Queued, m::TaskState::Running, m::TaskState::Succeeded, m::TaskState::Failed] {
-            assert_eq!(task_state(pb::TaskState::from(s).into(), ""), Some(s));
-            assert_eq!(task_state(0, s.as_str()), Some(s));
-        }
-        for r in [m::Role::Coordinator, m::Role::Worker, m::Role::Judge, m::Role::Clarifier, m::Role::Aside] {
-            assert_eq!(role(pb::Role::from(r).into(), ""), Some(r));
-        }
-        assert_eq!(job_state(99, "nonsense"), None);
-    }
-
-    #[test]
-    fn usage_keeps_its_cache_split() {
-        let mut u = m::Usage { input_tokens: 3, output_tokens: 4, cache_read_input_tokens: 5, ..Default::default() };
-        u.cache_creation_input_tokens = 9;
-        u.cache_creation.ephemeral_5m_input_tokens = 7;
-        u.cache_creation.ephemeral_1h_input_tokens = 2;
-        assert_eq!(m::Usage::from(&pb::Usage::from(&u)), u);
-    }
-}
-
 impl From<&m::access::Limits> for pb::Limits {
     fn from(l: &m::access::Limits) -> Self {
         pb::Limits {
@@ -322,5 +290,37 @@ impl From<pb::Namespace> for m::access::Namespace {
             created_at: n.created_at_ms,
             limits: n.limits.map(Into::into).unwrap_or_default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_and_roles_go_and_come_back() {
+        use m::JobState::*;
+        for s in [Queued, Running, WaitingForUser, WaitingForBudget, Succeeded, Failed, Cancelled] {
+            assert_eq!(job_state(pb::JobState::from(s).into(), ""), Some(s));
+            // A service that predates the typed field sends the name only.
+            assert_eq!(job_state(0, s.as_str()), Some(s));
+        }
+        for s in [m::TaskState::Queued, m::TaskState::Running, m::TaskState::Succeeded, m::TaskState::Failed] {
+            assert_eq!(task_state(pb::TaskState::from(s).into(), ""), Some(s));
+            assert_eq!(task_state(0, s.as_str()), Some(s));
+        }
+        for r in [m::Role::Coordinator, m::Role::Worker, m::Role::Judge, m::Role::Clarifier, m::Role::Aside] {
+            assert_eq!(role(pb::Role::from(r).into(), ""), Some(r));
+        }
+        assert_eq!(job_state(99, "nonsense"), None);
+    }
+
+    #[test]
+    fn usage_keeps_its_cache_split() {
+        let mut u = m::Usage { input_tokens: 3, output_tokens: 4, cache_read_input_tokens: 5, ..Default::default() };
+        u.cache_creation_input_tokens = 9;
+        u.cache_creation.ephemeral_5m_input_tokens = 7;
+        u.cache_creation.ephemeral_1h_input_tokens = 2;
+        assert_eq!(m::Usage::from(&pb::Usage::from(&u)), u);
     }
 }
