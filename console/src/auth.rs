@@ -9,7 +9,10 @@
 //! application acting for the caller; a request without one gets the
 //! sign-in form at the same address (the deep link kept).
 //! Every form that changes a job carries the session's CSRF value, checked
-//! by [`Signed::form`]. Every comparison is the project's constant-time one
+//! by [`Signed::form`]; the sign-in form carries a value of its own, also
+//! set as a `SameSite=Strict` cookie ([`login_form`]), so a sign-in posted
+//! from another site (which would sign the browser in as someone else) is
+//! refused. Every comparison is the project's constant-time one
 //! ([`flower_model::secret::same`]).
 
 use std::collections::HashMap;
@@ -193,6 +196,21 @@ fn next(parts: &Parts) -> String {
 pub fn local_path(to: &str) -> &str {
     let ok = to.starts_with('/') && !to.starts_with("//") && !to.contains('\\') && !to.chars().any(char::is_control);
     if ok { to } else { "/" }
+}
+
+/// The cookie carrying the sign-in form's CSRF value (double submit).
+pub const LOGIN_COOKIE: &str = "flower_console_login";
+
+/// A sign-in form's CSRF value, and the `Set-Cookie` that goes with it.
+pub fn login_form() -> (String, String) {
+    let value = hex::encode(rand::random::<[u8; 16]>());
+    let cookie = format!("{LOGIN_COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/login; Max-Age=3600");
+    (value, cookie)
+}
+
+/// Whether a sign-in's form value is the one its cookie carries.
+pub fn login_form_ok(headers: &HeaderMap, given: &str) -> bool {
+    cookie(headers, LOGIN_COOKIE).is_some_and(|v| !given.is_empty() && same(&v, given))
 }
 
 /// The value of the cookie `name`, when the request carries it.

@@ -47,14 +47,14 @@ impl From<AppError> for Refusal {
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
-            Refusal::SignIn(next) => layout::respond(status(ErrorKind::Unauthenticated), layout::sign_in(None, &next)),
+            Refusal::SignIn(next) => layout::sign_in(status(ErrorKind::Unauthenticated), None, &next),
             Refusal::StaleForm => layout::respond(
                 StatusCode::FORBIDDEN,
                 layout::problem("this form is stale or not the console's (CSRF check): reload the page"),
             ),
             // A bad credential shown as a bearer: the sign-in form, saying so.
             Refusal::App(e) if e.kind() == ErrorKind::Unauthenticated => {
-                layout::respond(status(e.kind()), layout::sign_in(Some(&e.message), "/"))
+                layout::sign_in(status(e.kind()), Some(&e.message), "/")
             }
             Refusal::App(e) => layout::respond(status(e.kind()), layout::problem(&e.message)),
         }

@@ -245,15 +245,30 @@ async fn two_namespaces_share_a_cluster_and_each_sees_only_its_own() {
     assert_eq!(page(&revoked, "/").await.unwrap().status(), 401);
     let deep = http.get(format!("{console}/jobs/{a_job}")).send().await.unwrap();
     assert_eq!(deep.status(), 401);
+    let login_cookie = deep.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
     let sign_in_page = deep.text().await.unwrap();
     assert!(sign_in_page.contains(&format!("value=\"/jobs/{a_job}\"")), "the sign-in form keeps the deep link");
-    let signed = http
-        .post(format!("{console}/login"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[("token", a_viewer.as_str()), ("next", &format!("/jobs/{a_job}"))]))
-        .send()
-        .await
-        .unwrap();
+    let login_csrf = sign_in_page.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap();
+    let sign_in = |cookie: Option<&str>, csrf: &str| {
+        let mut r = http
+            .post(format!("{console}/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form(&[("token", a_viewer.as_str()), ("next", &format!("/jobs/{a_job}")), ("csrf", csrf)]));
+        if let Some(c) = cookie {
+            r = r.header("cookie", c.to_string());
+        }
+        r.send()
+    };
+    // A sign-in posted from elsewhere (no form cookie: SameSite=Strict) signs nobody in.
+    for (cookie, csrf) in [(None, login_csrf), (Some(login_cookie.as_str()), "0123"), (Some(login_cookie.as_str()), "")]
+    {
+        let forged = sign_in(cookie, csrf).await.unwrap();
+        assert_eq!(forged.status(), 403, "a sign-in without the form's value");
+        let set =
+            forged.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_string()).collect::<Vec<_>>();
+        assert!(set.iter().all(|c| !c.starts_with("flower_console=")), "no session: {set:?}");
+    }
+    let signed = sign_in(Some(&login_cookie), login_csrf).await.unwrap();
     assert_eq!(signed.status(), 303);
     assert_eq!(signed.headers()["location"], format!("/jobs/{a_job}").as_str(), "back to the deep link");
     let cookie = signed.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();

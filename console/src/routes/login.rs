@@ -19,6 +19,9 @@ pub struct LoginForm {
     token: String,
     #[serde(default)]
     next: String,
+    /// The form's CSRF value, as its cookie carries it.
+    #[serde(default)]
+    csrf: String,
 }
 
 /// The form; to the jobs when no credential is needed.
@@ -26,7 +29,7 @@ pub async fn page(State(c): State<Console>) -> Response {
     if !c.app().auth_required() {
         return redirect("/");
     }
-    layout::respond(StatusCode::OK, layout::sign_in(None, "/"))
+    layout::sign_in(StatusCode::OK, None, "/")
 }
 
 fn with_cookie(mut r: Response, cookie: &str) -> Response {
@@ -37,18 +40,27 @@ fn with_cookie(mut r: Response, cookie: &str) -> Response {
 }
 
 /// Sign in: a session and the page asked for, or the form again saying why not.
-pub async fn sign_in(State(c): State<Console>, Peer(peer): Peer, Form(f): Form<LoginForm>) -> Response {
+pub async fn sign_in(
+    State(c): State<Console>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
     let next = local_path(&f.next).to_string();
     let ip = peer.map(|p| p.ip());
     if c.auth().throttled(ip) {
         let why = "Too many failed sign-ins from this address: wait a minute.";
-        return layout::respond(StatusCode::TOO_MANY_REQUESTS, layout::sign_in(Some(why), &next));
+        return layout::sign_in(StatusCode::TOO_MANY_REQUESTS, Some(why), &next);
+    }
+    if c.app().auth_required() && !crate::auth::login_form_ok(&headers, &f.csrf) {
+        let why = "This sign-in form is stale or not the console's (CSRF check): sign in again here.";
+        return layout::sign_in(StatusCode::FORBIDDEN, Some(why), &next);
     }
     let origin = peer.map_or_else(|| "console".into(), |p| format!("console {p}"));
     match c.app().authenticate(Some(f.token.trim()), &origin).await {
         Ok(app) if c.app().auth_required() => match app.caller() {
             Ok(caller) => with_cookie(redirect(&next), &c.auth().open(caller)),
-            Err(e) => layout::respond(status(e.kind), layout::sign_in(Some(&e.message), &next)),
+            Err(e) => layout::sign_in(status(e.kind), Some(&e.message), &next),
         },
         Ok(_) => redirect(&next),
         Err(e) => {
@@ -57,7 +69,7 @@ pub async fn sign_in(State(c): State<Console>, Peer(peer): Peer, Form(f): Form<L
                 flower_model::ErrorKind::Unauthenticated => "That key or token is not valid here.".to_string(),
                 _ => e.message,
             };
-            layout::respond(status(e.kind), layout::sign_in(Some(&why), &next))
+            layout::sign_in(status(e.kind), Some(&why), &next)
         }
     }
 }

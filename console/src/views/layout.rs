@@ -68,8 +68,17 @@ pub fn problem(message: &str) -> Markup {
 }
 
 /// The sign-in page, saying why the last try failed when it did; after
-/// signing in, the browser goes to `next`.
-pub fn sign_in(error: Option<&str>, next: &str) -> Markup {
+/// signing in, the browser goes to `next`. Sent with its CSRF cookie.
+pub fn sign_in(status: StatusCode, error: Option<&str>, next: &str) -> Response {
+    let (csrf, cookie) = crate::auth::login_form();
+    let mut r = respond(status, sign_in_form(error, next, &csrf));
+    if let Ok(v) = axum::http::HeaderValue::from_str(&cookie) {
+        r.headers_mut().insert(axum::http::header::SET_COOKIE, v);
+    }
+    r
+}
+
+fn sign_in_form(error: Option<&str>, next: &str, csrf: &str) -> Markup {
     page(
         "Sign in",
         html! {
@@ -79,6 +88,7 @@ pub fn sign_in(error: Option<&str>, next: &str) -> Markup {
                     label for="token" { "Access token or API key" }
                     input id="token" name="token" type="password" autocomplete="current-password" required autofocus;
                     input type="hidden" name="next" value=(next);
+                    input type="hidden" name="csrf" value=(csrf);
                     @if let Some(e) = error {
                         p class="error" role="alert" { (e) }
                     }
