@@ -45,6 +45,12 @@ pub struct NamespaceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceOutcomeLabel {
+    pub namespace: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
@@ -95,7 +101,7 @@ pub struct Metrics {
     pub namespace_tokens: Family<NamespaceLabel, Gauge>,
     /// Task attempts by outcome: `started`, then `succeeded`, `failed`,
     /// `cancelled` or `retried` (a transient failure; the delivery comes back).
-    pub tasks: Family<OutcomeLabel, Counter>,
+    pub tasks: Family<NamespaceOutcomeLabel, Counter>,
     /// Tasks a coordinator created and put on the queue (one per `Agent` call).
     pub tasks_queued: Counter,
     pub task_duration: Histogram,
@@ -213,7 +219,11 @@ impl Metrics {
 
     /// A worker's series: task attempts, slots, claims and its view of the queue.
     fn register_workers(&self, registry: &mut Registry) {
-        registry.register("flower_tasks", "Task attempts on this worker, by outcome", self.tasks.clone());
+        registry.register(
+            "flower_tasks",
+            "Task attempts on this worker, by their job's namespace and outcome",
+            self.tasks.clone(),
+        );
         registry.register(
             "flower_task_duration_seconds",
             "Time a task attempt ran on this worker",
@@ -359,9 +369,9 @@ impl Metrics {
         self.tool_denials.get_or_create(&KindLabel { kind: denial_label(kind) }).inc();
     }
 
-    /// Count a task attempt's outcome.
-    pub fn task(&self, outcome: &'static str) {
-        self.tasks.get_or_create(&OutcomeLabel { outcome }).inc();
+    /// Count a task attempt's outcome, under its job's namespace.
+    pub fn task(&self, namespace: &str, outcome: &'static str) {
+        self.tasks.get_or_create(&NamespaceOutcomeLabel { namespace: namespace.to_string(), outcome }).inc();
     }
 
     /// The registry in the text exposition format (OpenMetrics, which
@@ -391,7 +401,7 @@ mod tests {
     #[test]
     fn series_are_named_by_convention() {
         let m = Metrics::new();
-        m.task("started");
+        m.task("default", "started");
         let usage = Usage { output_tokens: 5, ..Default::default() };
         m.model_call("sim", "m", Duration::from_millis(20), Some(&usage), None);
         let sonnet = flower_model::spec::builtin_price("claude-sonnet-4-5");
@@ -409,7 +419,7 @@ mod tests {
         m.dead_letters.get_or_create(&OutcomeLabel { outcome: "republished" }).inc();
         let text = m.encode();
         for line in [
-            "flower_tasks_total{outcome=\"started\"} 1",
+            "flower_tasks_total{namespace=\"default\",outcome=\"started\"} 1",
             "flower_model_calls_total{provider=\"sim\",model=\"m\",outcome=\"ok\"} 1",
             "flower_tokens_total{kind=\"output\"} 10",
             "flower_jobs{namespace=\"team-a\",state=\"running\"} 2",

@@ -66,8 +66,11 @@ async fn metrics_are_served_by_both_roles() {
     assert!(!coordinator.contains("flower_namespace_budget_usd{"), "no limit set, no limit series: {coordinator}");
 
     let total = |series: &str| workers.iter().map(|w| value_or_zero(w, series)).sum::<f64>();
-    assert!(total("flower_tasks_total{outcome=\"started\"}") >= tasks.len() as f64, "{workers:?}");
-    assert!(total("flower_tasks_total{outcome=\"succeeded\"}") > 0.0, "{workers:?}");
+    assert!(
+        total("flower_tasks_total{namespace=\"default\",outcome=\"started\"}") >= tasks.len() as f64,
+        "{workers:?}"
+    );
+    assert!(total("flower_tasks_total{namespace=\"default\",outcome=\"succeeded\"}") > 0.0, "{workers:?}");
     assert!(total("flower_task_duration_seconds_count") > 0.0, "{workers:?}");
     assert!(total("flower_dispatch_seconds_count") > 0.0, "{workers:?}");
     assert!(workers.iter().map(|w| sum(w, "flower_model_calls_total")).sum::<f64>() > 0.0, "{workers:?}");

@@ -109,7 +109,7 @@ impl Worker {
         self.lock_running().entry(task.job_id).or_default().push((task.id, cancel.clone()));
         let beat = self.heartbeat(delivery, task, attempt);
         let metrics = flower_agent::metrics::metrics();
-        metrics.task("started");
+        metrics.task(&self.namespace_of(task.job_id), "started");
         if attempt == 1 {
             let waited_ms = (now_ms() - task.created_at).max(0);
             metrics.dispatch.observe(waited_ms as f64 / 1000.0);

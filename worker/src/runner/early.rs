@@ -244,11 +244,13 @@ impl Worker {
         began: std::time::Instant,
     ) {
         let metrics = flower_agent::metrics::metrics();
-        metrics.task("started");
+        let namespace = self.namespace_of(claimed.job_id);
+        metrics.task(&namespace, "started");
         metrics.dispatch.observe((now_ms() - claimed.created_at).max(0) as f64 / 1000.0);
         // From the delivery: the claim and the end are one write.
         metrics.task_duration.observe(began.elapsed().as_secs_f64());
-        metrics.task(if ended.state == flower_model::TaskState::Succeeded { "succeeded" } else { "failed" });
+        metrics
+            .task(&namespace, if ended.state == flower_model::TaskState::Succeeded { "succeeded" } else { "failed" });
         // Only a first-turn final answer is offered to its claim: it ran
         // no tool, the workbench is as it found it.
         self.ended(ended, written, notice, Workbench::Untouched).await;

@@ -58,12 +58,15 @@ impl Worker {
         let metrics = flower_agent::metrics::metrics();
         metrics.task_duration.observe(running.started.elapsed().as_secs_f64());
         metrics.worker_slots_busy.dec();
-        metrics.task(match &result {
-            _ if cancel.is_cancelled() => "cancelled",
-            Ok(_) => "succeeded",
-            Err((f, _)) if f.retryable => "retried",
-            Err(_) => "failed",
-        });
+        metrics.task(
+            &self.namespace_of(task.job_id),
+            match &result {
+                _ if cancel.is_cancelled() => "cancelled",
+                Ok(_) => "succeeded",
+                Err((f, _)) if f.retryable => "retried",
+                Err(_) => "failed",
+            },
+        );
         self.lock_running().entry(task.job_id).or_default().retain(|(id, _)| *id != task.id);
         // Cancelled: the store already ended the task.
         let recorded = match result {

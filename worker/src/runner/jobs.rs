@@ -21,7 +21,7 @@ pub(super) struct JobCache {
 }
 
 impl JobCache {
-    fn get(&self, id: JobId) -> Option<CachedJob> {
+    pub(super) fn get(&self, id: JobId) -> Option<CachedJob> {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }
 
@@ -35,6 +35,12 @@ impl JobCache {
 }
 
 impl Worker {
+    /// The namespace of a job read here (every task's job is read before
+    /// its attempt starts); `default` for one not in the cache.
+    pub(super) fn namespace_of(&self, id: JobId) -> String {
+        self.jobs.get(id).map_or_else(|| flower_model::access::DEFAULT_NAMESPACE.to_string(), |j| j.0.namespace.clone())
+    }
+
     /// The task's job and its parsed spec, from the cache or read once.
     pub(super) async fn job(&self, id: JobId) -> Result<CachedJob, (Failure, Usage)> {
         let none = Usage::default();
