@@ -93,21 +93,33 @@ impl Prices {
     pub async fn tally(&self, store: &dyn Store, namespace: &str) -> Result<Tally, StoreError> {
         let today = day_of(now_ms());
         let rows = store.spend(namespace, month_start(today)).await?;
-        let mut missing: Vec<JobId> = {
+        let mut jobs: Vec<JobId> = rows.iter().map(|r| r.job).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        // This tally's prices, whatever the shared cache drops meanwhile.
+        let mut prices: HashMap<JobId, Option<Price>> = HashMap::with_capacity(jobs.len());
+        let mut missing = Vec::new();
+        {
             let known = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            rows.iter().map(|r| r.job).filter(|j| !known.contains_key(j)).collect()
-        };
-        missing.dedup();
+            for job in jobs {
+                match known.get(&job) {
+                    Some(p) => {
+                        prices.insert(job, *p);
+                    }
+                    None => missing.push(job),
+                }
+            }
+        }
         for job in missing {
             let price = store.get_job(job).await.ok().and_then(|j| price_of(&j.spec));
+            prices.insert(job, price);
             let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
             if known.len() >= PRICES_KEPT {
                 known.clear();
             }
             known.insert(job, price);
         }
-        let known = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(Tally::of(&rows, today, |j| known.get(&j).copied().flatten()))
+        Ok(Tally::of(&rows, today, |j| prices.get(&j).copied().flatten()))
     }
 }
 

@@ -415,6 +415,11 @@ async fn a_namespaces_spent_budget_pauses_its_jobs_until_an_operator_raises_it()
     c.wait_job(&job, "succeeded").await;
     let shown = as_(&mut c, &op, &["auth", "namespace", "show", "team-c", "--json"]).unwrap();
     assert_eq!(shown["limits"]["cost_per_day_usd"], 100.0, "the operator's raise is the namespace's: {shown}");
+    // A question no longer waiting raises nothing: answering it is not a way around SetLimits.
+    let e = as_(&mut c, &op, &["answer", &job, "--question", "namespace-budget-cost-day-1", "1000000"]).unwrap_err();
+    assert!(e.contains("ended") || e.contains("answered"), "{e}");
+    let shown = as_(&mut c, &op, &["auth", "namespace", "show", "team-c", "--json"]).unwrap();
+    assert_eq!(shown["limits"]["cost_per_day_usd"], 100.0, "unchanged: {shown}");
 
     // Limits raised by an admin let a waiting job go on.
     as_(&mut c, TOKEN, &[&["auth", "namespace", "limits", "team-c"][..], &tiny].concat()).unwrap();

@@ -250,27 +250,32 @@ impl App {
     /// Answer the question a job waits on; the job as it is after.
     pub async fn answer(&self, job_id: &str, r: AnswerRequest) -> Result<Job> {
         let (caller, found) = self.job_for(Verb::Answer, job_id).await?;
-        self.raise_for_answer(&caller, &found, &r.question_id, &r.text, r.option).await?;
-        let outcome = self.reply(found.id, r).await;
+        let outcome = async {
+            let reply = reply_of(&r)?;
+            // A namespace's budget question: the raise first (an operator's).
+            let raised = self.raise_for_answer(&caller, &found, &r.question_id, &r.text, r.option).await?;
+            self.reply(found.id, &r.question_id, reply, raised).await
+        }
+        .await;
         self.record(&caller, Verb::Answer, &found.namespace, &found.id.to_string(), outcome.as_ref().map(|_| ())).await;
         outcome
     }
 
-    async fn reply(&self, job: JobId, r: AnswerRequest) -> Result<Job> {
-        let reply = match (r.text.trim().is_empty(), r.option) {
-            (false, 0) => {
-                input::check_text("text", &r.text, flower_model::spec::MAX_MESSAGE_BYTES)?;
-                Reply::Text(r.text)
+    /// Store `reply`. When it raised the namespace's budget, the job may
+    /// have seen the raise and answered its question itself meanwhile
+    /// (`by: limits`): the answer has then done its work.
+    async fn reply(&self, job: JobId, question_id: &str, reply: Reply, raised: bool) -> Result<Job> {
+        let question = Some(question_id).filter(|q| !q.is_empty());
+        let written = match crate::tools::ask::answer(self.b.store.as_ref(), job, question, reply).await {
+            Ok(w) => w,
+            Err(
+                crate::tools::ask::AnswerError::NothingPending(_)
+                | crate::tools::ask::AnswerError::AlreadyAnswered { .. },
+            ) if raised => {
+                return Ok(self.b.store.get_job(job).await?);
             }
-            (true, 0) => return Err(AppError::invalid("text", "required (or `option`, from 1)")),
-            (true, n) => Reply::Option(n),
-            (false, _) => return Err(AppError::invalid("option", "give `text` or `option`, not both")),
+            Err(e) => return Err(e.into()),
         };
-        if !r.question_id.is_empty() {
-            input::check_text("question_id", &r.question_id, MAX_QUESTION_ID)?;
-        }
-        let question = Some(r.question_id.as_str()).filter(|q| !q.is_empty());
-        let written = crate::tools::ask::answer(self.b.store.as_ref(), job, question, reply).await?;
         if let Some(n) = self.runs.notifier(job) {
             crate::actions::answered(n.as_ref(), job, &written).await;
         }
@@ -316,4 +321,21 @@ fn same_spec(stored: &serde_json::Value, submitted: &serde_json::Value) -> bool 
         (Some(a), Some(b)) => a == b,
         _ => stored == submitted,
     }
+}
+
+/// An answer's words or option, checked.
+fn reply_of(r: &AnswerRequest) -> Result<Reply> {
+    let reply = match (r.text.trim().is_empty(), r.option) {
+        (false, 0) => {
+            input::check_text("text", &r.text, flower_model::spec::MAX_MESSAGE_BYTES)?;
+            Reply::Text(r.text.clone())
+        }
+        (true, 0) => return Err(AppError::invalid("text", "required (or `option`, from 1)")),
+        (true, n) => Reply::Option(n),
+        (false, _) => return Err(AppError::invalid("option", "give `text` or `option`, not both")),
+    };
+    if !r.question_id.is_empty() {
+        input::check_text("question_id", &r.question_id, MAX_QUESTION_ID)?;
+    }
+    Ok(reply)
 }

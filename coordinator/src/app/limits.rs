@@ -70,10 +70,12 @@ impl App {
         Ok(NamespaceStatus { namespace, spent, live_jobs, waiting_for_budget, queued })
     }
 
-    /// The question an answer is for, when it is one of the namespace's
-    /// budget questions: only an operator of the namespace may answer it,
-    /// and its raise is stored on the namespace first (so the job, reading
-    /// the answer, finds the limit raised). A refusal is recorded.
+    /// When an answer is for one of the namespace's budget questions, still
+    /// waiting: only an operator of the namespace may give it, and its raise
+    /// is stored on the namespace first (so the job, reading the answer,
+    /// finds the limit raised). A refusal is recorded. Whether a raise was
+    /// stored; a question not waiting raises nothing (the answer then fails
+    /// as for any question).
     pub(crate) async fn raise_for_answer(
         &self,
         caller: &Caller,
@@ -81,15 +83,15 @@ impl App {
         question: &str,
         text: &str,
         option: u32,
-    ) -> Result<()> {
-        let id = match question {
-            "" => match crate::tools::ask::pending(self.b.store.as_ref(), job.id).await?.as_slice() {
-                [(one, ..)] => one.clone(),
-                _ => return Ok(()),
-            },
-            given => given.to_string(),
+    ) -> Result<bool> {
+        let pending = crate::tools::ask::pending(self.b.store.as_ref(), job.id).await?;
+        let id = match (question, pending.as_slice()) {
+            ("", [(one, ..)]) => one.clone(),
+            ("", _) => return Ok(false),
+            (given, waiting) if waiting.iter().any(|(q, ..)| q == given) => given.to_string(),
+            _ => return Ok(false),
         };
-        let Some(limit) = crate::budget::namespace_question(&id) else { return Ok(()) };
+        let Some(limit) = crate::budget::namespace_question(&id) else { return Ok(false) };
         let ns = job.namespace.as_str();
         if !caller.principal.allows(Verb::RaiseBudget.action(), ns, Owner::Other) {
             let e = AppError::new(
@@ -105,12 +107,12 @@ impl App {
         let option = (option > 0).then_some(option);
         let store = self.b.store.clone();
         let limits = store.namespace(ns).await?.limits;
-        let Some(raised) = crate::budget::raise_namespace(&limits, limit, text, option) else { return Ok(()) };
+        let Some(raised) = crate::budget::raise_namespace(&limits, limit, text, option) else { return Ok(false) };
         self.audited(caller, Verb::RaiseBudget, ns, &raise_target(limit, &limits, &raised), async {
             Ok(store.set_limits(ns, &raised).await?)
         })
         .await?;
-        Ok(())
+        Ok(true)
     }
 }
 

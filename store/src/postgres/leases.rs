@@ -53,7 +53,9 @@ async fn admitted(tx: &Tx<'_>, job: JobId) -> Result<bool> {
     let Some((namespace, Some(max))) = row.map(|r| (r.get::<_, String>(0), r.get::<_, Option<i64>>(1))) else {
         return Ok(true);
     };
-    db_query_opt(tx, "SELECT 1 FROM namespaces WHERE name = $1 FOR UPDATE", &[&namespace]).await?;
+    // NO KEY UPDATE: admissions take turns, while inserts of jobs and keys
+    // of the namespace (their foreign keys take KEY SHARE) go on.
+    db_query_opt(tx, "SELECT 1 FROM namespaces WHERE name = $1 FOR NO KEY UPDATE", &[&namespace]).await?;
     let live = db_query_opt(tx, LIVE_IN_NAMESPACE, &[&namespace, &job.0]).await?.map_or(0, |r| r.get::<_, i64>(0));
     Ok(live < max)
 }

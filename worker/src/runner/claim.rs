@@ -31,6 +31,8 @@ pub(super) type Claimed = (Claim, Option<(Task, flower_store::Written)>);
 pub(super) struct Running {
     pub(super) beat: tokio::task::JoinHandle<()>,
     pub(super) started: std::time::Instant,
+    /// The job's namespace, as its start was counted (its end is counted the same).
+    pub(super) namespace: String,
 }
 
 impl Worker {
@@ -109,13 +111,14 @@ impl Worker {
         self.lock_running().entry(task.job_id).or_default().push((task.id, cancel.clone()));
         let beat = self.heartbeat(delivery, task, attempt);
         let metrics = flower_agent::metrics::metrics();
-        metrics.task(&self.namespace_of(task.job_id), "started");
+        let namespace = self.namespace_of(task.job_id);
+        metrics.task(&namespace, "started");
         if attempt == 1 {
             let waited_ms = (now_ms() - task.created_at).max(0);
             metrics.dispatch.observe(waited_ms as f64 / 1000.0);
         }
         metrics.worker_slots_busy.inc();
-        Running { beat, started: std::time::Instant::now() }
+        Running { beat, started: std::time::Instant::now(), namespace }
     }
 
     /// Claim the attempt. While the store is unreachable the claim is retried

@@ -59,7 +59,7 @@ impl Worker {
         metrics.task_duration.observe(running.started.elapsed().as_secs_f64());
         metrics.worker_slots_busy.dec();
         metrics.task(
-            &self.namespace_of(task.job_id),
+            &running.namespace,
             match &result {
                 _ if cancel.is_cancelled() => "cancelled",
                 Ok(_) => "succeeded",
