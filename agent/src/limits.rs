@@ -79,17 +79,19 @@ impl JobLimits {
         gate: Option<Arc<dyn BudgetGate>>,
     ) -> Option<Arc<Self>> {
         let any = budget.max_tokens.is_some() || budget.max_cost_usd.is_some() || budget.deadline.is_some();
-        any.then(|| {
-            Arc::new(Self {
-                store,
-                job,
-                budget: Mutex::new(budget.clone()),
-                model: model.to_string(),
-                submitted,
-                gate,
-                namespace: None,
-            })
-        })
+        any.then(|| Arc::new(Self::of(store, job, budget, model, submitted, gate, None)))
+    }
+
+    fn of(
+        store: Arc<dyn Store>,
+        job: JobId,
+        budget: &Budget,
+        model: &str,
+        submitted: i64,
+        gate: Option<Arc<dyn BudgetGate>>,
+        namespace: Option<Arc<crate::spend::NamespaceBudget>>,
+    ) -> Self {
+        Self { store, job, budget: Mutex::new(budget.clone()), model: model.to_string(), submitted, gate, namespace }
     }
 
     /// A job's limits with its namespace's spending limits checked too
@@ -103,16 +105,7 @@ impl JobLimits {
         gate: Arc<dyn BudgetGate>,
         namespace: Arc<crate::spend::NamespaceBudget>,
     ) -> Arc<Self> {
-        let namespace = Some(namespace);
-        Arc::new(Self {
-            store,
-            job,
-            budget: Mutex::new(budget.clone()),
-            model: model.to_string(),
-            submitted,
-            gate: Some(gate),
-            namespace,
-        })
+        Arc::new(Self::of(store, job, budget, model, submitted, Some(gate), Some(namespace)))
     }
 
     /// The budget in force.
@@ -152,13 +145,15 @@ impl JobLimits {
     async fn namespace_over(&self, budget: &Budget) -> Option<Spent> {
         let over = self.namespace.as_ref()?.over().await?;
         let (tokens, cost_usd) = match self.store.get_job(self.job).await {
-            Ok(j) => {
-                let tokens = j.usage.context_tokens() + j.usage.output_tokens;
-                (tokens, budget.price(&self.model).map(|p| p.cost(&j.usage)))
-            }
+            Ok(j) => self.used(budget, &j.usage),
             Err(_) => (0, None),
         };
         Some(Spent { reason: over.reason(), tokens, cost_usd, namespace: Some(over) })
+    }
+
+    /// The tokens in `usage`, and its cost at the job's model's price.
+    fn used(&self, budget: &Budget, usage: &flower_model::Usage) -> (u64, Option<f64>) {
+        (usage.context_tokens() + usage.output_tokens, budget.price(&self.model).map(|p| p.cost(usage)))
     }
 
     /// Why the job must stop now, if it must (no gate asked).
@@ -187,8 +182,7 @@ impl JobLimits {
                 return Ok(None);
             }
         };
-        let tokens = usage.context_tokens() + usage.output_tokens;
-        let cost_usd = budget.price(&self.model).map(|p| p.cost(&usage));
+        let (tokens, cost_usd) = self.used(budget, &usage);
         let spent = |reason| Ok(Some(Spent { reason, tokens, cost_usd, namespace: None }));
         if let Some(max) = budget.max_tokens
             && tokens >= max

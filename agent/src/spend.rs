@@ -80,47 +80,49 @@ impl Over {
     }
 }
 
-/// Prices kept by a [`Prices`]; past this it starts again empty (a month's
-/// jobs are read again, once each).
+/// Prices kept by [`known_prices`]; past this it starts again empty (a
+/// month's jobs are read again, once each).
 const PRICES_KEPT: usize = 50_000;
 
-/// Each job's price, read once from its spec.
-#[derive(Clone, Default)]
-pub struct Prices(Arc<Mutex<HashMap<JobId, Option<Price>>>>);
+/// Each job's price, read once per process from its spec (a job id names
+/// one spec, whichever store it is read from): shared by the runs' checks,
+/// the metrics and the namespace's status.
+fn known_prices() -> &'static Mutex<HashMap<JobId, Option<Price>>> {
+    static KNOWN: std::sync::OnceLock<Mutex<HashMap<JobId, Option<Price>>>> = std::sync::OnceLock::new();
+    KNOWN.get_or_init(Mutex::default)
+}
 
-impl Prices {
-    /// The tally of `namespace` now: its spend rows of this month, priced.
-    pub async fn tally(&self, store: &dyn Store, namespace: &str) -> Result<Tally, StoreError> {
-        let today = day_of(now_ms());
-        let rows = store.spend(namespace, month_start(today)).await?;
-        let mut jobs: Vec<JobId> = rows.iter().map(|r| r.job).collect();
-        jobs.sort_unstable();
-        jobs.dedup();
-        // This tally's prices, whatever the shared cache drops meanwhile.
-        let mut prices: HashMap<JobId, Option<Price>> = HashMap::with_capacity(jobs.len());
-        let mut missing = Vec::new();
-        {
-            let known = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            for job in jobs {
-                match known.get(&job) {
-                    Some(p) => {
-                        prices.insert(job, *p);
-                    }
-                    None => missing.push(job),
+/// The tally of `namespace` now: its spend rows of this month, priced.
+pub async fn tally(store: &dyn Store, namespace: &str) -> Result<Tally, StoreError> {
+    let today = day_of(now_ms());
+    let rows = store.spend(namespace, month_start(today)).await?;
+    let mut jobs: Vec<JobId> = rows.iter().map(|r| r.job).collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    // This tally's prices, whatever the shared cache drops meanwhile.
+    let mut prices: HashMap<JobId, Option<Price>> = HashMap::with_capacity(jobs.len());
+    let mut missing = Vec::new();
+    {
+        let known = known_prices().lock().unwrap_or_else(|p| p.into_inner());
+        for job in jobs {
+            match known.get(&job) {
+                Some(p) => {
+                    prices.insert(job, *p);
                 }
+                None => missing.push(job),
             }
         }
-        for job in missing {
-            let price = store.get_job(job).await.ok().and_then(|j| price_of(&j.spec));
-            prices.insert(job, price);
-            let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            if known.len() >= PRICES_KEPT {
-                known.clear();
-            }
-            known.insert(job, price);
-        }
-        Ok(Tally::of(&rows, today, |j| prices.get(&j).copied().flatten()))
     }
+    for job in missing {
+        let price = store.get_job(job).await.ok().and_then(|j| price_of(&j.spec));
+        prices.insert(job, price);
+        let mut known = known_prices().lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() >= PRICES_KEPT {
+            known.clear();
+        }
+        known.insert(job, price);
+    }
+    Ok(Tally::of(&rows, today, |j| prices.get(&j).copied().flatten()))
 }
 
 /// The price a job's usage is counted at: its spec's model, priced by its budget.
@@ -137,28 +139,18 @@ fn price_of(spec: &serde_json::Value) -> Option<Price> {
 #[derive(Clone)]
 pub struct NamespaceBudgets {
     store: Arc<dyn Store>,
-    prices: Prices,
     each: Arc<Mutex<HashMap<String, Arc<NamespaceBudget>>>>,
 }
 
 impl NamespaceBudgets {
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { store, prices: Prices::default(), each: Arc::default() }
+        Self { store, each: Arc::default() }
     }
 
     /// The budget of `namespace` (namespaces are few: made by an admin).
     pub fn get(&self, namespace: &str) -> Arc<NamespaceBudget> {
         let mut each = self.each.lock().unwrap_or_else(|p| p.into_inner());
-        each.entry(namespace.to_string())
-            .or_insert_with(|| {
-                Arc::new(NamespaceBudget {
-                    store: self.store.clone(),
-                    namespace: namespace.to_string(),
-                    prices: self.prices.clone(),
-                    last: Mutex::new(None),
-                })
-            })
-            .clone()
+        each.entry(namespace.to_string()).or_insert_with(|| NamespaceBudget::new(self.store.clone(), namespace)).clone()
     }
 }
 
@@ -166,37 +158,34 @@ impl NamespaceBudgets {
 pub struct NamespaceBudget {
     store: Arc<dyn Store>,
     namespace: String,
-    prices: Prices,
     last: Mutex<Option<(Instant, Option<Over>)>>,
 }
 
 impl NamespaceBudget {
-    pub fn new(store: Arc<dyn Store>, namespace: &str) -> Arc<Self> {
-        Arc::new(Self { store, namespace: namespace.to_string(), prices: Prices::default(), last: Mutex::new(None) })
+    fn new(store: Arc<dyn Store>, namespace: &str) -> Arc<Self> {
+        Arc::new(Self { store, namespace: namespace.to_string(), last: Mutex::new(None) })
     }
 
-    pub fn namespace(&self) -> &str {
-        &self.namespace
-    }
-
-    /// The limit reached, if one is (read at most every [`FRESH`]; a store
-    /// error lets the call go, logged: a namespace's limit is not a reason
-    /// to lose a job's work).
+    /// The limit reached, if one is (a store error lets the call go,
+    /// logged: a namespace's limit is not a reason to lose a job's work).
     pub async fn over(&self) -> Option<Over> {
+        self.checked().await.unwrap_or_else(|e| {
+            tracing::warn!(namespace = %self.namespace, error = %e, "the namespace's budget was not checked");
+            None
+        })
+    }
+
+    /// The limit reached, if one is, read at most every [`FRESH`] (a
+    /// reading that failed is not kept).
+    pub async fn checked(&self) -> Result<Option<Over>, StoreError> {
         if let Some((at, over)) = &*self.last.lock().unwrap_or_else(|p| p.into_inner())
             && at.elapsed() < FRESH
         {
-            return over.clone();
+            return Ok(over.clone());
         }
-        let over = match self.read().await {
-            Ok(over) => over,
-            Err(e) => {
-                tracing::warn!(namespace = %self.namespace, error = %e, "the namespace's budget was not checked");
-                None
-            }
-        };
+        let over = self.read().await?;
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), over.clone()));
-        over
+        Ok(over)
     }
 
     /// Read again at the next check (after a raise).
@@ -204,13 +193,12 @@ impl NamespaceBudget {
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// The limit reached, read now (an error is returned, not taken as "none").
-    pub async fn read(&self) -> Result<Option<Over>, StoreError> {
+    async fn read(&self) -> Result<Option<Over>, StoreError> {
         let limits = self.store.namespace(&self.namespace).await?.limits;
         if !limits.limits_spend() {
             return Ok(None);
         }
-        let tally = self.prices.tally(self.store.as_ref(), &self.namespace).await?;
+        let tally = tally(self.store.as_ref(), &self.namespace).await?;
         Ok(tally.over(&limits).map(|(limit, spent, max)| Over {
             namespace: self.namespace.clone(),
             limit,

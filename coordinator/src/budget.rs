@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flower_agent::limits::{BudgetGate, Raise, Spent};
-use flower_agent::spend::{NamespaceBudget, Over};
+use flower_agent::spend::{NamespaceBudget, NamespaceBudgets, Over};
 use flower_model::access::{Limits, SpendLimit};
 use flower_model::spec::{AskOptions, Budget};
 use flower_model::{EventKind, JobId, JobState, SessionId};
@@ -170,13 +170,21 @@ pub struct BudgetAsk {
     store: Arc<dyn Store>,
     job: JobId,
     stop: crate::stop::Stop,
+    /// The process's readings of the namespaces' budgets.
+    budgets: NamespaceBudgets,
 }
 
 impl BudgetAsk {
     /// The asker's timeout is the job's `runtime.budget.wait` (zero: the
     /// job's own budget ends it at once, unasked).
-    pub fn new(asker: Asker, store: Arc<dyn Store>, job: JobId, stop: crate::stop::Stop) -> Self {
-        Self { asker: asker.waiting_in(JobState::WaitingForBudget), store, job, stop }
+    pub fn new(
+        asker: Asker,
+        store: Arc<dyn Store>,
+        job: JobId,
+        stop: crate::stop::Stop,
+        budgets: NamespaceBudgets,
+    ) -> Self {
+        Self { asker: asker.waiting_in(JobState::WaitingForBudget), store, job, stop, budgets }
     }
 
     /// The ask options of the budget's question: `wait`, and no count limit.
@@ -225,12 +233,12 @@ impl Drop for AbortOnDrop {
 /// otherwise (the limits set, another job's question answered).
 pub const RAISED_ELSEWHERE: &str = "the namespace's budget was raised";
 
-/// Answers question `id` once `namespace`'s spend is under its limits again.
-async fn answer_when_raised(store: Arc<dyn Store>, namespace: String, job: JobId, id: String) {
-    let budget = NamespaceBudget::new(store.clone(), &namespace);
+/// Answers question `id` once the namespace's spend is under its limits
+/// again (read through the process's shared reading of the namespace).
+async fn answer_when_raised(store: Arc<dyn Store>, budget: Arc<NamespaceBudget>, job: JobId, id: String) {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        if let Ok(None) = budget.read().await {
+        if let Ok(None) = budget.checked().await {
             let kind =
                 EventKind::QuestionAnswered { id, answer: RAISED_ELSEWHERE.into(), option: None, by: "limits".into() };
             if let Err(e) = store.append(Batch { events: vec![(job, kind)], ..Default::default() }).await {
@@ -255,7 +263,8 @@ impl BudgetAsk {
                 return Raise::Stop;
             }
         };
-        let watch = tokio::spawn(answer_when_raised(self.store.clone(), over.namespace.clone(), self.job, id.clone()));
+        let budget = self.budgets.get(&over.namespace);
+        let watch = tokio::spawn(answer_when_raised(self.store.clone(), budget, self.job, id.clone()));
         let _watch = AbortOnDrop(watch);
         let asker = self.asker.clone().timed(over.wait);
         let text = namespace_question_text(spent, over);

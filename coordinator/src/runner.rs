@@ -460,7 +460,8 @@ async fn job_limits(
         ctx.stop.clone(),
         "coordinator",
     );
-    let gate = Arc::new(crate::budget::BudgetAsk::new(asker, store.clone(), job.id, ctx.stop.clone()));
+    let gate =
+        Arc::new(crate::budget::BudgetAsk::new(asker, store.clone(), job.id, ctx.stop.clone(), ctx.budgets.clone()));
     Ok(Some(flower_agent::limits::JobLimits::with_namespace(
         store,
         job.id,

@@ -56,14 +56,12 @@ pub fn serve(listener: TcpListener, store: Option<Arc<dyn Store>>, shutdown: Can
 /// Each namespace's spend of the day and month, and its cost limits, from
 /// the store (a query per namespace; each job's price read once).
 async fn namespace_spend(store: &dyn Store) {
-    static PRICES: std::sync::OnceLock<flower_agent::spend::Prices> = std::sync::OnceLock::new();
-    let prices = PRICES.get_or_init(Default::default);
     let namespaces = match store.namespaces().await {
         Ok(n) => n,
         Err(e) => return tracing::warn!(error = %e, "namespaces not read for metrics"),
     };
     for ns in namespaces {
-        match prices.tally(store, &ns.name).await {
+        match flower_agent::spend::tally(store, &ns.name).await {
             Ok(spent) => metrics().set_namespace_spend(&ns.name, &spent, &ns.limits),
             Err(e) => tracing::warn!(namespace = %ns.name, error = %e, "spend not read for metrics"),
         }

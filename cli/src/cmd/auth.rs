@@ -294,16 +294,7 @@ async fn status(
         let r = pb::GetNamespaceRequest { name: name.to_string() };
         return Ok(status_of(server.connect_access().await?.get_namespace(r).await.map_err(app_error)?.into_inner()));
     }
-    let s = local(home)?.namespace_status(name).await?;
-    let spend = pb::NamespaceSpend {
-        tokens_today: s.spent.tokens_today,
-        cost_today_usd: s.spent.cost_today,
-        cost_this_month_usd: s.spent.cost_this_month,
-        live_jobs: s.live_jobs,
-        waiting_for_budget: s.waiting_for_budget,
-        queued: s.queued,
-    };
-    Ok((s.namespace, spend))
+    Ok(status_of((&local(home)?.namespace_status(name).await?).into()))
 }
 
 async fn show_namespace(home: &std::path::Path, a: ShowArgs) -> anyhow::Result<()> {

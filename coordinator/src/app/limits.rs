@@ -54,7 +54,7 @@ impl App {
             flower_store::StoreError::NotFound(_) => missing(),
             e => e.into(),
         })?;
-        let spent = flower_agent::spend::Prices::default().tally(self.b.store.as_ref(), &name).await?;
+        let spent = flower_agent::spend::tally(self.b.store.as_ref(), &name).await?;
         let (mut live_jobs, mut waiting_for_budget, mut queued) = (0, 0, 0);
         for (ns, state, n) in self.b.store.job_counts().await? {
             if ns == name && !state.is_terminal() && state != JobState::Queued {
@@ -84,6 +84,10 @@ impl App {
         text: &str,
         option: u32,
     ) -> Result<bool> {
+        // Most answers name a question of another kind: no read for them.
+        if !question.is_empty() && crate::budget::namespace_question(question).is_none() {
+            return Ok(false);
+        }
         let pending = crate::tools::ask::pending(self.b.store.as_ref(), job.id).await?;
         let id = match (question, pending.as_slice()) {
             ("", [(one, ..)]) => one.clone(),

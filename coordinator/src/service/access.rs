@@ -11,6 +11,7 @@ use super::api::{changer, reader};
 use crate::app::App;
 use crate::app::audit::Verb;
 use crate::app::keys::{CreatedKey, KeyRequest};
+use crate::app::limits::NamespaceStatus;
 
 pub struct AccessApi {
     app: App,
@@ -36,6 +37,23 @@ fn created(k: CreatedKey) -> pb::CreatedKey {
 
 fn namespace(n: &flower_model::access::Namespace) -> pb::Namespace {
     n.into()
+}
+
+/// A namespace with its spend, as `GetNamespace` answers (and the CLI
+/// prints it from the embedded store).
+impl From<&NamespaceStatus> for pb::Namespace {
+    fn from(s: &NamespaceStatus) -> Self {
+        let mut n = namespace(&s.namespace);
+        n.spend = Some(pb::NamespaceSpend {
+            tokens_today: s.spent.tokens_today,
+            cost_today_usd: s.spent.cost_today,
+            cost_this_month_usd: s.spent.cost_this_month,
+            live_jobs: s.live_jobs,
+            waiting_for_budget: s.waiting_for_budget,
+            queued: s.queued,
+        });
+        n
+    }
 }
 
 #[tonic::async_trait]
@@ -94,16 +112,7 @@ impl Access for AccessApi {
 
     async fn get_namespace(&self, req: Request<pb::GetNamespaceRequest>) -> Result<Response<pb::Namespace>, Status> {
         let status = self.read(&req).await?.namespace_status(&req.get_ref().name).await?;
-        let mut n = namespace(&status.namespace);
-        n.spend = Some(pb::NamespaceSpend {
-            tokens_today: status.spent.tokens_today,
-            cost_today_usd: status.spent.cost_today,
-            cost_this_month_usd: status.spent.cost_this_month,
-            live_jobs: status.live_jobs,
-            waiting_for_budget: status.waiting_for_budget,
-            queued: status.queued,
-        });
-        Ok(Response::new(n))
+        Ok(Response::new((&status).into()))
     }
 
     async fn set_limits(&self, req: Request<pb::SetLimitsRequest>) -> Result<Response<pb::Namespace>, Status> {
