@@ -27,6 +27,7 @@
 // Tests may be long; the code they test may not (clippy.toml).
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
+mod admission;
 pub mod glance;
 pub mod guards;
 pub mod history;

@@ -99,6 +99,8 @@ pub struct Metrics {
     pub namespace_budget: Family<NamespacePeriodLabel, Gauge<f64, AtomicU64>>,
     /// Tokens each namespace's jobs used this UTC day.
     pub namespace_tokens: Family<NamespaceLabel, Gauge>,
+    /// A namespace's tasks not ended: `live` (queued or running), `held`.
+    pub namespace_tasks: Family<NamespaceStateLabel, Gauge>,
     /// Task attempts by outcome: `started`, then `succeeded`, `failed`,
     /// `cancelled` or `retried` (a transient failure; the delivery comes back).
     pub tasks: Family<NamespaceOutcomeLabel, Counter>,
@@ -149,6 +151,7 @@ impl Metrics {
             namespace_spend: Family::default(),
             namespace_budget: Family::default(),
             namespace_tokens: Family::default(),
+            namespace_tasks: Family::default(),
             tasks: Family::default(),
             tasks_queued: Counter::default(),
             task_duration: Histogram::new(long_buckets()),
@@ -199,6 +202,11 @@ impl Metrics {
             "flower_namespace_tokens",
             "Tokens a namespace's jobs used this UTC day",
             self.namespace_tokens.clone(),
+        );
+        registry.register(
+            "flower_namespace_tasks",
+            "A namespace's tasks not ended: live (queued for a worker or running) or held by its task limit",
+            self.namespace_tasks.clone(),
         );
         registry.register(
             "flower_tasks_queued",
@@ -330,6 +338,14 @@ impl Metrics {
                     self.namespace_budget.remove(&label(period));
                 }
             }
+        }
+    }
+
+    /// Set a namespace's live and held tasks (as read from the store).
+    pub fn set_namespace_tasks(&self, namespace: &str, tasks: flower_store::TaskCounts) {
+        for (state, n) in [("live", tasks.live), ("held", tasks.held)] {
+            let label = NamespaceStateLabel { namespace: namespace.to_string(), state };
+            self.namespace_tasks.get_or_create(&label).set(n as i64);
         }
     }
 

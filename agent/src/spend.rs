@@ -5,12 +5,15 @@
 //! known price counts its tokens, not a cost).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use flower_bus::Notifier;
+
 use flower_model::access::{Limits, SpendLimit, day_of, month_start};
 use flower_model::spec::{Budget, Price};
-use flower_model::{JobId, now_ms};
+use flower_model::{JobId, Task, TaskId, now_ms};
 use flower_store::{Spend, Store, StoreError};
 
 /// A reading is reused this long: a namespace's spend is read at most this
@@ -159,11 +162,35 @@ pub struct NamespaceBudget {
     store: Arc<dyn Store>,
     namespace: String,
     last: Mutex<Option<(Instant, Option<Over>)>>,
+    /// Whether the last reading found a task limit (`max_tasks`).
+    limits_tasks: AtomicBool,
+    /// This process's tasks held by that limit.
+    held: Arc<crate::admission::HeldTasks>,
 }
 
 impl NamespaceBudget {
     fn new(store: Arc<dyn Store>, namespace: &str) -> Arc<Self> {
-        Arc::new(Self { store, namespace: namespace.to_string(), last: Mutex::new(None) })
+        let held = Arc::new(crate::admission::HeldTasks::new(store.clone(), namespace));
+        Arc::new(Self {
+            store,
+            namespace: namespace.to_string(),
+            last: Mutex::new(None),
+            limits_tasks: AtomicBool::new(false),
+            held,
+        })
+    }
+
+    /// Whether the namespace limits its tasks, as last read (before its
+    /// jobs' model calls, at most every [`FRESH`]): the tasks its jobs
+    /// create then start held.
+    pub fn limits_tasks(&self) -> bool {
+        self.limits_tasks.load(Ordering::Relaxed)
+    }
+
+    /// Wait until the held `task` is admitted by the namespace's task
+    /// limit; its row, queued ([`crate::admission`]).
+    pub async fn admitted(&self, notifier: &Arc<dyn Notifier>, task: TaskId) -> Result<Task, StoreError> {
+        self.held.admitted(notifier, task).await
     }
 
     /// The limit reached, if one is (a store error lets the call go,
@@ -195,6 +222,7 @@ impl NamespaceBudget {
 
     async fn read(&self) -> Result<Option<Over>, StoreError> {
         let limits = self.store.namespace(&self.namespace).await?.limits;
+        self.limits_tasks.store(limits.max_tasks.is_some(), Ordering::Relaxed);
         if !limits.limits_spend() {
             return Ok(None);
         }

@@ -342,6 +342,9 @@ pub struct Dispatcher {
     /// Fan-out staggering: per shape, released once its first child's first
     /// model response began streaming (or it ended, or 8 s passed).
     gates: std::sync::Mutex<std::collections::HashMap<String, tokio::sync::watch::Receiver<bool>>>,
+    /// The job's namespace's limits: with a task limit, tasks start held
+    /// and go out once it admits them.
+    namespace: Option<Arc<flower_agent::spend::NamespaceBudget>>,
 }
 
 /// What a delegation asks for.
@@ -371,7 +374,35 @@ impl Dispatcher {
             sweep,
             stop: Default::default(),
             gates: Default::default(),
+            namespace: None,
         }
+    }
+
+    /// The job's namespace's limits (its task limit holds the tasks made).
+    pub fn with_namespace(mut self, namespace: Arc<flower_agent::spend::NamespaceBudget>) -> Self {
+        self.namespace = Some(namespace);
+        self
+    }
+
+    /// Whether the tasks made now are likely held (the store decides): the
+    /// job's namespace limits its tasks, as last read — their messages are
+    /// not sent before their rows commit (docs/design.md section 17, "Task limit").
+    pub fn holds_tasks(&self) -> bool {
+        self.namespace.as_ref().is_some_and(|n| n.limits_tasks())
+    }
+
+    /// `task`, held, once its namespace's task limit admitted it: queued.
+    async fn admitted(&self, task: Task) -> Result<Task, DispatchError> {
+        let Some(namespace) = &self.namespace else {
+            return Err(StoreError::Invalid(format!(
+                "task {} is held, and this run has no namespace to admit it",
+                task.id
+            ))
+            .into());
+        };
+        tracing::info!(task = %task.id, "task held by its namespace's task limit");
+        let queued = namespace.admitted(self.journal.notifier(), task.id).await?;
+        Ok(queued)
     }
 
     /// The run's stop signal: a delegation cut off by a hand-over (not a
@@ -535,6 +566,10 @@ impl Dispatcher {
             None => self.tasks.create(task).await?,
         };
         let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        // A held task goes out once admitted; a message sent before (its
+        // row found held) is refused by its claim, so another goes.
+        let held = task.state == flower_model::TaskState::Held;
+        let task = if held { self.admitted(task).await? } else { task };
         if !task.state.is_terminal() {
             self.waiters.expect(self.journal.notifier(), id, created);
             let early = match early {
@@ -542,6 +577,9 @@ impl Dispatcher {
                 None => Err(flower_bus::BusError::Closed),
             };
             match early {
+                Ok(Ok(_)) if held => {
+                    self.publish(TaskMessage { republish: 1, stream_notice, ..self.first_message(&task) }).await?;
+                }
                 // Published during the commit, and taken as new.
                 Ok(Ok(true)) => {}
                 // The queue had this dispatch's id already: from a turn whose

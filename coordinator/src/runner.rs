@@ -47,6 +47,8 @@ pub struct JobContext {
     pub windows: Windows,
     /// The namespaces' spending limits as this process's runs check them.
     pub budgets: flower_agent::spend::NamespaceBudgets,
+    /// The job's namespace.
+    pub namespace: String,
 }
 
 impl JobContext {
@@ -438,7 +440,8 @@ pub(crate) fn dispatcher(ctx: &JobContext, job_id: JobId) -> Arc<Dispatcher> {
     let workspace = Workspace::new(ctx.objects.clone(), job_id);
     Arc::new(
         Dispatcher::new(ctx.journal.clone(), ctx.queue.clone(), workspace, ctx.epoch, ctx.sweep)
-            .with_stop(ctx.stop.clone()),
+            .with_stop(ctx.stop.clone())
+            .with_namespace(ctx.budgets.get(&ctx.namespace)),
     )
 }
 

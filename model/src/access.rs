@@ -94,6 +94,10 @@ pub struct Limits {
     /// Jobs of the namespace started and not ended (queued ones wait).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_jobs: Option<u32>,
+    /// Tasks of the namespace's jobs queued for a worker or running; more
+    /// are `held`, holding no worker slot, until one ends.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tasks: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_per_day_usd: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -125,6 +129,9 @@ impl Limits {
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         if self.max_jobs == Some(0) {
             return Err(("max_jobs", "must be at least 1 (leave it unset for no limit)".into()));
+        }
+        if self.max_tasks == Some(0) {
+            return Err(("max_tasks", "must be at least 1 (leave it unset for no limit)".into()));
         }
         for (field, c) in [("cost_per_day_usd", self.cost_per_day_usd), ("cost_per_month_usd", self.cost_per_month_usd)]
         {
@@ -244,6 +251,8 @@ mod day_tests {
         assert!(Limits::default().check().is_ok());
         let bad = Limits { max_jobs: Some(0), ..Default::default() };
         assert_eq!(bad.check().unwrap_err().0, "max_jobs");
+        let bad = Limits { max_tasks: Some(0), ..Default::default() };
+        assert_eq!(bad.check().unwrap_err().0, "max_tasks");
         let bad = Limits { cost_per_month_usd: Some(f64::NAN), ..Default::default() };
         assert_eq!(bad.check().unwrap_err().0, "cost_per_month_usd");
         let raised = SpendLimit::CostPerDay.set(&Limits::default(), 2.0);

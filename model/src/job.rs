@@ -113,9 +113,12 @@ pub struct Lineage {
 pub const COMMAND_TASK: &str = "__command";
 
 /// A task's life: queued → running (attempt n) → succeeded | failed | cancelled.
+/// A task of a namespace with a task limit starts `held` (no message sent,
+/// no worker slot taken) and is queued once the limit admits it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
+    Held,
     Queued,
     Running,
     Succeeded,
@@ -129,6 +132,7 @@ impl TaskState {
     }
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Held => "held",
             Self::Queued => "queued",
             Self::Running => "running",
             Self::Succeeded => "succeeded",
@@ -142,6 +146,7 @@ impl FromStr for TaskState {
     type Err = UnknownState;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(match s {
+            "held" => Self::Held,
             "queued" => Self::Queued,
             "running" => Self::Running,
             "succeeded" => Self::Succeeded,

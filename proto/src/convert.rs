@@ -38,6 +38,7 @@ pub fn job_state(typed: i32, name: &str) -> Option<m::JobState> {
 impl From<m::TaskState> for pb::TaskState {
     fn from(s: m::TaskState) -> Self {
         match s {
+            m::TaskState::Held => Self::Held,
             m::TaskState::Queued => Self::Queued,
             m::TaskState::Running => Self::Running,
             m::TaskState::Succeeded => Self::Succeeded,
@@ -52,6 +53,7 @@ impl From<m::TaskState> for pb::TaskState {
 pub fn task_state(typed: i32, name: &str) -> Option<m::TaskState> {
     match pb::TaskState::try_from(typed).unwrap_or(pb::TaskState::Unspecified) {
         pb::TaskState::Unspecified => name.parse().ok(),
+        pb::TaskState::Held => Some(m::TaskState::Held),
         pb::TaskState::Queued => Some(m::TaskState::Queued),
         pb::TaskState::Running => Some(m::TaskState::Running),
         pb::TaskState::Succeeded => Some(m::TaskState::Succeeded),
@@ -252,6 +254,7 @@ impl From<&m::access::Limits> for pb::Limits {
     fn from(l: &m::access::Limits) -> Self {
         pb::Limits {
             max_jobs: l.max_jobs,
+            max_tasks: l.max_tasks,
             cost_per_day_usd: l.cost_per_day_usd,
             cost_per_month_usd: l.cost_per_month_usd,
             tokens_per_day: l.tokens_per_day,
@@ -264,6 +267,7 @@ impl From<pb::Limits> for m::access::Limits {
     fn from(l: pb::Limits) -> Self {
         m::access::Limits {
             max_jobs: l.max_jobs,
+            max_tasks: l.max_tasks,
             cost_per_day_usd: l.cost_per_day_usd,
             cost_per_month_usd: l.cost_per_month_usd,
             tokens_per_day: l.tokens_per_day,
@@ -305,7 +309,8 @@ mod tests {
             // A service that predates the typed field sends the name only.
             assert_eq!(job_state(0, s.as_str()), Some(s));
         }
-        for s in [m::TaskState::Queued, m::TaskState::Running, m::TaskState::Succeeded, m::TaskState::Failed] {
+        use m::TaskState as T;
+        for s in [T::Held, T::Queued, T::Running, T::Succeeded, T::Failed, T::Cancelled] {
             assert_eq!(task_state(pb::TaskState::from(s).into(), ""), Some(s));
             assert_eq!(task_state(0, s.as_str()), Some(s));
         }

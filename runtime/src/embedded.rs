@@ -249,6 +249,8 @@ impl EmbeddedRuntime {
             qa_log,
             windows: self.windows.clone(),
             budgets: flower_agent::spend::NamespaceBudgets::new(self.store.clone()),
+            // A local run's jobs are the default namespace's.
+            namespace: flower_model::access::DEFAULT_NAMESPACE.to_string(),
         };
         let finished = run_job(&ctx, job_id).await;
         shutdown.cancel();

@@ -53,8 +53,8 @@ pub fn serve(listener: TcpListener, store: Option<Arc<dyn Store>>, shutdown: Can
     });
 }
 
-/// Each namespace's spend of the day and month, and its cost limits, from
-/// the store (a query per namespace; each job's price read once).
+/// Each namespace's spend of the day and month, its cost limits and its
+/// tasks, from the store (queries per namespace; each job's price read once).
 async fn namespace_spend(store: &dyn Store) {
     let namespaces = match store.namespaces().await {
         Ok(n) => n,
@@ -64,6 +64,10 @@ async fn namespace_spend(store: &dyn Store) {
         match flower_agent::spend::tally(store, &ns.name).await {
             Ok(spent) => metrics().set_namespace_spend(&ns.name, &spent, &ns.limits),
             Err(e) => tracing::warn!(namespace = %ns.name, error = %e, "spend not read for metrics"),
+        }
+        match store.task_counts(&ns.name).await {
+            Ok(tasks) => metrics().set_namespace_tasks(&ns.name, tasks),
+            Err(e) => tracing::warn!(namespace = %ns.name, error = %e, "tasks not counted for metrics"),
         }
     }
 }

@@ -547,6 +547,14 @@ pub trait Store: Send + Sync + 'static {
     /// Cancel every task of a job that has not ended; their events come in
     /// dispatch order ([`rules::cancel`]).
     async fn cancel_tasks(&self, job: JobId, reason: &str) -> Result<Written>;
+    /// Queue as many of `tasks` (held tasks of `namespace`'s jobs) as the
+    /// namespace's `max_tasks` admits now, oldest first — all of them when
+    /// it has no such limit; the rows queued. The namespace's tasks queued
+    /// or running count; its row is locked for the count, so admissions
+    /// take turns (docs/design.md section 17, "Task limit").
+    async fn admit_tasks(&self, namespace: &str, tasks: &[TaskId]) -> Result<Vec<Task>>;
+    /// The namespace's tasks not ended: queued or running, and held.
+    async fn task_counts(&self, namespace: &str) -> Result<TaskCounts>;
 
     // ---- leases
     /// Take the job's lease for `owner` if it is free, expired, or already
@@ -594,6 +602,15 @@ pub trait Store: Send + Sync + 'static {
     async fn append_audit(&self, records: Vec<AuditRecord>) -> Result<()>;
     /// The audit log after `after_seq`, oldest first; of one namespace, or of all.
     async fn audit_log(&self, namespace: Option<&str>, after_seq: i64, limit: u32) -> Result<Vec<AuditRecord>>;
+}
+
+/// A namespace's tasks not ended ([`Store::task_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskCounts {
+    /// Queued for a worker or running: what `max_tasks` counts.
+    pub live: u64,
+    /// Waiting for `max_tasks` to admit them.
+    pub held: u64,
 }
 
 /// What one job of a namespace spent on one UTC day ([`Store::spend`]).

@@ -50,7 +50,9 @@ pub fn claim(task: &Task, attempt: u32, worker_id: &str, now: i64) -> ClaimDecis
     if task.state.is_terminal() {
         return ClaimDecision::Answer(Claim::AlreadyFinished(task.clone()));
     }
-    if attempt <= task.attempt {
+    // A held task's message went out before its hold was decided (or is
+    // stale): it is not run; its admission sends another.
+    if attempt <= task.attempt || task.state == TaskState::Held {
         return ClaimDecision::Answer(Claim::Superseded { current_attempt: task.attempt });
     }
     let mut next = task.clone();

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use flower_model::{
-    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, Usage, now_ms,
+    Entry, Event, EventKind, Job, JobId, JobState, Role, Session, SessionId, Task, TaskId, TaskOutcome, TaskState,
+    Usage, now_ms,
 };
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
@@ -443,6 +444,54 @@ fn decode_session(r: &Row<'_>) -> Result<Session> {
     })
 }
 
+/// A namespace's tasks of live jobs: (queued or running, held).
+fn task_counts(c: &Connection, namespace: &str) -> Result<crate::TaskCounts> {
+    let (live, held): (i64, i64) = row(
+        c,
+        "SELECT coalesce(sum(t.state IN ('queued', 'running')), 0), coalesce(sum(t.state = 'held'), 0)
+         FROM jobs j JOIN tasks t ON t.job_id = j.id
+         WHERE j.namespace = ?1 AND j.state IN ('queued', 'running', 'waiting_for_user', 'waiting_for_budget')",
+        params![namespace],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    Ok(crate::TaskCounts { live: live.max(0) as u64, held: held.max(0) as u64 })
+}
+
+/// [`Store::admit_tasks`]: one writer at a time, so the count holds.
+fn admit_tasks(tx: &Transaction<'_>, namespace: &str, tasks: &[TaskId]) -> Result<Vec<Task>> {
+    let max: Option<i64> = row(
+        tx,
+        "SELECT json_extract(limits, '$.max_tasks') FROM namespaces WHERE name = ?1",
+        params![namespace],
+        |r| r.get(0),
+    )
+    .optional()?
+    .flatten();
+    let mut free = match max {
+        Some(max) => max - task_counts(tx, namespace)?.live as i64,
+        None => i64::MAX,
+    };
+    let mut held = Vec::new();
+    for id in tasks {
+        if let Some(t) = load_task(tx, &id.to_string())?.filter(|t| t.state == TaskState::Held) {
+            held.push(t);
+        }
+    }
+    held.sort_by_key(|t| (t.created_at, t.id.0));
+    let now = now_ms();
+    let mut out = Vec::new();
+    for mut t in held {
+        if free <= 0 {
+            break;
+        }
+        exec(tx, "UPDATE tasks SET state = 'queued', updated_at = ?2 WHERE id = ?1", params![t.id.to_string(), now])?;
+        (t.state, t.updated_at) = (TaskState::Queued, now);
+        out.push(t);
+        free -= 1;
+    }
+    Ok(out)
+}
+
 /// Whether a job never run before may start: its namespace has no
 /// `max_jobs`, or fewer jobs started and not ended (running, waiting, or
 /// queued with a lease). One writer at a time: the count holds.
@@ -507,7 +556,8 @@ fn add_usage(tx: &Transaction<'_>, job: JobId, usage: &Usage) -> Result<()> {
     Ok(())
 }
 
-/// Insert task rows (a row already there, a retried call, is left as it
+/// Insert task rows, queued — held when their job's namespace limits its
+/// tasks (a row already there, a retried call, is left as it
 /// is and reported as not created), numbering the created ones'
 /// `task_queued` events into `written`; the rows as stored.
 fn insert_tasks(tx: &Transaction<'_>, tasks: Vec<Task>, written: &mut Written) -> Result<Vec<(Task, bool)>> {
@@ -521,7 +571,11 @@ fn insert_tasks(tx: &Transaction<'_>, tasks: Vec<Task>, written: &mut Written) -
         exec(
             tx,
             &format!(
-                "INSERT INTO tasks ({TASK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', 0, NULL, NULL, NULL, ?8, ?9, ?9)"
+                "INSERT INTO tasks ({TASK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,
+                   CASE WHEN EXISTS (SELECT 1 FROM jobs j JOIN namespaces n ON n.name = j.namespace
+                                     WHERE j.id = ?2 AND json_extract(n.limits, '$.max_tasks') IS NOT NULL)
+                        THEN 'held' ELSE 'queued' END,
+                   0, NULL, NULL, NULL, ?8, ?9, ?9)"
             ),
             params![
                 id,
@@ -862,7 +916,7 @@ impl Store for SqliteStore {
             // and in what order, is the rule's.
             let open: Vec<Task> = {
                 let mut stmt = tx.prepare_cached(&format!(
-                    "SELECT {TASK_COLS} FROM tasks WHERE job_id = ?1 AND state IN ('queued', 'running')"
+                    "SELECT {TASK_COLS} FROM tasks WHERE job_id = ?1 AND state IN ('held', 'queued', 'running')"
                 ))?;
                 let mut rows = stmt.query(params![job.to_string()])?;
                 let mut out = Vec::new();
@@ -960,6 +1014,16 @@ impl Store for SqliteStore {
     ) -> Result<flower_model::access::Namespace> {
         let (name, limits) = (name.to_string(), limits.clone());
         self.tx(move |tx| access::set_limits(tx, &name, &limits)).await
+    }
+
+    async fn admit_tasks(&self, namespace: &str, tasks: &[TaskId]) -> Result<Vec<Task>> {
+        let (namespace, tasks) = (namespace.to_string(), tasks.to_vec());
+        self.tx(move |tx| admit_tasks(tx, &namespace, &tasks)).await
+    }
+
+    async fn task_counts(&self, namespace: &str) -> Result<crate::TaskCounts> {
+        let namespace = namespace.to_string();
+        self.run(move |c| task_counts(c, &namespace)).await
     }
 
     async fn spend(&self, namespace: &str, since_day: i64) -> Result<Vec<crate::Spend>> {

@@ -369,7 +369,9 @@ async fn two_namespaces_share_a_cluster_and_each_sees_only_its_own() {
 /// transcript kept.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_namespaces_spent_budget_pauses_its_jobs_until_an_operator_raises_it() {
-    let mut c = Cluster::start(Options { workers: 1, token: Some(TOKEN), ..Default::default() }).await;
+    // Three slots: a limit of one task at a time is the namespace's, not the worker's.
+    let opts = Options { workers: 1, concurrency: 3, token: Some(TOKEN), ..Default::default() };
+    let mut c = Cluster::start(opts).await;
     as_(&mut c, TOKEN, &["auth", "namespace", "create", "team-c", "--json"]).unwrap();
     let (_, sub) = key(&mut c, "team-c", "submitter");
     let (_, op) = key(&mut c, "team-c", "operator");
@@ -397,6 +399,34 @@ async fn a_namespaces_spent_budget_pauses_its_jobs_until_an_operator_raises_it()
     };
     let after = format!("SELECT {} >= {}", state_at(&two, "running", "min"), state_at(&one, "succeeded", "max"));
     c.wait_for("the second job to have started after the first ended", Duration::from_secs(5), &after).await;
+    as_(&mut c, TOKEN, &["auth", "namespace", "limits", "team-c", "--clear", "--json"]).unwrap();
+
+    // One task of team c at a time: a fan-out of three runs them one after
+    // the other, the others held meanwhile (no message, no worker slot).
+    let set = as_(&mut c, TOKEN, &["auth", "namespace", "limits", "team-c", "--max-tasks", "1", "--json"]).unwrap();
+    assert_eq!(set["limits"]["max_tasks"], 1, "{set}");
+    let fanout = repo().join("tests/fixtures/distributed/fanout.yaml").display().to_string();
+    let job = as_(&mut c, &sub, &["submit", &fanout, "--json"]).unwrap()["job_id"].as_str().unwrap().to_string();
+    let held = format!("SELECT count(*) >= 1 FROM tasks WHERE job_id = '{job}' AND state = 'held'");
+    c.wait_for("a task held by the namespace's task limit", Duration::from_secs(60), &held).await;
+    let shown = as_(&mut c, &sub, &["auth", "namespace", "show", "--json"]).unwrap();
+    let ended = as_(&mut c, &sub, &["status", &job, "--json"]).unwrap().to_string().contains("succeeded");
+    assert!(shown["spend"]["held_tasks"].as_u64() >= Some(1) || ended, "held tasks are shown: {shown}");
+    assert!(shown["spend"]["live_tasks"].as_u64() <= Some(1), "one at a time: {shown}");
+    c.wait_job(&job, "succeeded").await;
+    let spans = format!(
+        "SELECT payload->>'task' AS t, min(at) FILTER (WHERE kind = 'task_started') AS s,
+                max(at) FILTER (WHERE kind = 'task_finished') AS f
+         FROM events WHERE job_id = '{job}' AND kind IN ('task_started', 'task_finished') GROUP BY 1"
+    );
+    let apart = format!(
+        "SELECT count(*) = 3 AND NOT EXISTS (SELECT 1 FROM ({spans}) a JOIN ({spans}) b
+                                                ON a.t < b.t AND a.s < b.f AND b.s < a.f)
+         FROM ({spans}) x WHERE s IS NOT NULL AND f IS NOT NULL"
+    );
+    c.wait_for("three tasks run one at a time", Duration::from_secs(5), &apart).await;
+    let e = as_(&mut c, TOKEN, &["auth", "namespace", "limits", "team-c", "--max-tasks", "0"]).unwrap_err();
+    assert!(e.contains("max_tasks"), "a limit of no task names its field: {e}");
     as_(&mut c, TOKEN, &["auth", "namespace", "limits", "team-c", "--clear", "--json"]).unwrap();
     as_(&mut c, TOKEN, &[&["auth", "namespace", "limits", "team-c"][..], &tiny].concat()).unwrap();
 

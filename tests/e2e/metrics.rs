@@ -62,6 +62,9 @@ async fn metrics_are_served_by_both_roles() {
     let spent = value(&coordinator, "flower_namespace_spend_usd{namespace=\"default\",period=\"day\"}");
     assert!(spent > 0.0, "{coordinator}");
     assert!(value(&coordinator, "flower_namespace_spend_usd{namespace=\"default\",period=\"month\"}") >= spent);
+    // The job ended: none of its tasks is live or held.
+    assert_eq!(value(&coordinator, "flower_namespace_tasks{namespace=\"default\",state=\"held\"}"), 0.0);
+    assert_eq!(value(&coordinator, "flower_namespace_tasks{namespace=\"default\",state=\"live\"}"), 0.0);
     assert!(value(&coordinator, "flower_namespace_tokens{namespace=\"default\"}") > 0.0, "{coordinator}");
     assert!(!coordinator.contains("flower_namespace_budget_usd{"), "no limit set, no limit series: {coordinator}");
 

@@ -56,6 +56,9 @@ pub struct LimitsArgs {
     /// Jobs started and not ended at once (more wait, queued)
     #[arg(long)]
     pub max_jobs: Option<u32>,
+    /// Tasks queued for a worker or running at once (more wait, held: no worker slot taken)
+    #[arg(long)]
+    pub max_tasks: Option<u32>,
     /// US dollars per UTC day, priced as a job's budget is
     #[arg(long)]
     pub cost_per_day: Option<f64>,
@@ -315,6 +318,8 @@ fn print_status(n: &Namespace, spend: &pb::NamespaceSpend, json: bool) -> anyhow
                 "live_jobs": spend.live_jobs,
                 "waiting_for_budget": spend.waiting_for_budget,
                 "queued": spend.queued,
+                "live_tasks": spend.live_tasks,
+                "held_tasks": spend.held_tasks,
             },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -328,6 +333,12 @@ fn print_status(n: &Namespace, spend: &pb::NamespaceSpend, json: bool) -> anyhow
         spend.live_jobs,
         of(l.max_jobs.map(|v| v.to_string())),
         spend.queued
+    );
+    println!(
+        "  tasks running     {}  (limit: {}; {} held)",
+        spend.live_tasks,
+        of(l.max_tasks.map(|v| v.to_string())),
+        spend.held_tasks
     );
     println!("  tokens today      {}  (limit: {})", spend.tokens_today, of(l.tokens_per_day.map(|v| v.to_string())));
     println!(
@@ -351,6 +362,7 @@ fn print_status(n: &Namespace, spend: &pb::NamespaceSpend, json: bool) -> anyhow
 async fn set_limits(home: &std::path::Path, a: LimitsArgs) -> anyhow::Result<()> {
     let mut limits = if a.clear { Default::default() } else { status(home, &a.common.server, &a.name).await?.0.limits };
     limits.max_jobs = a.max_jobs.or(limits.max_jobs);
+    limits.max_tasks = a.max_tasks.or(limits.max_tasks);
     limits.cost_per_day_usd = a.cost_per_day.or(limits.cost_per_day_usd);
     limits.cost_per_month_usd = a.cost_per_month.or(limits.cost_per_month_usd);
     limits.tokens_per_day = a.tokens_per_day.or(limits.tokens_per_day);

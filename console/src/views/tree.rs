@@ -44,6 +44,9 @@ pub fn task_tree(v: &JobView, now: i64) -> Markup {
     }
 }
 
+/// What a held task waits for, on hover.
+const HELD: &str = "waiting for its namespace's task limit (no worker slot taken)";
+
 /// One task: what it is (a link to its transcript when it has a session),
 /// its state, attempt, duration, tokens and who ran it.
 fn task_item(job: JobId, t: &Task, session: Option<&SessionId>) -> Markup {
@@ -53,13 +56,14 @@ fn task_item(job: JobId, t: &Task, session: Option<&SessionId>) -> Markup {
         html! { (t.worker) " — " (t.description) }
     };
     let st = t.state.as_str();
+    let held = t.state == flower_model::TaskState::Held;
     html! {
         li class="task" data-task=(display(t.id)) {
             @match session {
                 Some(s) => a href={ "/jobs/" (display(job)) "/sessions/" (display(s)) } { (label) },
                 None => (label),
             }
-            " " span class={ "tstate tstate-" (st) } { (st) } " "
+            " " span class={ "tstate tstate-" (st) } title=[held.then_some(HELD)] { (st) } " "
             span class="sub" {
                 "attempt " (t.attempt) " · " (human_ms(t.updated_at - t.created_at)) " · "
                 (t.usage.context_tokens() + t.usage.output_tokens) " tokens"

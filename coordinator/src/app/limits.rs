@@ -21,6 +21,8 @@ pub struct NamespaceStatus {
     pub waiting_for_budget: u64,
     /// Jobs not started yet (held back while the namespace is at `max_jobs`).
     pub queued: u64,
+    /// Tasks of its live jobs queued or running, and held by `max_tasks`.
+    pub tasks: flower_store::TaskCounts,
 }
 
 impl App {
@@ -67,7 +69,8 @@ impl App {
                 queued += n;
             }
         }
-        Ok(NamespaceStatus { namespace, spent, live_jobs, waiting_for_budget, queued })
+        let tasks = self.b.store.task_counts(&name).await?;
+        Ok(NamespaceStatus { namespace, spent, live_jobs, waiting_for_budget, queued, tasks })
     }
 
     /// When an answer is for one of the namespace's budget questions, still

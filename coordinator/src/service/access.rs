@@ -51,6 +51,8 @@ impl From<&NamespaceStatus> for pb::Namespace {
             live_jobs: s.live_jobs,
             waiting_for_budget: s.waiting_for_budget,
             queued: s.queued,
+            live_tasks: s.tasks.live,
+            held_tasks: s.tasks.held,
         });
         n
     }

@@ -179,7 +179,9 @@ impl Owner {
         let job = lease.job;
         let b = &self.backends;
         let journal = Journal::new(b.store.clone(), b.notifier.clone()).fenced(lease.fence());
+        let mut namespace = flower_model::access::DEFAULT_NAMESPACE.to_string();
         let provider = match b.store.get_job(job).await.map_err(|e| e.to_string()).and_then(|j| {
+            namespace = j.namespace;
             let spec = JobSpec::from_value(j.spec).map_err(|e| e.to_string())?;
             b.providers.check(&spec).map(|_| spec)
         }) {
@@ -202,6 +204,7 @@ impl Owner {
                 qa_log,
                 windows: b.windows.clone(),
                 budgets: self.budgets.clone(),
+                namespace,
             };
             // A store error is not a lost lease: while the lease holds (the
             // renewal loop stops the run when it is lost), the run is

@@ -94,8 +94,12 @@ impl Tool for AgentTool {
     }
     fn row_staged(&self, task: &Task) {
         // A staggered sibling's message waits for its shape's first child,
-        // until that child's stream has begun.
-        if self.shapes.get(&task.worker).is_none_or(|shape| self.dispatcher.shape_released(shape)) {
+        // until that child's stream has begun. In a namespace that limits
+        // its tasks (as last read), it waits for the limit to admit it: the
+        // store holds the row (a message sent anyway is refused by its claim).
+        if !self.dispatcher.holds_tasks()
+            && self.shapes.get(&task.worker).is_none_or(|shape| self.dispatcher.shape_released(shape))
+        {
             self.dispatcher.row_staged(task);
         }
     }

@@ -188,3 +188,59 @@ pub async fn a_namespaces_max_jobs_holds_its_queued_jobs(store: &dyn Store) {
     assert!(store.acquire_lease(second, "r2", 60_000).await.unwrap().is_some());
     store.set_limits("team-j", &Limits::default()).await.unwrap();
 }
+
+pub async fn a_namespaces_max_tasks_admits_its_held_tasks_in_turn(store: &dyn Store) {
+    use flower_model::access::Limits;
+    use flower_model::{SessionId, Task, TaskOutcome, TaskState};
+
+    use crate::Claim;
+
+    assert!(store.create_namespace("team-t").await.unwrap());
+    let job = job_in(store, "team-t", None).await.0.id;
+    let other = job_in(store, "team-t", None).await.0.id;
+    let session = SessionId::random();
+    let task = |job, i: usize| Task::queued(job, session, &format!("toolu_{i}"), "w", "d", "go");
+    // One task queued before the limit was set; four held (whatever their
+    // creator thought), in two jobs.
+    let running = store.create_task(task(job, 0), None).await.unwrap().0;
+    assert_eq!(running.state, TaskState::Queued);
+    store.set_limits("team-t", &Limits { max_tasks: Some(2), ..Default::default() }).await.unwrap();
+    let mut held = Vec::new();
+    for (i, j) in [(1, job), (2, other), (3, job), (4, other)] {
+        let (row, created, _) = store.create_task(task(j, i), None).await.unwrap();
+        assert!(created && row.state == TaskState::Held, "{row:?}");
+        held.push(row.id);
+        // Created in this order: the oldest first.
+        while now_ms() <= row.created_at {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(store.task_counts("team-t").await.unwrap(), crate::TaskCounts { live: 1, held: 4 });
+    // A held task's stray message does not run it.
+    assert!(matches!(store.claim_task(held[0], 1, "w1").await.unwrap(), Claim::Superseded { .. }));
+    assert_eq!(store.get_task(held[0]).await.unwrap().state, TaskState::Held);
+
+    let admitted = store.admit_tasks("team-t", &held).await.unwrap();
+    assert_eq!(admitted.iter().map(|t| t.id).collect::<Vec<_>>(), vec![held[0]], "one place: the oldest");
+    assert_eq!(store.get_task(held[0]).await.unwrap().state, TaskState::Queued);
+    assert!(store.admit_tasks("team-t", &held[1..]).await.unwrap().is_empty(), "full: 2 of 2");
+    // Other namespaces are not counted.
+    let elsewhere = job_in(store, DEFAULT_NAMESPACE, None).await.0.id;
+    let free = store.create_task(task(elsewhere, 9), None).await.unwrap().0;
+    assert_eq!(free.state, TaskState::Queued, "a namespace without a task limit holds none");
+
+    // A task ends: one more goes.
+    assert!(matches!(store.claim_task(running.id, 1, "w1").await.unwrap(), Claim::Claimed { .. }));
+    let done = TaskOutcome::Succeeded { report: "ok".into() };
+    store.finish_task(running.id, 1, done, Default::default()).await.unwrap();
+    let admitted = store.admit_tasks("team-t", &held).await.unwrap();
+    assert_eq!(admitted.iter().map(|t| t.id).collect::<Vec<_>>(), vec![held[1]]);
+    assert_eq!(store.task_counts("team-t").await.unwrap(), crate::TaskCounts { live: 2, held: 2 });
+
+    // A cancel ends held tasks too; the limit lifted admits the rest.
+    store.cancel_tasks(other, "stop").await.unwrap();
+    assert_eq!(store.get_task(held[3]).await.unwrap().state, TaskState::Cancelled);
+    store.set_limits("team-t", &Limits::default()).await.unwrap();
+    let admitted = store.admit_tasks("team-t", &held).await.unwrap();
+    assert_eq!(admitted.iter().map(|t| t.id).collect::<Vec<_>>(), vec![held[2]], "the rest still held");
+}

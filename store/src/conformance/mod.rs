@@ -52,6 +52,7 @@ macro_rules! store_conformance_tests {
             the_audit_log_is_append_only_and_scoped,
             namespaces_keep_limits_and_count_spend,
             a_namespaces_max_jobs_holds_its_queued_jobs,
+            a_namespaces_max_tasks_admits_its_held_tasks_in_turn,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

@@ -340,6 +340,14 @@ impl Store for PostgresStore {
         tasks::cancel_tasks(self, job, reason).await
     }
 
+    async fn admit_tasks(&self, namespace: &str, tasks: &[TaskId]) -> Result<Vec<Task>> {
+        tasks::admit_tasks(self, namespace, tasks).await
+    }
+
+    async fn task_counts(&self, namespace: &str) -> Result<crate::TaskCounts> {
+        tasks::task_counts(self, namespace).await
+    }
+
     async fn acquire_lease(&self, job: JobId, owner: &str, ttl_ms: i64) -> Result<Option<Lease>> {
         leases::acquire_lease(self, job, owner, ttl_ms).await
     }

@@ -115,6 +115,8 @@ pub(super) async fn check_required(tx: &Tx<'_>, required: &[TaskEnd]) -> Result<
 /// events of the created ones are added to `events`, to be numbered with
 /// them.
 ///
+/// Rows are inserted queued, or held when their job's namespace limits its
+/// tasks (the store decides, as of the insert: docs/design.md section 17).
 /// One statement answers both: the rows it inserted (as inserted) and the
 /// rows that were there before it (as its snapshot shows them). A row that
 /// another transaction committed while this one waited on it is in
@@ -186,7 +188,10 @@ pub(super) static INSERT_TASKS: std::sync::LazyLock<String> = std::sync::LazyLoc
         "WITH inserted AS (
             INSERT INTO tasks ({TASK_COLS})
             SELECT u.id, u.job_id, u.parent_session, u.tool_use_id, u.worker, u.mandate, u.description,
-              'queued', 0, NULL, NULL, NULL, $8, $9, $9
+              CASE WHEN EXISTS (SELECT 1 FROM jobs j JOIN namespaces n ON n.name = j.namespace
+                                WHERE j.id = u.job_id AND n.limits ? 'max_tasks')
+                   THEN 'held' ELSE 'queued' END,
+              0, NULL, NULL, NULL, $8, $9, $9
             FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[])
               AS u (id, job_id, parent_session, tool_use_id, worker, mandate, description)
             ON CONFLICT (id) DO NOTHING
@@ -312,7 +317,7 @@ pub(super) async fn cancel_tasks(store: &PostgresStore, job: JobId, reason: &str
                 let rows = db_query(
                     tx,
                     &format!(
-                        "SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 AND state IN ('queued', 'running')
+                        "SELECT {TASK_COLS} FROM tasks WHERE job_id = $1 AND state IN ('held', 'queued', 'running')
                          ORDER BY id FOR UPDATE"
                     ),
                     &[&job.0],
@@ -320,6 +325,68 @@ pub(super) async fn cancel_tasks(store: &PostgresStore, job: JobId, reason: &str
                 .await?;
                 let open = rows.iter().map(decode_task).collect::<Result<Vec<_>>>()?;
                 Ok(written(apply_task_changes(tx, rules::cancel(&open, &reason, now_ms())).await?))
+            })
+        })
+        .await
+}
+
+/// A namespace's tasks of live jobs by state: (queued or running, held).
+const TASK_COUNTS: &str = "SELECT count(*) FILTER (WHERE t.state IN ('queued', 'running')),
+            count(*) FILTER (WHERE t.state = 'held')
+     FROM jobs j JOIN tasks t ON t.job_id = j.id
+     WHERE j.namespace = $1 AND j.state IN ('queued', 'running', 'waiting_for_user', 'waiting_for_budget')";
+
+async fn counts(c: &ClientWrapper, namespace: &str) -> Result<crate::TaskCounts> {
+    let r = db_query_opt(c, TASK_COUNTS, &[&namespace]).await?;
+    let n = |i: usize| r.as_ref().map_or(0, |r| r.get::<_, i64>(i).max(0) as u64);
+    Ok(crate::TaskCounts { live: n(0), held: n(1) })
+}
+
+pub(super) async fn task_counts(store: &PostgresStore, namespace: &str) -> Result<crate::TaskCounts> {
+    counts(&*store.pool.get().await?, namespace).await
+}
+
+pub(super) async fn admit_tasks(store: &PostgresStore, namespace: &str, tasks: &[TaskId]) -> Result<Vec<Task>> {
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (namespace, ids) = (namespace.to_string(), tasks.iter().map(|t| t.0).collect::<Vec<Uuid>>());
+    store
+        .tx(move |tx| {
+            Box::pin(async move {
+                // NO KEY UPDATE, as admissions of jobs: they take turns, and
+                // the count, a statement of its own, sees the last one's.
+                let max = db_query_opt(
+                    tx,
+                    "SELECT (limits->>'max_tasks')::bigint FROM namespaces WHERE name = $1 FOR NO KEY UPDATE",
+                    &[&namespace],
+                )
+                .await?
+                .and_then(|r| r.get::<_, Option<i64>>(0));
+                let free = match max {
+                    Some(max) => max - counts(tx, &namespace).await?.live as i64,
+                    None => i64::MAX,
+                };
+                if free <= 0 {
+                    return Ok(Vec::new());
+                }
+                // The oldest first; their rows locked in id order, as a
+                // job's cancel locks them.
+                let rows = db_query(
+                    tx,
+                    &format!(
+                        "WITH picked AS (SELECT id FROM tasks WHERE id = ANY($1) AND state = 'held'
+                                         ORDER BY created_at, id LIMIT $2),
+                              locked AS (SELECT id FROM tasks WHERE id IN (SELECT id FROM picked)
+                                         ORDER BY id FOR UPDATE)
+                         UPDATE tasks SET state = 'queued', updated_at = $3
+                         WHERE id IN (SELECT id FROM locked) AND state = 'held'
+                         RETURNING {TASK_COLS}"
+                    ),
+                    &[&ids, &free, &now_ms()],
+                )
+                .await?;
+                rows.iter().map(decode_task).collect()
             })
         })
         .await
