@@ -55,6 +55,8 @@ pub struct Engine {
     audit: Mutex<HashMap<String, SessionAudit>>,
     /// Where answered requests are logged with their instants, when asked (`--timeline`).
     timeline: Option<crate::timeline::Timeline>,
+    /// Rate limits per API key (the scenario's `quota`, or `--quota-*`).
+    quotas: crate::quota::Quotas,
 }
 
 /// One audited request of a session.
@@ -85,7 +87,7 @@ fn invalid(message: impl Into<String>) -> String {
 }
 
 /// A request's input tokens, estimated from its system, messages and tools.
-fn request_tokens(body: &Value) -> u64 {
+pub fn request_tokens(body: &Value) -> u64 {
     estimate_tokens(json_len(&body["system"]) + json_len(&body["messages"]) + json_len(&body["tools"]))
 }
 
@@ -120,13 +122,25 @@ fn nonce() -> String {
 impl Engine {
     pub fn new(scenario: Scenario) -> Self {
         Self {
-            scenario,
             served: Mutex::new(HashMap::new()),
             cache: Default::default(),
             automatic: Default::default(),
             audit: Default::default(),
             timeline: None,
+            quotas: crate::quota::Quotas::new(scenario.quota),
+            scenario,
         }
+    }
+
+    /// Enforce `quota` instead of the scenario's.
+    pub fn with_quota(mut self, quota: crate::quota::Quota) -> Self {
+        self.scenario.quota = quota;
+        self.quotas = crate::quota::Quotas::new(quota);
+        self
+    }
+
+    pub fn quotas(&self) -> &crate::quota::Quotas {
+        &self.quotas
     }
 
     /// Log every answered Messages request to `timeline`.

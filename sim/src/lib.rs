@@ -10,6 +10,7 @@
 //! - [`chat`]: the Chat Completions shapes, translated to and from the engine's
 //! - [`audit`]: the cache audit joined with the rewrites a job recorded
 //! - [`engine`]: request validation, stateless step choice, rendering, faults
+//! - [`quota`]: rate limits per API key, with each provider's 429s and headers
 //! - [`server`]: the HTTP shell and the exact event shapes it emits
 //! - [`mcp_fixture`]: a fixture MCP server with a catalog of ≥ 120 realistic tools
 //!
@@ -25,6 +26,7 @@ pub mod cache;
 pub mod chat;
 pub mod engine;
 pub mod mcp_fixture;
+pub mod quota;
 pub mod scenario;
 pub mod server;
 pub mod timeline;

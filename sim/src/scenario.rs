@@ -44,6 +44,11 @@
 //! starts streaming and cuts the connection before `message_stop`. Top-level
 //! `faults: {overloaded: 0.1, dropped: 0.1}` hits that share of *all* requests
 //! (chosen by request fingerprint, each at most once).
+//!
+//! **Rate limits.** `quota: {requests_per_minute: 50, input_tokens_per_minute:
+//! 40000, output_tokens_per_minute: 8000}` enforces each provider's limits per
+//! API key, with its 429s and headers (`crate::quota`; `flower sim --quota-*`
+//! overrides).
 
 use serde::{Deserialize, Serialize};
 
@@ -67,6 +72,9 @@ pub struct Scenario {
     /// How a handoff request (`<flower-handoff>`) is answered.
     #[serde(default)]
     pub handoff: HandoffReply,
+    /// Rate limits per API key ([`crate::quota`]).
+    #[serde(default, skip_serializing_if = "crate::quota::Quota::is_unset")]
+    pub quota: crate::quota::Quota,
 }
 
 /// The simulator's answer to a handoff request.
@@ -237,6 +245,12 @@ impl Scenario {
     }
 
     fn validate(&self) -> Result<(), ScenarioError> {
+        if let Err(field) = self.quota.check() {
+            return Err(ScenarioError {
+                field: field.into(),
+                message: "must be at least 1 (leave it out for no limit)".into(),
+            });
+        }
         for (r, role) in self.roles.iter().enumerate() {
             let mut seen = std::collections::HashSet::new();
             for (s, step) in role.steps.iter().enumerate() {

@@ -28,7 +28,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -41,6 +41,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{Engine, Planned, Reply};
+use crate::quota::{self, Api};
 use crate::scenario::{Latency, Scenario};
 
 /// A running simulator.
@@ -58,6 +59,11 @@ impl SimHandle {
     }
 
     /// Every session's cache audit so far (see [`crate::engine::AuditRecord`]).
+    /// The rate limits enforced per API key.
+    pub fn quota(&self) -> crate::quota::Quota {
+        self.engine.quotas().quota()
+    }
+
     pub fn audit(&self) -> std::collections::HashMap<String, Vec<crate::engine::AuditRecord>> {
         self.engine.audit()
     }
@@ -132,6 +138,33 @@ fn error_response(status: u16, kind: &str, message: &str) -> Response {
     resp
 }
 
+/// A request over its key's rate limit: 429 in the provider's words, with
+/// `retry-after` and the rate-limit headers.
+fn rate_limited(api: Api, refused: &quota::Refused) -> Response {
+    let message = quota::message(api, refused);
+    let mut resp = match api {
+        Api::Anthropic => error_response(429, "rate_limit_error", &message),
+        Api::OpenAi => {
+            let kind = if refused.limit == "requests" { "requests" } else { "tokens" };
+            let body =
+                json!({"error": {"message": message, "type": kind, "param": null, "code": "rate_limit_exceeded"}});
+            (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response()
+        }
+    };
+    for (name, value) in quota::headers(api, &refused.readings, Some(refused)) {
+        resp.headers_mut().insert(name, value);
+    }
+    resp
+}
+
+/// `resp` with the key's rate-limit headers, when a quota is set.
+fn rated(mut resp: Response, api: Api, readings: &quota::Readings) -> Response {
+    for (name, value) in quota::headers(api, readings, None) {
+        resp.headers_mut().insert(name, value);
+    }
+    resp
+}
+
 fn usage(p: &Planned, output_tokens: u64) -> Value {
     let c = &p.cache;
     json!({
@@ -154,6 +187,19 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
             return error_response(400, "invalid_request_error", &format!("There was an error parsing the body: {e}"));
         }
     };
+    // Admitted by the key's rate limits before it is played (a refused
+    // request moves no scenario state).
+    let key = quota::key_of(&headers);
+    let readings = match engine.quotas().admit(&key, crate::engine::request_tokens(&body), Instant::now()) {
+        Ok(r) => r,
+        Err(refused) => return rate_limited(Api::Anthropic, &refused),
+    };
+    let resp = play_message(&engine, &headers, body, arrived, &key).await;
+    rated(resp, Api::Anthropic, &readings)
+}
+
+/// An admitted Messages request, played.
+async fn play_message(engine: &Engine, headers: &HeaderMap, body: Value, arrived: u64, key: &str) -> Response {
     let stream = body["stream"].as_bool().unwrap_or(false);
     let latency = engine.scenario().latency;
     let session = headers.get("x-flower-session").and_then(|v| v.to_str().ok());
@@ -164,6 +210,7 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
         }
         Reply::Message(p) => p,
     };
+    engine.quotas().charge_output(key, Api::Anthropic, planned.output_tokens, Instant::now());
     if let Some(t) = engine.timeline() {
         t.record(arrived, &body, &planned.content);
     }
@@ -247,6 +294,24 @@ async fn chat_completions(State(engine): State<Arc<Engine>>, headers: HeaderMap,
             );
         }
     };
+    let key = quota::key_of(&headers);
+    let readings = if engine.quotas().quota().is_set() {
+        // Estimated on the request as the engine reads it (a request it
+        // cannot read is refused by the engine, not counted).
+        let estimate = crate::chat::to_messages_body(&body).map_or(0, |b| crate::engine::request_tokens(&b));
+        match engine.quotas().admit(&key, estimate, Instant::now()) {
+            Ok(r) => r,
+            Err(refused) => return rate_limited(Api::OpenAi, &refused),
+        }
+    } else {
+        Default::default()
+    };
+    let resp = play_chat(&engine, &headers, body, &key).await;
+    rated(resp, Api::OpenAi, &readings)
+}
+
+/// An admitted Chat Completions request, played.
+async fn play_chat(engine: &Engine, headers: &HeaderMap, body: Value, key: &str) -> Response {
     let stream = body["stream"].as_bool().unwrap_or(false);
     let include_usage = body["stream_options"]["include_usage"].as_bool().unwrap_or(false);
     let latency = engine.scenario().latency;
@@ -258,6 +323,7 @@ async fn chat_completions(State(engine): State<Arc<Engine>>, headers: HeaderMap,
         }
         Reply::Message(p) => p,
     };
+    engine.quotas().charge_output(key, Api::OpenAi, planned.output_tokens, Instant::now());
     if !stream {
         sleep_ms(latency.ttft_ms).await;
         return axum::Json(crate::chat::completion(&planned)).into_response();

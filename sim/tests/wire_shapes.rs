@@ -181,3 +181,85 @@ async fn a_chat_stream_with_nothing_to_wait_for_is_written_whole_and_a_paced_one
     assert_eq!(instant, paced, "the same lines either way");
     assert_eq!((instant_last.as_str(), paced_last.as_str()), ("data: [DONE]", "data: [DONE]"));
 }
+
+#[tokio::test]
+async fn a_quota_is_enforced_per_key_with_each_providers_429_and_headers() {
+    let s = flower_sim::Scenario::parse(
+        "quota: {requests_per_minute: 2, input_tokens_per_minute: 100000}\nroles:\n  - name: t\n    match: {system: tooler}\n    steps:\n      - id: a\n        text: hello\n        tool_calls: [{name: Read, input: {file_path: x}}]\n",
+    )
+    .unwrap();
+    let limited = flower_sim::start(s, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let base = limited.base_url();
+    let keyed = |key: &'static str| {
+        let base = base.clone();
+        async move {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/messages"))
+                .header("anthropic-version", "2023-06-01")
+                .header("x-api-key", key)
+                .json(&body(false))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let first = keyed("key-a").await;
+    assert_eq!(first.status(), 200);
+    let h = first.headers();
+    assert_eq!(h["anthropic-ratelimit-requests-limit"], "2");
+    assert_eq!(h["anthropic-ratelimit-requests-remaining"], "1");
+    assert_eq!(h["anthropic-ratelimit-input-tokens-limit"], "100000");
+    assert!(h["anthropic-ratelimit-requests-reset"].to_str().unwrap().ends_with('Z'), "RFC 3339: {h:?}");
+    assert_eq!(keyed("key-a").await.status(), 200);
+    let refused = keyed("key-a").await;
+    assert_eq!(refused.status(), 429);
+    let wait: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=30).contains(&wait), "2 a minute: the next within 30 s, said in whole seconds: {wait}");
+    assert_eq!(refused.headers()["anthropic-ratelimit-requests-remaining"], "0");
+    let e: Value = refused.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "rate_limit_error", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("2 requests per minute"), "{e}");
+    // Another key has its own buckets; a refused request played nothing:
+    // the scenario's first step is still what the next request gets.
+    let other = keyed("key-b").await;
+    assert_eq!(other.status(), 200);
+    let v: Value = other.json().await.unwrap();
+    assert_eq!(v["content"][0]["text"], "hello", "{v}");
+
+    // OpenAI's dialect: bearer key, x-ratelimit-*, retry-after-ms, `requests`.
+    let chat = |key: &'static str| {
+        let base = base.clone();
+        async move {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&json!({"model": "m", "messages": [{"role": "system", "content": "you are tooler"},
+                                                          {"role": "user", "content": "hi"}]}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let ok = chat("key-c").await;
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.headers()["x-ratelimit-limit-requests"], "2");
+    assert_eq!(ok.headers()["x-ratelimit-remaining-requests"], "1");
+    assert_eq!(ok.headers()["x-ratelimit-limit-tokens"], "100000");
+    assert_eq!(chat("key-c").await.status(), 200);
+    let refused = chat("key-c").await;
+    assert_eq!(refused.status(), 429);
+    let ms: u64 = refused.headers()["retry-after-ms"].to_str().unwrap().parse().unwrap();
+    assert!(ms > 0 && ms <= 30_000, "{ms}");
+    let reset = refused.headers()["x-ratelimit-reset-requests"].to_str().unwrap().to_string();
+    assert!(reset.ends_with('s'), "a duration: {reset}");
+    let e: Value = refused.json().await.unwrap();
+    assert_eq!(
+        (e["error"]["code"].as_str(), e["error"]["type"].as_str()),
+        (Some("rate_limit_exceeded"), Some("requests"))
+    );
+
+    // No quota: no rate-limit headers.
+    let unlimited = sim().await;
+    let plain = post(&unlimited.base_url(), body(false)).await;
+    assert!(!plain.headers().contains_key("anthropic-ratelimit-requests-limit"));
+}

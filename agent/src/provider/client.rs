@@ -92,13 +92,8 @@ pub(crate) async fn api_error(resp: reqwest::Response) -> Result<reqwest::Respon
         return Ok(resp);
     }
     let status = resp.status().as_u16();
-    let retry_after = resp
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64);
+    // `retry-after-ms` (OpenAI's) when given, else `retry-after` (seconds).
+    let retry_after = super::ratelimit::Stated::of(resp.headers()).retry_after;
     let body = resp.text().await.unwrap_or_default();
     let parsed: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
     Err(error_of(status, &parsed["error"], body, retry_after))

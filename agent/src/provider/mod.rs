@@ -16,6 +16,7 @@ pub mod anthropic;
 pub mod client;
 pub mod error;
 pub mod openai;
+pub mod ratelimit;
 pub mod sse;
 pub mod table;
 

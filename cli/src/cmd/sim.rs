@@ -22,6 +22,16 @@ pub struct SimArgs {
     /// results it carries and the calls answered) for benchmarks
     #[arg(long, value_name = "FILE")]
     pub timeline: Option<PathBuf>,
+    /// Requests per minute per API key (429 with `retry-after` and the
+    /// provider's rate-limit headers beyond; overrides the scenario's `quota`)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub quota_rpm: Option<u64>,
+    /// Input tokens per minute per API key (every input token, cached or not)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub quota_itpm: Option<u64>,
+    /// Output tokens per minute per API key
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub quota_otpm: Option<u64>,
 }
 
 pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
@@ -31,6 +41,13 @@ pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
     };
     let roles = scenario.roles.len();
     let mut engine = flower_sim::engine::Engine::new(scenario);
+    if args.quota_rpm.is_some() || args.quota_itpm.is_some() || args.quota_otpm.is_some() {
+        engine = engine.with_quota(flower_sim::quota::Quota {
+            requests_per_minute: args.quota_rpm,
+            input_tokens_per_minute: args.quota_itpm,
+            output_tokens_per_minute: args.quota_otpm,
+        });
+    }
     if let Some(path) = &args.timeline {
         let timeline =
             flower_sim::timeline::Timeline::create(path).with_context(|| format!("--timeline {}", path.display()))?;
@@ -39,8 +56,9 @@ pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
     let handle = flower_sim::server::start_with(engine, args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
+    let quota = engine_quota(&handle);
     println!(
-        "flower sim listening on {} ({roles} scripted roles, {}); POST /v1/messages, POST /v1/chat/completions",
+        "flower sim listening on {} ({roles} scripted roles, {}{quota}); POST /v1/messages, POST /v1/chat/completions",
         handle.base_url(),
         super::runtime_threads()
     );
@@ -48,6 +66,24 @@ pub async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
     super::backends::terminated().await;
     handle.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The quota the simulator enforces, as its first line says it.
+fn engine_quota(handle: &flower_sim::SimHandle) -> String {
+    let q = handle.quota();
+    if !q.is_set() {
+        return String::new();
+    }
+    let per = |v: Option<u64>, what: &str| v.map(|v| format!("{v} {what}/min"));
+    let parts: Vec<String> = [
+        per(q.requests_per_minute, "requests"),
+        per(q.input_tokens_per_minute, "input tokens"),
+        per(q.output_tokens_per_minute, "output tokens"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    format!(", quota per key: {}", parts.join(", "))
 }
 
 #[derive(Args)]

@@ -1,0 +1,397 @@
+//! Rate limits as the providers enforce them: a token bucket per API key
+//! for requests, input tokens and output tokens per minute, each refilled
+//! continuously at its limit per minute (as Anthropic describes its
+//! limits). A request is admitted before it is played — the scenario's
+//! state does not move for a refused one — with its estimated input tokens
+//! (every input token counts, cached or not: stricter than Anthropic, which
+//! leaves cache reads out for most models) and needs the output bucket not
+//! to be in debt; its output is charged once played. A refused request gets
+//! 429 with `retry-after` (whole seconds, rounded up; OpenAI's also
+//! `retry-after-ms`) and every answer carries the provider's headers:
+//! `anthropic-ratelimit-{requests,input-tokens,output-tokens}-{limit,remaining,reset}`
+//! (reset: RFC 3339, when the bucket is full again) or
+//! `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (reset: a
+//! duration, `1m0s`, `6s`, `20ms`; OpenAI's `tokens` is the input bucket,
+//! charged input and output).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+
+/// The limits per API key, per minute (each unset: no limit of that kind).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quota {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens_per_minute: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens_per_minute: Option<u64>,
+}
+
+impl Quota {
+    pub fn is_unset(&self) -> bool {
+        !self.is_set()
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.requests_per_minute.is_some()
+            || self.input_tokens_per_minute.is_some()
+            || self.output_tokens_per_minute.is_some()
+    }
+
+    /// A limit of 0 could admit nothing: refused, naming the field.
+    pub fn check(&self) -> Result<(), &'static str> {
+        for (field, v) in [
+            ("quota.requests_per_minute", self.requests_per_minute),
+            ("quota.input_tokens_per_minute", self.input_tokens_per_minute),
+            ("quota.output_tokens_per_minute", self.output_tokens_per_minute),
+        ] {
+            if v == Some(0) {
+                return Err(field);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which API a request came through: the headers and error shapes differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    Anthropic,
+    OpenAi,
+}
+
+/// One bucket: a level that refills at `limit` per minute up to `limit`.
+/// The output bucket may go below zero (output charged once known): the
+/// next request waits until it is back above.
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    limit: f64,
+    level: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(limit: u64, now: Instant) -> Self {
+        Self { limit: limit as f64, level: limit as f64, at: now }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let dt = now.saturating_duration_since(self.at).as_secs_f64();
+        self.level = (self.level + self.limit * dt / 60.0).min(self.limit);
+        self.at = now;
+    }
+
+    /// How long until `need` is there (zero if it is now). A need above
+    /// the limit waits for a full bucket (it is then taken whole).
+    fn wait_for(&self, need: f64) -> Duration {
+        let need = need.min(self.limit);
+        if self.level >= need {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64((need - self.level) * 60.0 / self.limit)
+    }
+
+    /// Until full again.
+    fn full_in(&self) -> Duration {
+        Duration::from_secs_f64((self.limit - self.level).max(0.0) * 60.0 / self.limit)
+    }
+
+    fn reading(&self, now: Instant) -> Reading {
+        let mut b = *self;
+        b.refill(now);
+        Reading { limit: self.limit as u64, remaining: b.level.max(0.0) as u64, full_in: b.full_in() }
+    }
+}
+
+/// A bucket as the headers show it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reading {
+    pub limit: u64,
+    pub remaining: u64,
+    pub full_in: Duration,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Buckets {
+    requests: Option<Bucket>,
+    input: Option<Bucket>,
+    output: Option<Bucket>,
+}
+
+/// What the headers show of one key's buckets.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Readings {
+    pub requests: Option<Reading>,
+    pub input: Option<Reading>,
+    pub output: Option<Reading>,
+}
+
+/// A refused request: how long to wait, which limit, and the buckets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refused {
+    pub retry_after: Duration,
+    /// `requests`, `input tokens` or `output tokens`.
+    pub limit: &'static str,
+    pub per_minute: u64,
+    pub readings: Readings,
+}
+
+/// The buckets of every key seen (in memory; a key is never logged).
+#[derive(Debug)]
+pub struct Quotas {
+    quota: Quota,
+    keys: Mutex<HashMap<String, Buckets>>,
+}
+
+impl Quotas {
+    pub fn new(quota: Quota) -> Self {
+        Self { quota, keys: Mutex::default() }
+    }
+
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    fn with<T>(&self, key: &str, now: Instant, f: impl FnOnce(&mut Buckets) -> T) -> T {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let q = self.quota;
+        let b = keys.entry(key.to_string()).or_insert_with(|| Buckets {
+            requests: q.requests_per_minute.map(|l| Bucket::new(l, now)),
+            input: q.input_tokens_per_minute.map(|l| Bucket::new(l, now)),
+            output: q.output_tokens_per_minute.map(|l| Bucket::new(l, now)),
+        });
+        for bucket in [&mut b.requests, &mut b.input, &mut b.output].into_iter().flatten() {
+            bucket.refill(now);
+        }
+        f(b)
+    }
+
+    /// Admit a request of `input_tokens` (estimated) for `key`, taking one
+    /// request and its input tokens — or refuse it, taking nothing.
+    pub fn admit(&self, key: &str, input_tokens: u64, now: Instant) -> Result<Readings, Box<Refused>> {
+        if !self.quota.is_set() {
+            return Ok(Readings::default());
+        }
+        self.with(key, now, |b| {
+            let waits = [
+                ("requests", b.requests, 1.0),
+                ("input tokens", b.input, input_tokens as f64),
+                // Output is charged after the fact: a bucket in debt refuses.
+                ("output tokens", b.output, 0.0),
+            ];
+            let longest = waits
+                .iter()
+                .filter_map(|(name, bucket, need)| bucket.map(|bk| (*name, bk.limit as u64, bk.wait_for(*need))))
+                .filter(|(_, _, wait)| !wait.is_zero())
+                .max_by_key(|(_, _, wait)| *wait);
+            if let Some((limit, per_minute, wait)) = longest {
+                return Err(Box::new(Refused { retry_after: wait, limit, per_minute, readings: readings(b, now) }));
+            }
+            if let Some(r) = &mut b.requests {
+                r.level -= 1.0;
+            }
+            if let Some(i) = &mut b.input {
+                i.level -= (input_tokens as f64).min(i.limit);
+            }
+            Ok(readings(b, now))
+        })
+    }
+
+    /// Charge the output a request produced (on OpenAI's API, to the
+    /// tokens bucket too).
+    pub fn charge_output(&self, key: &str, api: Api, output_tokens: u64, now: Instant) {
+        if !self.quota.is_set() {
+            return;
+        }
+        self.with(key, now, |b| {
+            if let Some(o) = &mut b.output {
+                o.level -= output_tokens as f64;
+            }
+            if api == Api::OpenAi
+                && let Some(i) = &mut b.input
+            {
+                i.level -= output_tokens as f64;
+            }
+        });
+    }
+}
+
+fn readings(b: &Buckets, now: Instant) -> Readings {
+    Readings {
+        requests: b.requests.map(|r| r.reading(now)),
+        input: b.input.map(|r| r.reading(now)),
+        output: b.output.map(|r| r.reading(now)),
+    }
+}
+
+/// The API key of a request: `x-api-key`, else a bearer token; "" without.
+pub fn key_of(headers: &HeaderMap) -> String {
+    if let Some(k) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return k.to_string();
+    }
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// `retry-after` in whole seconds, rounded up (at least 1).
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    (wait.as_secs_f64().ceil() as u64).max(1)
+}
+
+/// OpenAI's duration format: `1m0s`, `6s`, `1.5s`, `20ms`.
+pub fn openai_duration(d: Duration) -> String {
+    let ms = d.as_millis() as u64;
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (m, rest_ms) = (ms / 60_000, ms % 60_000);
+    let secs =
+        if rest_ms % 1000 == 0 { format!("{}s", rest_ms / 1000) } else { format!("{:.3}s", rest_ms as f64 / 1000.0) };
+    if m > 0 { format!("{m}m{secs}") } else { secs }
+}
+
+/// The rate-limit headers of `api` for `readings` (none when no quota is set).
+pub fn headers(api: Api, readings: &Readings, refused: Option<&Refused>) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = Vec::new();
+    let mut put = |name: String, value: String| {
+        if let (Ok(n), Ok(v)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+            out.push((n, v));
+        }
+    };
+    match api {
+        Api::Anthropic => {
+            for (kind, r) in
+                [("requests", readings.requests), ("input-tokens", readings.input), ("output-tokens", readings.output)]
+            {
+                let Some(r) = r else { continue };
+                let reset =
+                    humantime::format_rfc3339_seconds(SystemTime::now() + r.full_in + Duration::from_millis(999));
+                put(format!("anthropic-ratelimit-{kind}-limit"), r.limit.to_string());
+                put(format!("anthropic-ratelimit-{kind}-remaining"), r.remaining.to_string());
+                put(format!("anthropic-ratelimit-{kind}-reset"), reset.to_string());
+            }
+        }
+        Api::OpenAi => {
+            for (kind, r) in [("requests", readings.requests), ("tokens", readings.input)] {
+                let Some(r) = r else { continue };
+                put(format!("x-ratelimit-limit-{kind}"), r.limit.to_string());
+                put(format!("x-ratelimit-remaining-{kind}"), r.remaining.to_string());
+                put(format!("x-ratelimit-reset-{kind}"), openai_duration(r.full_in));
+            }
+        }
+    }
+    if let Some(refused) = refused {
+        put("retry-after".into(), retry_after_secs(refused.retry_after).to_string());
+        if api == Api::OpenAi {
+            put("retry-after-ms".into(), (refused.retry_after.as_millis() as u64).max(1).to_string());
+        }
+    }
+    out
+}
+
+/// The 429's words, as each provider words it.
+pub fn message(api: Api, refused: &Refused) -> String {
+    match api {
+        Api::Anthropic => format!(
+            "This request would exceed your organization's rate limit of {} {} per minute. Please try again later.",
+            refused.per_minute, refused.limit
+        ),
+        Api::OpenAi => format!(
+            "Rate limit reached on {} per min: Limit {}. Please try again in {}.",
+            refused.limit,
+            refused.per_minute,
+            openai_duration(refused.retry_after)
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota(rpm: u64, itpm: u64, otpm: u64) -> Quotas {
+        Quotas::new(Quota {
+            requests_per_minute: Some(rpm),
+            input_tokens_per_minute: Some(itpm),
+            output_tokens_per_minute: Some(otpm),
+        })
+    }
+
+    #[test]
+    fn a_bucket_admits_its_limit_then_refills_at_its_rate() {
+        let q = quota(60, 1_000_000, 1_000_000);
+        let t0 = Instant::now();
+        for i in 0..60 {
+            assert!(q.admit("k", 10, t0).is_ok(), "request {i} of 60");
+        }
+        let refused = q.admit("k", 10, t0).unwrap_err();
+        assert_eq!(refused.limit, "requests");
+        // 60 a minute: one a second.
+        assert!((refused.retry_after.as_secs_f64() - 1.0).abs() < 0.01, "{refused:?}");
+        assert_eq!(retry_after_secs(refused.retry_after), 1);
+        assert_eq!(refused.readings.requests.unwrap().remaining, 0);
+        assert!(q.admit("k", 10, t0 + Duration::from_millis(1000)).is_ok(), "one more a second later");
+        assert!(q.admit("other", 10, t0).is_ok(), "each key its own buckets");
+    }
+
+    #[test]
+    fn tokens_in_and_out_are_counted_apart() {
+        let q = quota(1000, 600, 120);
+        let t0 = Instant::now();
+        let r = q.admit("k", 500, t0).unwrap();
+        assert_eq!(r.input.unwrap().remaining, 100);
+        let refused = q.admit("k", 200, t0).unwrap_err();
+        assert_eq!(refused.limit, "input tokens");
+        // 100 missing at 600 a minute: 10 s.
+        assert!((refused.retry_after.as_secs_f64() - 10.0).abs() < 0.01, "{refused:?}");
+        // Output charged after the fact: a bucket in debt refuses the next request.
+        q.charge_output("k", Api::Anthropic, 180, t0);
+        let refused = q.admit("k", 1, t0).unwrap_err();
+        assert_eq!(refused.limit, "output tokens");
+        assert!((refused.retry_after.as_secs_f64() - 30.0).abs() < 0.01, "60 in debt at 120/min: {refused:?}");
+        // A request larger than the bucket waits for a full one, then goes.
+        let big = quota(1000, 100, 100);
+        assert!(big.admit("k", 5_000, t0).is_ok(), "a full bucket takes it");
+    }
+
+    #[test]
+    fn headers_speak_each_providers_dialect() {
+        let q = quota(50, 40_000, 8_000);
+        let t0 = Instant::now();
+        let r = q.admit("k", 1_000, t0).unwrap();
+        let h: HashMap<String, String> = headers(Api::Anthropic, &r, None)
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+            .collect();
+        assert_eq!(h["anthropic-ratelimit-requests-limit"], "50");
+        assert_eq!(h["anthropic-ratelimit-requests-remaining"], "49");
+        assert_eq!(h["anthropic-ratelimit-input-tokens-remaining"], "39000");
+        assert_eq!(h["anthropic-ratelimit-output-tokens-limit"], "8000");
+        assert!(h["anthropic-ratelimit-input-tokens-reset"].ends_with('Z'), "{h:?}");
+        assert!(!h.contains_key("retry-after"));
+        let refused =
+            Refused { retry_after: Duration::from_millis(1500), limit: "requests", per_minute: 50, readings: r };
+        let h: HashMap<String, String> = headers(Api::OpenAi, &r, Some(&refused))
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+            .collect();
+        assert_eq!(h["x-ratelimit-limit-tokens"], "40000");
+        assert_eq!(h["x-ratelimit-remaining-requests"], "49");
+        assert_eq!((h["retry-after"].as_str(), h["retry-after-ms"].as_str()), ("2", "1500"));
+        assert_eq!(openai_duration(Duration::from_secs(60)), "1m0s");
+        assert_eq!(openai_duration(Duration::from_millis(6_000)), "6s");
+        assert_eq!(openai_duration(Duration::from_millis(20)), "20ms");
+        assert_eq!(openai_duration(Duration::from_millis(1_500)), "1.500s");
+        assert!(Quota { requests_per_minute: Some(0), ..Default::default() }.check().is_err());
+    }
+}
