@@ -33,6 +33,7 @@ pub mod ids;
 pub mod job;
 pub mod network;
 pub mod policy;
+pub mod quota;
 pub mod secret;
 pub mod session_file;
 pub mod spec;

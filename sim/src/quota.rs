@@ -66,46 +66,20 @@ pub enum Api {
     OpenAi,
 }
 
-/// One bucket: a level that refills at `limit` per minute up to `limit`.
-/// The output bucket may go below zero (output charged once known): the
-/// next request waits until it is back above.
-#[derive(Clone, Copy, Debug)]
-struct Bucket {
-    limit: f64,
-    level: f64,
-    at: Instant,
+use flower_model::quota::Bucket;
+
+/// Milliseconds of `now` since `epoch` (the buckets' clock).
+fn ms(now: Instant, epoch: Instant) -> i64 {
+    now.saturating_duration_since(epoch).as_millis() as i64
 }
 
-impl Bucket {
-    fn new(limit: u64, now: Instant) -> Self {
-        Self { limit: limit as f64, level: limit as f64, at: now }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let dt = now.saturating_duration_since(self.at).as_secs_f64();
-        self.level = (self.level + self.limit * dt / 60.0).min(self.limit);
-        self.at = now;
-    }
-
-    /// How long until `need` is there (zero if it is now). A need above
-    /// the limit waits for a full bucket (it is then taken whole).
-    fn wait_for(&self, need: f64) -> Duration {
-        let need = need.min(self.limit);
-        if self.level >= need {
-            return Duration::ZERO;
-        }
-        Duration::from_secs_f64((need - self.level) * 60.0 / self.limit)
-    }
-
-    /// Until full again.
-    fn full_in(&self) -> Duration {
-        Duration::from_secs_f64((self.limit - self.level).max(0.0) * 60.0 / self.limit)
-    }
-
-    fn reading(&self, now: Instant) -> Reading {
-        let mut b = *self;
-        b.refill(now);
-        Reading { limit: self.limit as u64, remaining: b.level.max(0.0) as u64, full_in: b.full_in() }
+fn reading(b: &Bucket, now: i64) -> Reading {
+    let mut b = *b;
+    b.refill(now);
+    Reading {
+        limit: b.limit as u64,
+        remaining: b.level.max(0.0) as u64,
+        full_in: Duration::from_millis(b.full_in().max(0) as u64),
     }
 }
 
@@ -147,29 +121,31 @@ pub struct Refused {
 pub struct Quotas {
     quota: Quota,
     keys: Mutex<HashMap<String, Buckets>>,
+    /// The buckets' clock starts here.
+    epoch: Instant,
 }
 
 impl Quotas {
     pub fn new(quota: Quota) -> Self {
-        Self { quota, keys: Mutex::default() }
+        Self { quota, keys: Mutex::default(), epoch: Instant::now() }
     }
 
     pub fn quota(&self) -> Quota {
         self.quota
     }
 
-    fn with<T>(&self, key: &str, now: Instant, f: impl FnOnce(&mut Buckets) -> T) -> T {
+    fn with<T>(&self, key: &str, now: Instant, f: impl FnOnce(&mut Buckets, i64) -> T) -> T {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-        let q = self.quota;
+        let (q, now) = (self.quota, ms(now, self.epoch));
         let b = keys.entry(key.to_string()).or_insert_with(|| Buckets {
-            requests: q.requests_per_minute.map(|l| Bucket::new(l, now)),
-            input: q.input_tokens_per_minute.map(|l| Bucket::new(l, now)),
-            output: q.output_tokens_per_minute.map(|l| Bucket::new(l, now)),
+            requests: q.requests_per_minute.map(|l| Bucket::full(l, now)),
+            input: q.input_tokens_per_minute.map(|l| Bucket::full(l, now)),
+            output: q.output_tokens_per_minute.map(|l| Bucket::full(l, now)),
         });
         for bucket in [&mut b.requests, &mut b.input, &mut b.output].into_iter().flatten() {
             bucket.refill(now);
         }
-        f(b)
+        f(b, now)
     }
 
     /// Admit a request of `input_tokens` (estimated) for `key`, taking one
@@ -178,7 +154,7 @@ impl Quotas {
         if !self.quota.is_set() {
             return Ok(Readings::default());
         }
-        self.with(key, now, |b| {
+        self.with(key, now, |b, now| {
             let waits = [
                 ("requests", b.requests, 1.0),
                 ("input tokens", b.input, input_tokens as f64),
@@ -188,16 +164,17 @@ impl Quotas {
             let longest = waits
                 .iter()
                 .filter_map(|(name, bucket, need)| bucket.map(|bk| (*name, bk.limit as u64, bk.wait_for(*need))))
-                .filter(|(_, _, wait)| !wait.is_zero())
+                .filter(|(_, _, wait)| *wait > 0)
                 .max_by_key(|(_, _, wait)| *wait);
             if let Some((limit, per_minute, wait)) = longest {
-                return Err(Box::new(Refused { retry_after: wait, limit, per_minute, readings: readings(b, now) }));
+                let retry_after = Duration::from_millis(wait as u64);
+                return Err(Box::new(Refused { retry_after, limit, per_minute, readings: readings(b, now) }));
             }
             if let Some(r) = &mut b.requests {
-                r.level -= 1.0;
+                r.take(1.0);
             }
             if let Some(i) = &mut b.input {
-                i.level -= (input_tokens as f64).min(i.limit);
+                i.take(input_tokens as f64);
             }
             Ok(readings(b, now))
         })
@@ -209,24 +186,24 @@ impl Quotas {
         if !self.quota.is_set() {
             return;
         }
-        self.with(key, now, |b| {
+        self.with(key, now, |b, _| {
             if let Some(o) = &mut b.output {
-                o.level -= output_tokens as f64;
+                o.charge(output_tokens as f64);
             }
             if api == Api::OpenAi
                 && let Some(i) = &mut b.input
             {
-                i.level -= output_tokens as f64;
+                i.charge(output_tokens as f64);
             }
         });
     }
 }
 
-fn readings(b: &Buckets, now: Instant) -> Readings {
+fn readings(b: &Buckets, now: i64) -> Readings {
     Readings {
-        requests: b.requests.map(|r| r.reading(now)),
-        input: b.input.map(|r| r.reading(now)),
-        output: b.output.map(|r| r.reading(now)),
+        requests: b.requests.as_ref().map(|r| reading(r, now)),
+        input: b.input.as_ref().map(|r| reading(r, now)),
+        output: b.output.as_ref().map(|r| reading(r, now)),
     }
 }
 
