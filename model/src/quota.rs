@@ -1,7 +1,9 @@
 //! Token buckets, as providers describe their rate limits: a level that
-//! refills continuously at its limit per minute, up to the limit. Shared by
-//! the simulator (which enforces limits) and the runtime (which keeps under
-//! them). Times are milliseconds on any clock the caller keeps.
+//! refills continuously at its limit per minute, up to the limit; a key's
+//! three ([`Buckets`]: requests, input tokens, output tokens) admit a
+//! request or say how long it waits. Shared by the simulator (which
+//! enforces limits) and the store (which keeps a route's buckets for every
+//! process). Times are milliseconds on any clock the caller keeps.
 
 use serde::{Deserialize, Serialize};
 
@@ -65,9 +67,194 @@ impl Bucket {
     }
 }
 
+/// Rate limits per minute (each unset: no limit of that kind).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quota {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens_per_minute: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens_per_minute: Option<u64>,
+}
+
+impl Quota {
+    pub fn is_unset(&self) -> bool {
+        !self.is_set()
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.requests_per_minute.is_some()
+            || self.input_tokens_per_minute.is_some()
+            || self.output_tokens_per_minute.is_some()
+    }
+
+    /// A limit of 0 could admit nothing: refused, naming the field.
+    pub fn check(&self) -> Result<(), &'static str> {
+        for (field, v) in [
+            ("quota.requests_per_minute", self.requests_per_minute),
+            ("quota.input_tokens_per_minute", self.input_tokens_per_minute),
+            ("quota.output_tokens_per_minute", self.output_tokens_per_minute),
+        ] {
+            if v == Some(0) {
+                return Err(field);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which of a key's limits keeps a request waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limit {
+    Requests,
+    InputTokens,
+    OutputTokens,
+}
+
+impl Limit {
+    /// In words: `requests`, `input tokens`, `output tokens`.
+    pub fn words(self) -> &'static str {
+        match self {
+            Limit::Requests => "requests",
+            Limit::InputTokens => "input tokens",
+            Limit::OutputTokens => "output tokens",
+        }
+    }
+}
+
+/// A request that must wait: for how long (ms), for which limit, of how
+/// much per minute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wait {
+    pub ms: i64,
+    pub limit: Limit,
+    pub per_minute: u64,
+}
+
+/// One key's (or route's) buckets under `quota`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Buckets {
+    pub quota: Quota,
+    pub requests: Option<Bucket>,
+    pub input: Option<Bucket>,
+    pub output: Option<Bucket>,
+}
+
+impl Buckets {
+    /// Full buckets of `quota` at `now`.
+    pub fn full(quota: Quota, now: i64) -> Self {
+        Self {
+            quota,
+            requests: quota.requests_per_minute.map(|l| Bucket::full(l, now)),
+            input: quota.input_tokens_per_minute.map(|l| Bucket::full(l, now)),
+            output: quota.output_tokens_per_minute.map(|l| Bucket::full(l, now)),
+        }
+    }
+
+    fn each(&mut self) -> impl Iterator<Item = &mut Bucket> {
+        [&mut self.requests, &mut self.input, &mut self.output].into_iter().flatten()
+    }
+
+    pub fn refill(&mut self, now: i64) {
+        self.each().for_each(|b| b.refill(now));
+    }
+
+    /// Admit a request of `input_tokens` (estimated) at `now`: one request
+    /// and its input tokens taken — or, taking nothing, the longest wait
+    /// (output is charged after the fact: a bucket in debt keeps requests
+    /// waiting until it is refilled).
+    pub fn admit(&mut self, input_tokens: u64, now: i64) -> Result<(), Wait> {
+        self.refill(now);
+        let needs = [
+            (Limit::Requests, self.requests, 1.0),
+            (Limit::InputTokens, self.input, input_tokens as f64),
+            (Limit::OutputTokens, self.output, 0.0),
+        ];
+        let longest = needs
+            .iter()
+            .filter_map(|(limit, b, need)| {
+                b.map(|b| Wait { ms: b.wait_for(*need), limit: *limit, per_minute: b.limit as u64 })
+            })
+            .filter(|w| w.ms > 0)
+            .max_by_key(|w| w.ms);
+        if let Some(wait) = longest {
+            return Err(wait);
+        }
+        if let Some(r) = &mut self.requests {
+            r.take(1.0);
+        }
+        if let Some(i) = &mut self.input {
+            i.take(input_tokens as f64);
+        }
+        Ok(())
+    }
+
+    /// Charge what a request used beyond what its admission took: input
+    /// tokens above the estimate (negative: given back) and its output.
+    pub fn charge(&mut self, input_tokens: f64, output_tokens: f64, now: i64) {
+        self.refill(now);
+        if let Some(i) = &mut self.input {
+            i.charge(input_tokens);
+        }
+        if let Some(o) = &mut self.output {
+            o.charge(output_tokens);
+        }
+    }
+
+    /// Limits learnt or set: each bucket keeps what was used of the old
+    /// limit; a limit new here starts full, one gone goes.
+    pub fn relimit(&mut self, quota: Quota, now: i64) {
+        self.refill(now);
+        let each = |b: &mut Option<Bucket>, limit: Option<u64>| match (b.as_mut(), limit) {
+            (Some(b), Some(l)) => b.relimit(l),
+            (None, Some(l)) => *b = Some(Bucket::full(l, now)),
+            (_, None) => *b = None,
+        };
+        each(&mut self.requests, quota.requests_per_minute);
+        each(&mut self.input, quota.input_tokens_per_minute);
+        each(&mut self.output, quota.output_tokens_per_minute);
+        self.quota = quota;
+    }
+
+    /// The provider refused a request and asked for `ms` of patience: every
+    /// bucket is empty for that long.
+    pub fn drain(&mut self, ms: i64, now: i64) {
+        self.refill(now);
+        self.each().for_each(|b| b.level = b.level.min(0.0) - b.limit * ms.max(0) as f64 / 60_000.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buckets_admit_wait_for_the_longest_and_learn_new_limits() {
+        let quota = Quota {
+            requests_per_minute: Some(2),
+            input_tokens_per_minute: Some(600),
+            output_tokens_per_minute: Some(120),
+        };
+        let mut b = Buckets::full(quota, 0);
+        assert_eq!(b.admit(500, 0), Ok(()));
+        let w = b.admit(200, 0).unwrap_err();
+        assert_eq!((w.limit, w.ms, w.per_minute), (Limit::InputTokens, 10_000, 600), "100 missing at 600/min");
+        assert_eq!(b.requests.unwrap().level, 1.0, "a refused request takes nothing");
+        b.charge(-400.0, 180.0, 0);
+        let w = b.admit(1, 0).unwrap_err();
+        assert_eq!((w.limit, w.ms), (Limit::OutputTokens, 30_000), "60 in debt at 120/min");
+        b.relimit(Quota { output_tokens_per_minute: Some(1200), ..quota }, 0);
+        assert_eq!(b.output.unwrap().level, 1020.0, "what was used stays used");
+        assert_eq!(b.admit(1, 0), Ok(()));
+        b.drain(3_000, 0);
+        let w = b.admit(1, 0).unwrap_err();
+        assert!(w.ms >= 3_000, "a provider's retry-after holds every bucket: {w:?}");
+        b.relimit(Quota::default(), 0);
+        assert_eq!(b.admit(1_000_000, 0), Ok(()), "no limits: nothing waits");
+    }
 
     #[test]
     fn a_bucket_refills_at_its_rate_and_waits_for_what_is_missing() {

@@ -19,45 +19,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use serde::{Deserialize, Serialize};
 
-/// The limits per API key, per minute (each unset: no limit of that kind).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Quota {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requests_per_minute: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input_tokens_per_minute: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_tokens_per_minute: Option<u64>,
-}
-
-impl Quota {
-    pub fn is_unset(&self) -> bool {
-        !self.is_set()
-    }
-
-    pub fn is_set(&self) -> bool {
-        self.requests_per_minute.is_some()
-            || self.input_tokens_per_minute.is_some()
-            || self.output_tokens_per_minute.is_some()
-    }
-
-    /// A limit of 0 could admit nothing: refused, naming the field.
-    pub fn check(&self) -> Result<(), &'static str> {
-        for (field, v) in [
-            ("quota.requests_per_minute", self.requests_per_minute),
-            ("quota.input_tokens_per_minute", self.input_tokens_per_minute),
-            ("quota.output_tokens_per_minute", self.output_tokens_per_minute),
-        ] {
-            if v == Some(0) {
-                return Err(field);
-            }
-        }
-        Ok(())
-    }
-}
+pub use flower_model::quota::Quota;
 
 /// Which API a request came through: the headers and error shapes differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +29,7 @@ pub enum Api {
     OpenAi,
 }
 
-use flower_model::quota::Bucket;
+use flower_model::quota::{Bucket, Buckets};
 
 /// Milliseconds of `now` since `epoch` (the buckets' clock).
 fn ms(now: Instant, epoch: Instant) -> i64 {
@@ -89,13 +52,6 @@ pub struct Reading {
     pub limit: u64,
     pub remaining: u64,
     pub full_in: Duration,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Buckets {
-    requests: Option<Bucket>,
-    input: Option<Bucket>,
-    output: Option<Bucket>,
 }
 
 /// What the headers show of one key's buckets.
@@ -137,14 +93,8 @@ impl Quotas {
     fn with<T>(&self, key: &str, now: Instant, f: impl FnOnce(&mut Buckets, i64) -> T) -> T {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let (q, now) = (self.quota, ms(now, self.epoch));
-        let b = keys.entry(key.to_string()).or_insert_with(|| Buckets {
-            requests: q.requests_per_minute.map(|l| Bucket::full(l, now)),
-            input: q.input_tokens_per_minute.map(|l| Bucket::full(l, now)),
-            output: q.output_tokens_per_minute.map(|l| Bucket::full(l, now)),
-        });
-        for bucket in [&mut b.requests, &mut b.input, &mut b.output].into_iter().flatten() {
-            bucket.refill(now);
-        }
+        let b = keys.entry(key.to_string()).or_insert_with(|| Buckets::full(q, now));
+        b.refill(now);
         f(b, now)
     }
 
@@ -154,29 +104,14 @@ impl Quotas {
         if !self.quota.is_set() {
             return Ok(Readings::default());
         }
-        self.with(key, now, |b, now| {
-            let waits = [
-                ("requests", b.requests, 1.0),
-                ("input tokens", b.input, input_tokens as f64),
-                // Output is charged after the fact: a bucket in debt refuses.
-                ("output tokens", b.output, 0.0),
-            ];
-            let longest = waits
-                .iter()
-                .filter_map(|(name, bucket, need)| bucket.map(|bk| (*name, bk.limit as u64, bk.wait_for(*need))))
-                .filter(|(_, _, wait)| *wait > 0)
-                .max_by_key(|(_, _, wait)| *wait);
-            if let Some((limit, per_minute, wait)) = longest {
-                let retry_after = Duration::from_millis(wait as u64);
-                return Err(Box::new(Refused { retry_after, limit, per_minute, readings: readings(b, now) }));
-            }
-            if let Some(r) = &mut b.requests {
-                r.take(1.0);
-            }
-            if let Some(i) = &mut b.input {
-                i.take(input_tokens as f64);
-            }
-            Ok(readings(b, now))
+        self.with(key, now, |b, now| match b.admit(input_tokens, now) {
+            Ok(()) => Ok(readings(b, now)),
+            Err(wait) => Err(Box::new(Refused {
+                retry_after: Duration::from_millis(wait.ms as u64),
+                limit: wait.limit.words(),
+                per_minute: wait.per_minute,
+                readings: readings(b, now),
+            })),
         })
     }
 
@@ -186,15 +121,9 @@ impl Quotas {
         if !self.quota.is_set() {
             return;
         }
-        self.with(key, now, |b, _| {
-            if let Some(o) = &mut b.output {
-                o.charge(output_tokens as f64);
-            }
-            if api == Api::OpenAi
-                && let Some(i) = &mut b.input
-            {
-                i.charge(output_tokens as f64);
-            }
+        self.with(key, now, |b, now| {
+            let input = if api == Api::OpenAi { output_tokens as f64 } else { 0.0 };
+            b.charge(input, output_tokens as f64, now);
         });
     }
 }
