@@ -24,6 +24,7 @@
 
 use async_trait::async_trait;
 use flower_model::access::{ApiKey, AuditRecord, Limits, Namespace};
+use flower_model::quota;
 use flower_model::{
     Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, TaskState, Usage,
 };
@@ -602,6 +603,39 @@ pub trait Store: Send + Sync + 'static {
     async fn append_audit(&self, records: Vec<AuditRecord>) -> Result<()>;
     /// The audit log after `after_seq`, oldest first; of one namespace, or of all.
     async fn audit_log(&self, namespace: Option<&str>, after_seq: i64, limit: u32) -> Result<Vec<AuditRecord>>;
+
+    // ---- provider routes' rate limits, shared by every process (docs/design.md section 15)
+    /// Admit a request of `input_tokens` (estimated) on `route` at `now`
+    /// (ms): `None` when it may go (its request and input tokens taken, or
+    /// no limit known for the route), else how long it waits (nothing taken).
+    async fn admit_quota(&self, route: &str, input_tokens: u64, now: i64) -> Result<Option<quota::Wait>>;
+    /// Charge what a request on `route` used beyond its admission: input
+    /// tokens above its estimate (negative: given back) and its output.
+    async fn charge_quota(&self, route: &str, input_tokens: f64, output_tokens: f64, now: i64) -> Result<()>;
+    /// The route's limits as a provider stated them (or an operator set
+    /// them), and, after a refusal that asked for patience, how long every
+    /// bucket stays empty (`drain_ms`).
+    async fn learn_quota(&self, route: &str, limits: quota::Quota, drain_ms: Option<i64>, now: i64) -> Result<()>;
+    /// Every route's buckets, as last written.
+    async fn route_quotas(&self) -> Result<Vec<(String, quota::Buckets)>>;
+}
+
+/// A route's buckets after `learn`: new ones full of `limits`, known ones
+/// relimited (what was used stays used); drained when asked.
+pub(crate) fn learnt(
+    current: Option<quota::Buckets>,
+    limits: quota::Quota,
+    drain_ms: Option<i64>,
+    now: i64,
+) -> quota::Buckets {
+    let mut b = current.unwrap_or_else(|| quota::Buckets::full(limits, now));
+    if b.quota != limits {
+        b.relimit(limits, now);
+    }
+    if let Some(ms) = drain_ms {
+        b.drain(ms, now);
+    }
+    b
 }
 
 /// A namespace's tasks not ended ([`Store::task_counts`]).

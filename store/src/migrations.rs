@@ -19,6 +19,7 @@ pub const POSTGRES: &[Migration] = &[
     (6, include_str!("../migrations/postgres/0006_unflushed_events.sql")),
     (7, include_str!("../migrations/postgres/0007_namespaces.sql")),
     (8, include_str!("../migrations/postgres/0008_namespace_limits.sql")),
+    (9, include_str!("../migrations/postgres/0009_route_quotas.sql")),
 ];
 
 /// The SQLite schema, in order. Version 1 is the schema shipped before
@@ -31,6 +32,7 @@ pub const SQLITE: &[Migration] = &[
     (4, include_str!("../migrations/sqlite/0004_continuations.sql")),
     (5, include_str!("../migrations/sqlite/0005_namespaces.sql")),
     (6, include_str!("../migrations/sqlite/0006_namespace_limits.sql")),
+    (7, include_str!("../migrations/sqlite/0007_route_quotas.sql")),
 ];
 
 /// Creates the version table where it is missing (same SQL on both backends).
@@ -72,9 +74,9 @@ mod tests {
     #[test]
     fn only_missing_versions_are_pending_and_newer_databases_are_refused() {
         assert_eq!(pending(SQLITE, &[]).unwrap().len(), SQLITE.len());
-        assert_eq!(pending(SQLITE, &[1]).unwrap().iter().map(|(v, _)| *v).collect::<Vec<_>>(), vec![2, 3, 4, 5, 6]);
-        assert!(pending(SQLITE, &[1, 2, 3, 4, 5, 6]).unwrap().is_empty());
+        assert_eq!(pending(SQLITE, &[1]).unwrap().iter().map(|(v, _)| *v).collect::<Vec<_>>(), vec![2, 3, 4, 5, 6, 7]);
+        assert!(pending(SQLITE, &[1, 2, 3, 4, 5, 6, 7]).unwrap().is_empty());
         assert!(matches!(pending(POSTGRES, &[1, 99]), Err(StoreError::Corrupt(_))));
-        assert_eq!(latest(SQLITE), 6);
+        assert_eq!(latest(SQLITE), 7);
     }
 }

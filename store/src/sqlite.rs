@@ -1031,6 +1031,31 @@ impl Store for SqliteStore {
         self.run(move |c| access::spend(c, &namespace, since_day)).await
     }
 
+    async fn admit_quota(&self, route: &str, input_tokens: u64, now: i64) -> Result<Option<flower_model::quota::Wait>> {
+        let route = route.to_string();
+        self.tx(move |tx| access::admit_quota(tx, &route, input_tokens, now)).await
+    }
+
+    async fn charge_quota(&self, route: &str, input_tokens: f64, output_tokens: f64, now: i64) -> Result<()> {
+        let route = route.to_string();
+        self.tx(move |tx| access::charge_quota(tx, &route, input_tokens, output_tokens, now)).await
+    }
+
+    async fn learn_quota(
+        &self,
+        route: &str,
+        limits: flower_model::quota::Quota,
+        drain_ms: Option<i64>,
+        now: i64,
+    ) -> Result<()> {
+        let route = route.to_string();
+        self.tx(move |tx| access::learn_quota(tx, &route, limits, drain_ms, now)).await
+    }
+
+    async fn route_quotas(&self) -> Result<Vec<(String, flower_model::quota::Buckets)>> {
+        self.run(|c| access::route_quotas(c)).await
+    }
+
     async fn create_key(&self, key: flower_model::access::ApiKey, replaces: Option<String>) -> Result<()> {
         self.tx(move |tx| access::create_key(tx, &key, replaces.as_deref())).await
     }

@@ -244,3 +244,39 @@ pub async fn a_namespaces_max_tasks_admits_its_held_tasks_in_turn(store: &dyn St
     let admitted = store.admit_tasks("team-t", &held).await.unwrap();
     assert_eq!(admitted.iter().map(|t| t.id).collect::<Vec<_>>(), vec![held[2]], "the rest still held");
 }
+
+pub async fn routes_share_their_rate_limits(store: &dyn Store) {
+    use flower_model::quota::{Limit, Quota};
+
+    let route = "anthropic|http://127.0.0.1:1|k:0123456789ab|m";
+    let t0 = now_ms();
+    assert_eq!(store.admit_quota(route, 1_000_000, t0).await.unwrap(), None, "no limit known: it goes");
+    store.charge_quota(route, 5.0, 5.0, t0).await.unwrap();
+    assert!(store.route_quotas().await.unwrap().is_empty(), "charging an unknown route stores nothing");
+
+    let limits =
+        Quota { requests_per_minute: Some(3), input_tokens_per_minute: Some(1_000), output_tokens_per_minute: None };
+    store.learn_quota(route, limits, None, t0).await.unwrap();
+    // Admissions from many callers at once: exactly the limit goes.
+    let admitted = futures::future::join_all((0..8).map(|_| store.admit_quota(route, 10, t0))).await;
+    let went = admitted.iter().filter(|a| matches!(a, Ok(None))).count();
+    assert_eq!(went, 3, "{admitted:?}");
+    let wait = admitted.into_iter().find_map(|a| a.unwrap()).unwrap();
+    assert_eq!((wait.limit, wait.per_minute), (Limit::Requests, 3));
+    assert!((1..=20_000).contains(&wait.ms), "a third of a minute at most: {wait:?}");
+    // Later, input tokens: what a request used above its estimate is charged.
+    let later = t0 + 60_000;
+    assert_eq!(store.admit_quota(route, 100, later).await.unwrap(), None);
+    store.charge_quota(route, 900.0, 0.0, later).await.unwrap();
+    let wait = store.admit_quota(route, 100, later).await.unwrap().unwrap();
+    assert_eq!(wait.limit, Limit::InputTokens, "1,000 of 1,000 used");
+    // A provider's refusal drains every bucket for its wait; new limits keep what was used.
+    store.learn_quota(route, limits, Some(30_000), later + 60_000).await.unwrap();
+    assert!(store.admit_quota(route, 1, later + 60_000).await.unwrap().unwrap().ms >= 30_000);
+    let raised = Quota { requests_per_minute: Some(1_000_000), input_tokens_per_minute: None, ..limits };
+    store.learn_quota(route, raised, None, later + 200_000).await.unwrap();
+    assert_eq!(store.admit_quota(route, 1_000_000, later + 200_000).await.unwrap(), None);
+    let all = store.route_quotas().await.unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!((all[0].0.as_str(), all[0].1.quota), (route, raised));
+}

@@ -53,6 +53,7 @@ macro_rules! store_conformance_tests {
             namespaces_keep_limits_and_count_spend,
             a_namespaces_max_jobs_holds_its_queued_jobs,
             a_namespaces_max_tasks_admits_its_held_tasks_in_turn,
+            routes_share_their_rate_limits,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

@@ -1,10 +1,12 @@
-//! Namespaces, API keys and the audit log on Postgres (docs/design.md, section 17).
+//! Namespaces, API keys and the audit log on Postgres (docs/design.md,
+//! section 17); provider routes' rate limits (section 15).
 
 use flower_model::JobId;
 use flower_model::access::{ApiKey, AuditRecord, Limits, Namespace};
+use flower_model::quota;
 use tokio_postgres::Row;
 
-use super::transaction::{db_execute, db_query, db_query_opt};
+use super::transaction::{Tx, db_execute, db_query, db_query_opt};
 use super::{PostgresStore, corrupt, from_json, json, parse};
 use crate::{Result, Spend, StoreError};
 
@@ -226,4 +228,87 @@ pub(super) async fn audit_log(
     )
     .await?;
     rows.iter().map(decode_audit).collect()
+}
+
+/// A route's buckets, read and locked for the transaction.
+async fn locked_buckets(tx: &Tx<'_>, route: &str) -> Result<Option<quota::Buckets>> {
+    let row = db_query_opt(tx, "SELECT buckets FROM route_quotas WHERE route = $1 FOR UPDATE", &[&route]).await?;
+    row.map(|r| from_json(r.get(0))).transpose()
+}
+
+async fn write_buckets(tx: &Tx<'_>, route: &str, b: &quota::Buckets, now: i64) -> Result<()> {
+    db_execute(
+        tx,
+        "INSERT INTO route_quotas (route, buckets, updated_at) VALUES ($1, $2, $3)
+         ON CONFLICT (route) DO UPDATE SET buckets = excluded.buckets, updated_at = excluded.updated_at",
+        &[&route, &json(b)?, &now],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn admit_quota(
+    store: &PostgresStore,
+    route: &str,
+    input_tokens: u64,
+    now: i64,
+) -> Result<Option<quota::Wait>> {
+    let route = route.to_string();
+    store
+        .tx(move |tx| {
+            Box::pin(async move {
+                let Some(mut b) = locked_buckets(tx, &route).await? else { return Ok(None) };
+                match b.admit(input_tokens, now) {
+                    Ok(()) => write_buckets(tx, &route, &b, now).await.map(|_| None),
+                    Err(wait) => Ok(Some(wait)),
+                }
+            })
+        })
+        .await
+}
+
+pub(super) async fn charge_quota(
+    store: &PostgresStore,
+    route: &str,
+    input_tokens: f64,
+    output_tokens: f64,
+    now: i64,
+) -> Result<()> {
+    let route = route.to_string();
+    store
+        .tx(move |tx| {
+            Box::pin(async move {
+                let Some(mut b) = locked_buckets(tx, &route).await? else { return Ok(()) };
+                b.charge(input_tokens, output_tokens, now);
+                write_buckets(tx, &route, &b, now).await
+            })
+        })
+        .await
+}
+
+pub(super) async fn learn_quota(
+    store: &PostgresStore,
+    route: &str,
+    limits: quota::Quota,
+    drain_ms: Option<i64>,
+    now: i64,
+) -> Result<()> {
+    let route = route.to_string();
+    store
+        .tx(move |tx| {
+            Box::pin(async move {
+                // Two processes learning a new route at once: the second
+                // insert waits for the first, then updates its row.
+                let current = locked_buckets(tx, &route).await?;
+                let b = crate::learnt(current, limits, drain_ms, now);
+                write_buckets(tx, &route, &b, now).await
+            })
+        })
+        .await
+}
+
+pub(super) async fn route_quotas(store: &PostgresStore) -> Result<Vec<(String, quota::Buckets)>> {
+    let c = store.pool.get().await?;
+    let rows = db_query(&c, "SELECT route, buckets FROM route_quotas ORDER BY route", &[]).await?;
+    rows.iter().map(|r| Ok((r.get(0), from_json(r.get(1))?))).collect()
 }

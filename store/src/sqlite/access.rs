@@ -1,6 +1,8 @@
-//! Namespaces, API keys and the audit log on SQLite (docs/design.md, section 17).
+//! Namespaces, API keys and the audit log on SQLite (docs/design.md, section
+//! 17); provider routes' rate limits (section 15).
 
 use flower_model::access::{ApiKey, AuditRecord, Limits, Namespace};
+use flower_model::quota;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{exec, json, parse, parse_id, row};
@@ -196,4 +198,57 @@ pub(super) fn audit_log(c: &Connection, namespace: Option<&str>, after: i64, lim
             Ok(a)
         })
         .collect()
+}
+
+fn buckets(c: &Connection, route: &str) -> Result<Option<quota::Buckets>> {
+    let text: Option<String> = c
+        .prepare_cached("SELECT buckets FROM route_quotas WHERE route = ?1")?
+        .query_row(params![route], |r| r.get(0))
+        .optional()?;
+    text.map(|t| parse(&t)).transpose()
+}
+
+fn write_buckets(c: &Connection, route: &str, b: &quota::Buckets, now: i64) -> Result<()> {
+    c.prepare_cached(
+        "INSERT INTO route_quotas (route, buckets, updated_at) VALUES (?1, ?2, ?3)
+         ON CONFLICT (route) DO UPDATE SET buckets = excluded.buckets, updated_at = excluded.updated_at",
+    )?
+    .execute(params![route, json(b)?, now])?;
+    Ok(())
+}
+
+/// [`crate::Store::admit_quota`] in a transaction (one writer at a time).
+pub(super) fn admit_quota(c: &Connection, route: &str, input_tokens: u64, now: i64) -> Result<Option<quota::Wait>> {
+    let Some(mut b) = buckets(c, route)? else { return Ok(None) };
+    match b.admit(input_tokens, now) {
+        Ok(()) => write_buckets(c, route, &b, now).map(|_| None),
+        Err(wait) => Ok(Some(wait)),
+    }
+}
+
+pub(super) fn charge_quota(c: &Connection, route: &str, input_tokens: f64, output_tokens: f64, now: i64) -> Result<()> {
+    let Some(mut b) = buckets(c, route)? else { return Ok(()) };
+    b.charge(input_tokens, output_tokens, now);
+    write_buckets(c, route, &b, now)
+}
+
+pub(super) fn learn_quota(
+    c: &Connection,
+    route: &str,
+    limits: quota::Quota,
+    drain_ms: Option<i64>,
+    now: i64,
+) -> Result<()> {
+    let b = crate::learnt(buckets(c, route)?, limits, drain_ms, now);
+    write_buckets(c, route, &b, now)
+}
+
+pub(super) fn route_quotas(c: &Connection) -> Result<Vec<(String, quota::Buckets)>> {
+    let mut stmt = c.prepare_cached("SELECT route, buckets FROM route_quotas ORDER BY route")?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+    rows.map(|r| {
+        let (route, text) = r?;
+        Ok((route, parse(&text)?))
+    })
+    .collect()
 }
