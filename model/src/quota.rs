@@ -219,6 +219,21 @@ impl Buckets {
         self.quota = quota;
     }
 
+    /// What a provider said is left (`remaining`, per bucket): a bucket
+    /// holding more is brought down to it (never up: requests of other
+    /// processes may be under way that the provider has not counted yet).
+    pub fn observe(&mut self, remaining: Quota, now: i64) {
+        self.refill(now);
+        let each = |b: &mut Option<Bucket>, left: Option<u64>| {
+            if let (Some(b), Some(left)) = (b.as_mut(), left) {
+                b.level = b.level.min(left as f64);
+            }
+        };
+        each(&mut self.requests, remaining.requests_per_minute);
+        each(&mut self.input, remaining.input_tokens_per_minute);
+        each(&mut self.output, remaining.output_tokens_per_minute);
+    }
+
     /// The provider refused a request and asked for `ms` of patience: every
     /// bucket is empty for that long.
     pub fn drain(&mut self, ms: i64, now: i64) {
@@ -252,6 +267,13 @@ mod tests {
         b.drain(3_000, 0);
         let w = b.admit(1, 0).unwrap_err();
         assert!(w.ms >= 3_000, "a provider's retry-after holds every bucket: {w:?}");
+        let mut fresh = Buckets::full(quota, 0);
+        fresh.observe(
+            Quota { requests_per_minute: Some(0), input_tokens_per_minute: Some(5_000), ..Quota::default() },
+            0,
+        );
+        assert_eq!(fresh.requests.unwrap().level, 0.0, "brought down to what the provider said is left");
+        assert_eq!(fresh.input.unwrap().level, 600.0, "never up");
         b.relimit(Quota::default(), 0);
         assert_eq!(b.admit(1_000_000, 0), Ok(()), "no limits: nothing waits");
     }

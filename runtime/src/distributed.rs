@@ -89,10 +89,15 @@ impl DistributedConfig {
         if self.ack_wait < Duration::from_secs(1) {
             return Err(ConnectError::AckWait);
         }
-        let providers = ConfiguredProviders::parse(&self.providers, self.provider_concurrency.max(1))?;
+        // A bad table is refused before anything connects.
+        ConfiguredProviders::parse(&self.providers, self.provider_concurrency.max(1), None)?;
         let store = PostgresStore::connect_with(&self.database_url, self.database_pool, self.schema)
             .await
             .map_err(ConnectError::Database)?;
+        let store = Arc::new(store);
+        // Every process draws from the routes' rate limits kept in the store.
+        let shared: Arc<dyn flower_store::Store> = store.clone();
+        let providers = ConfiguredProviders::parse(&self.providers, self.provider_concurrency.max(1), Some(&shared))?;
         let mut nats = NatsConfig::new(self.nats_url.clone(), self.nats_prefix.clone());
         nats.ack_wait = self.ack_wait;
         nats.max_attempts = self.max_attempts;
@@ -100,7 +105,7 @@ impl DistributedConfig {
         let bus = NatsBus::connect(nats).await.map_err(ConnectError::Nats)?;
         let objects = objects::open(&self.object_store, &self.s3).map_err(ConnectError::Objects)?;
         Ok(Connected {
-            store: Arc::new(store),
+            store,
             bus,
             objects,
             providers: Arc::new(providers),

@@ -332,6 +332,14 @@ impl EmbeddedRuntime {
                 // The spec's endpoint is its own provider's; a role naming another uses that one's environment.
                 config.base_url = url.clone();
             }
+            // The routes' rate limits, learnt and kept in the home's store.
+            let api = if route.api == Api::Messages { "messages" } else { "chat" };
+            config.quota = Some(flower_agent::provider::quota::RouteQuotas::new(
+                self.store.clone(),
+                api,
+                &config.base_url,
+                config.api_key.as_deref(),
+            ));
             let client: Arc<dyn Provider> = match route.api {
                 Api::Messages => Arc::new(AnthropicClient::new(config)?),
                 Api::ChatCompletions => Arc::new(OpenAiClient::new(config)?),

@@ -613,24 +613,37 @@ pub trait Store: Send + Sync + 'static {
     /// tokens above its estimate (negative: given back) and its output.
     async fn charge_quota(&self, route: &str, input_tokens: f64, output_tokens: f64, now: i64) -> Result<()>;
     /// The route's limits as a provider stated them (or an operator set
-    /// them), and, after a refusal that asked for patience, how long every
-    /// bucket stays empty (`drain_ms`).
-    async fn learn_quota(&self, route: &str, limits: quota::Quota, drain_ms: Option<i64>, now: i64) -> Result<()>;
+    /// them), what it said is left (`remaining`: buckets holding more come
+    /// down to it), and, after a refusal that asked for patience, how long
+    /// every bucket stays empty (`drain_ms`).
+    async fn learn_quota(
+        &self,
+        route: &str,
+        limits: quota::Quota,
+        remaining: Option<quota::Quota>,
+        drain_ms: Option<i64>,
+        now: i64,
+    ) -> Result<()>;
     /// Every route's buckets, as last written.
     async fn route_quotas(&self) -> Result<Vec<(String, quota::Buckets)>>;
 }
 
 /// A route's buckets after `learn`: new ones full of `limits`, known ones
-/// relimited (what was used stays used); drained when asked.
+/// relimited (what was used stays used), brought down to what is left,
+/// drained when asked.
 pub(crate) fn learnt(
     current: Option<quota::Buckets>,
     limits: quota::Quota,
+    remaining: Option<quota::Quota>,
     drain_ms: Option<i64>,
     now: i64,
 ) -> quota::Buckets {
     let mut b = current.unwrap_or_else(|| quota::Buckets::full(limits, now));
     if b.quota != limits {
         b.relimit(limits, now);
+    }
+    if let Some(left) = remaining {
+        b.observe(left, now);
     }
     if let Some(ms) = drain_ms {
         b.drain(ms, now);

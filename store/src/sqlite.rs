@@ -1045,11 +1045,12 @@ impl Store for SqliteStore {
         &self,
         route: &str,
         limits: flower_model::quota::Quota,
+        remaining: Option<flower_model::quota::Quota>,
         drain_ms: Option<i64>,
         now: i64,
     ) -> Result<()> {
         let route = route.to_string();
-        self.tx(move |tx| access::learn_quota(tx, &route, limits, drain_ms, now)).await
+        self.tx(move |tx| access::learn_quota(tx, &route, limits, remaining, drain_ms, now)).await
     }
 
     async fn route_quotas(&self) -> Result<Vec<(String, flower_model::quota::Buckets)>> {

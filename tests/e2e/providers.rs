@@ -85,3 +85,29 @@ fn a_role_cannot_name_the_simulator_and_unknown_providers_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("workers") && err.contains("mistral"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_keep_under_a_rate_limit_learnt_from_the_simulators_headers() {
+    use flower_store::Store;
+
+    let home = Home::new();
+    let started = std::time::Instant::now();
+    let summary = home.run_job(&repo().join("tests/fixtures/quota/job.yaml"), &[]);
+    assert_eq!(summary["state"], "succeeded", "{summary}");
+    let job: flower_model::JobId = summary["job_id"].as_str().unwrap().parse().unwrap();
+    let store = flower_store::SqliteStore::open(&home.dir.path().join("flower.db")).unwrap();
+    // The limit was learnt from the first answer's headers...
+    let routes = store.route_quotas().await.unwrap();
+    assert_eq!(routes.len(), 1, "{routes:?}");
+    assert!(
+        routes[0].0.starts_with("messages|http://127.0.0.1:") && routes[0].0.ends_with("|k:none|claude-sonnet-4-5")
+    );
+    assert_eq!(routes[0].1.quota.requests_per_minute, Some(5), "{routes:?}");
+    // ...and every later call waited for it instead of being refused: no
+    // retry of a 429 (the sixth call waited ~12 s for its request).
+    let events = store.events(job, 0, 10_000).await.unwrap();
+    let retries: Vec<_> =
+        events.iter().filter(|e| matches!(e.kind, flower_model::EventKind::ProviderRetry { .. })).collect();
+    assert!(retries.is_empty(), "no call was refused: {retries:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(10), "six calls at five a minute wait");
+}

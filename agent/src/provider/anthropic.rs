@@ -63,6 +63,7 @@ impl AnthropicClient {
             req = req.header("x-flower-session", session);
         }
         let resp = req.send().await.map_err(|e| ProviderError::Connection(e.to_string()))?;
+        super::client::heard(&self.config, &request.model, &resp).await;
         let resp = super::client::api_error(resp).await?;
         if !request.stream {
             let body = resp.bytes().await.map_err(|e| ProviderError::Connection(e.to_string()))?;
@@ -90,6 +91,7 @@ impl AnthropicClient {
 impl Provider for AnthropicClient {
     #[tracing::instrument(name = "llm.call", skip_all, fields(model = %request.model, messages = request.messages.len()))]
     async fn send(&self, request: &Request, observer: Option<Observer>) -> Result<Response, ProviderError> {
-        super::client::retrying(&self.config, &self.permits, &observer, || self.attempt(request, &observer)).await
+        super::client::retrying(&self.config, &self.permits, &observer, request, || self.attempt(request, &observer))
+            .await
     }
 }

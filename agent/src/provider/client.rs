@@ -31,6 +31,9 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Longest silence between two stream chunks before the stream counts as dropped (default 120 s).
     pub idle_timeout: Duration,
+    /// Where the client's routes' rate limits are kept (every process of a
+    /// deployment draws from the same); `None`: each call goes at once.
+    pub quota: Option<super::quota::RouteQuotas>,
 }
 
 impl Default for ClientConfig {
@@ -44,6 +47,7 @@ impl Default for ClientConfig {
             max_concurrent: 16,
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
+            quota: None,
         }
     }
 }
@@ -111,13 +115,24 @@ pub(crate) fn error_of(
     ProviderError::Api { status, kind, message, retry_after }
 }
 
+/// What a response stated of its route's rate limits, for every process.
+pub(crate) async fn heard(config: &ClientConfig, model: &str, resp: &reqwest::Response) {
+    if let Some(q) = &config.quota {
+        let refused = matches!(resp.status().as_u16(), 429 | 529);
+        q.stated(model, &super::ratelimit::Stated::of(resp.headers()), refused).await;
+    }
+}
+
 /// Send through `attempt` until it succeeds or fails for good: retryable
 /// failures wait (observers hear each) and go again, at most
-/// `config.max_attempts` times; each attempt holds one of the client's permits.
+/// `config.max_attempts` times; each attempt holds one of the client's
+/// permits — once its route's rate limits admit it (waiting for them holds
+/// no permit), and what it used is charged to them.
 pub(crate) async fn retrying<F, Fut>(
     config: &ClientConfig,
     permits: &Semaphore,
     observer: &Option<Observer>,
+    request: &super::Request,
     attempt: F,
 ) -> Result<Response, ProviderError>
 where
@@ -125,13 +140,25 @@ where
     Fut: Future<Output = Result<Response, ProviderError>>,
 {
     let mut n = 1;
+    let model = request.model.as_str();
+    // Input tokens as a route's admission counts them: from the body.
+    let estimate = || flower_model::usage::estimate_tokens(request.body_bytes().len());
     loop {
+        let taken = match &config.quota {
+            Some(q) => q.admit(model, estimate, observer).await,
+            None => 0,
+        };
         let result = {
             let _permit = permits.acquire().await.map_err(|e| ProviderError::Connection(e.to_string()))?;
             attempt().await
         };
         let err = match result {
-            Ok(r) => return Ok(r),
+            Ok(r) => {
+                if let Some(q) = &config.quota {
+                    q.used(model, taken, &r.usage).await;
+                }
+                return Ok(r);
+            }
             Err(e) => e,
         };
         if err.class() != ErrorClass::Retryable {

@@ -16,6 +16,7 @@ pub mod anthropic;
 pub mod client;
 pub mod error;
 pub mod openai;
+pub mod quota;
 pub mod ratelimit;
 pub mod sse;
 pub mod table;
@@ -338,6 +339,9 @@ pub enum StreamEvent {
     Delta { chars: usize },
     /// A retryable failure; the request will be sent again after `wait`.
     Retrying { attempt: u32, wait: Duration, error: String },
+    /// The request waits `wait` for its route's rate limits (`limit`:
+    /// `requests`, `input tokens` or `output tokens`) before it is sent.
+    WaitingForQuota { route: String, wait: Duration, limit: &'static str },
 }
 
 /// Receives [`StreamEvent`]s while a request runs.

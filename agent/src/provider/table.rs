@@ -41,8 +41,14 @@ impl ConfiguredProviders {
     }
 
     /// Parse `NAME=URL` entries (from repeated flags or a comma-separated
-    /// `FLOWER_PROVIDERS`), each with at most `max_concurrent` calls at once.
-    pub fn parse(entries: &[String], max_concurrent: usize) -> Result<Self, ProviderConfigError> {
+    /// `FLOWER_PROVIDERS`), each with at most `max_concurrent` calls at once;
+    /// with a store, their routes' rate limits are learnt and kept there
+    /// ([`super::quota`]).
+    pub fn parse(
+        entries: &[String],
+        max_concurrent: usize,
+        quotas: Option<&Arc<dyn flower_store::Store>>,
+    ) -> Result<Self, ProviderConfigError> {
         let mut clients: BTreeMap<String, BTreeMap<Api, Arc<dyn Provider>>> = BTreeMap::new();
         for entry in entries.iter().flat_map(|e| e.split(',')).map(str::trim).filter(|e| !e.is_empty()) {
             let err = |reason: &str| ProviderConfigError { entry: entry.to_string(), reason: reason.to_string() };
@@ -61,9 +67,16 @@ impl ConfiguredProviders {
                 max_concurrent,
                 ..Default::default()
             };
+            let quota = |api: &str| {
+                quotas.map(|s| {
+                    super::quota::RouteQuotas::new(s.clone(), api, &config.base_url, config.api_key.as_deref())
+                })
+            };
+            let messages = ClientConfig { quota: quota("messages"), ..config.clone() };
             let messages: Arc<dyn Provider> =
-                Arc::new(AnthropicClient::new(config.clone()).map_err(|e| err(&e.to_string()))?);
-            let chat: Arc<dyn Provider> = Arc::new(OpenAiClient::new(config).map_err(|e| err(&e.to_string()))?);
+                Arc::new(AnthropicClient::new(messages).map_err(|e| err(&e.to_string()))?);
+            let chat = ClientConfig { quota: quota("chat"), ..config };
+            let chat: Arc<dyn Provider> = Arc::new(OpenAiClient::new(chat).map_err(|e| err(&e.to_string()))?);
             let apis = [(Api::Messages, messages), (Api::ChatCompletions, chat)].into_iter().collect();
             if clients.insert(name.to_string(), apis).is_some() {
                 return Err(err("configured twice"));
@@ -157,13 +170,16 @@ mod tests {
 
     #[test]
     fn entries_are_parsed_and_checked() {
-        let p =
-            ConfiguredProviders::parse(&["sim=http://127.0.0.1:8787, anthropic=https://api.anthropic.com".into()], 4)
-                .unwrap();
+        let p = ConfiguredProviders::parse(
+            &["sim=http://127.0.0.1:8787, anthropic=https://api.anthropic.com".into()],
+            4,
+            None,
+        )
+        .unwrap();
         assert_eq!(p.names(), vec!["anthropic", "sim"]);
         let err = |e: &[&str]| {
             let entries: Vec<String> = e.iter().map(|s| s.to_string()).collect();
-            ConfiguredProviders::parse(&entries, 1).err().map(|e| e.to_string()).unwrap_or_default()
+            ConfiguredProviders::parse(&entries, 1, None).err().map(|e| e.to_string()).unwrap_or_default()
         };
         assert!(err(&["sim"]).contains("NAME=URL"));
         assert!(err(&["sim=ftp://x"]).contains("http://"));

@@ -256,7 +256,7 @@ pub async fn routes_share_their_rate_limits(store: &dyn Store) {
 
     let limits =
         Quota { requests_per_minute: Some(3), input_tokens_per_minute: Some(1_000), output_tokens_per_minute: None };
-    store.learn_quota(route, limits, None, t0).await.unwrap();
+    store.learn_quota(route, limits, None, None, t0).await.unwrap();
     // Admissions from many callers at once: exactly the limit goes.
     let admitted = futures::future::join_all((0..8).map(|_| store.admit_quota(route, 10, t0))).await;
     let went = admitted.iter().filter(|a| matches!(a, Ok(None))).count();
@@ -271,10 +271,10 @@ pub async fn routes_share_their_rate_limits(store: &dyn Store) {
     let wait = store.admit_quota(route, 100, later).await.unwrap().unwrap();
     assert_eq!(wait.limit, Limit::InputTokens, "1,000 of 1,000 used");
     // A provider's refusal drains every bucket for its wait; new limits keep what was used.
-    store.learn_quota(route, limits, Some(30_000), later + 60_000).await.unwrap();
+    store.learn_quota(route, limits, None, Some(30_000), later + 60_000).await.unwrap();
     assert!(store.admit_quota(route, 1, later + 60_000).await.unwrap().unwrap().ms >= 30_000);
     let raised = Quota { requests_per_minute: Some(1_000_000), input_tokens_per_minute: None, ..limits };
-    store.learn_quota(route, raised, None, later + 200_000).await.unwrap();
+    store.learn_quota(route, raised, None, None, later + 200_000).await.unwrap();
     assert_eq!(store.admit_quota(route, 1_000_000, later + 200_000).await.unwrap(), None);
     let all = store.route_quotas().await.unwrap();
     assert_eq!(all.len(), 1);

@@ -290,6 +290,7 @@ pub(super) async fn learn_quota(
     store: &PostgresStore,
     route: &str,
     limits: quota::Quota,
+    remaining: Option<quota::Quota>,
     drain_ms: Option<i64>,
     now: i64,
 ) -> Result<()> {
@@ -300,7 +301,7 @@ pub(super) async fn learn_quota(
                 // Two processes learning a new route at once: the second
                 // insert waits for the first, then updates its row.
                 let current = locked_buckets(tx, &route).await?;
-                let b = crate::learnt(current, limits, drain_ms, now);
+                let b = crate::learnt(current, limits, remaining, drain_ms, now);
                 write_buckets(tx, &route, &b, now).await
             })
         })

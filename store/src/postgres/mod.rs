@@ -400,10 +400,11 @@ impl Store for PostgresStore {
         &self,
         route: &str,
         limits: flower_model::quota::Quota,
+        remaining: Option<flower_model::quota::Quota>,
         drain_ms: Option<i64>,
         now: i64,
     ) -> Result<()> {
-        access::learn_quota(self, route, limits, drain_ms, now).await
+        access::learn_quota(self, route, limits, remaining, drain_ms, now).await
     }
 
     async fn route_quotas(&self) -> Result<Vec<(String, flower_model::quota::Buckets)>> {

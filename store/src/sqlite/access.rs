@@ -236,10 +236,11 @@ pub(super) fn learn_quota(
     c: &Connection,
     route: &str,
     limits: quota::Quota,
+    remaining: Option<quota::Quota>,
     drain_ms: Option<i64>,
     now: i64,
 ) -> Result<()> {
-    let b = crate::learnt(buckets(c, route)?, limits, drain_ms, now);
+    let b = crate::learnt(buckets(c, route)?, limits, remaining, drain_ms, now);
     write_buckets(c, route, &b, now)
 }
 
