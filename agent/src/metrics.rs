@@ -50,6 +50,12 @@ pub struct NamespaceOutcomeLabel {
     pub outcome: &'static str,
 }
 
+/// Which of a route's rate limits a call waited for.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    pub limit: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
@@ -111,6 +117,9 @@ pub struct Metrics {
     pub worker_slots_busy: Gauge,
     pub model_calls: Family<ModelCallLabels, Counter>,
     pub model_call_duration: Histogram,
+    /// Waits of model calls for their route's rate limits, by limit.
+    pub quota_waits: Family<LimitLabel, Counter>,
+    pub quota_wait: Histogram,
     pub tokens: Family<KindLabel, Counter>,
     pub lease_takeovers: Counter,
     /// Task messages the queue gave up on, by what became of their task:
@@ -159,6 +168,8 @@ impl Metrics {
             worker_slots_busy: Gauge::default(),
             model_calls: Family::default(),
             model_call_duration: Histogram::new(long_buckets()),
+            quota_waits: Family::default(),
+            quota_wait: Histogram::new(long_buckets()),
             tokens: Family::default(),
             lease_takeovers: Counter::default(),
             dead_letters: Family::default(),
@@ -267,6 +278,16 @@ impl Metrics {
             "flower_model_call_duration_seconds",
             "Time a model call took, retries included",
             self.model_call_duration.clone(),
+        );
+        registry.register(
+            "flower_quota_waits",
+            "Waits of model calls for their route's rate limits (shared by every process), by the limit waited for",
+            self.quota_waits.clone(),
+        );
+        registry.register(
+            "flower_quota_wait_seconds",
+            "How long a model call was told to wait for its route's rate limits (each wait)",
+            self.quota_wait.clone(),
         );
         registry.register(
             "flower_tokens",

@@ -733,7 +733,29 @@ impl AgentSession {
         let outer = self.observer.clone();
         let journal = self.journal.clone();
         let (job, session) = (self.config.job_id, self.config.session_id);
+        // A call's first wait for its route's quota is recorded, not each.
+        let waited = Arc::new(std::sync::atomic::AtomicBool::new(false));
         Arc::new(move |ev: StreamEvent| {
+            if let StreamEvent::WaitingForQuota { route, wait, limit } = &ev {
+                let m = crate::metrics::metrics();
+                m.quota_waits.get_or_create(&crate::metrics::LimitLabel { limit }).inc();
+                m.quota_wait.observe(wait.as_secs_f64());
+                if !waited.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    let kind = EventKind::WaitingForQuota {
+                        session,
+                        route: route.clone(),
+                        wait_ms: wait.as_millis() as u64,
+                        limit: limit.to_string(),
+                    };
+                    let journal = journal.clone();
+                    tokio::spawn(async move {
+                        let batch = flower_store::Batch { events: vec![(job, kind)], ..Default::default() };
+                        if let Err(e) = journal.commit(batch).await {
+                            tracing::warn!(error = %e, "quota wait event not stored");
+                        }
+                    });
+                }
+            }
             if ev == StreamEvent::Started {
                 // The attempt that answered started last: its start counts.
                 *first.lock().unwrap_or_else(|p| p.into_inner()) = Some(started.elapsed().as_millis() as u64);

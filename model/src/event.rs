@@ -72,6 +72,16 @@ pub enum EventKind {
         attempt: u32,
         error: String,
     },
+    /// A model call waits for its route's rate limits before it is sent
+    /// (the first wait of a call: a call may wait again as others draw).
+    WaitingForQuota {
+        session: SessionId,
+        /// API, endpoint, key fingerprint and model.
+        route: String,
+        wait_ms: u64,
+        /// `requests`, `input tokens` or `output tokens`.
+        limit: String,
+    },
     /// A large tool result was written to the workbench and replaced by a pointer.
     Spill {
         session: SessionId,
@@ -205,6 +215,7 @@ impl EventKind {
             Self::TaskStarted { .. } => "task_started",
             Self::TaskFinished { .. } => "task_finished",
             Self::ProviderRetry { .. } => "provider_retry",
+            Self::WaitingForQuota { .. } => "waiting_for_quota",
             Self::WorkspaceConflict { .. } => "workspace_conflict",
             Self::QuestionAsked { .. } => "question_asked",
             Self::QuestionAnswered { .. } => "question_answered",

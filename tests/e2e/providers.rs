@@ -110,4 +110,17 @@ async fn calls_keep_under_a_rate_limit_learnt_from_the_simulators_headers() {
         events.iter().filter(|e| matches!(e.kind, flower_model::EventKind::ProviderRetry { .. })).collect();
     assert!(retries.is_empty(), "no call was refused: {retries:?}");
     assert!(started.elapsed() >= std::time::Duration::from_secs(10), "six calls at five a minute wait");
+    // The wait is told: an event names the route and the limit (unless the
+    // first five calls took the refill's 12 s by themselves).
+    let waited = events.iter().find_map(|e| match &e.kind {
+        flower_model::EventKind::WaitingForQuota { route, limit, wait_ms, .. } => Some((route, limit, *wait_ms)),
+        _ => None,
+    });
+    match waited {
+        Some((route, limit, wait_ms)) => {
+            assert_eq!((route, limit.as_str()), (&routes[0].0, "requests"));
+            assert!(wait_ms > 0 && wait_ms <= 12_250, "{wait_ms}");
+        }
+        None => assert!(started.elapsed() >= std::time::Duration::from_secs(12), "no wait told, yet no refusal"),
+    }
 }

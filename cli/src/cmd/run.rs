@@ -420,6 +420,9 @@ impl Progress {
             EventKind::ProviderRetry { error, attempt, .. } => {
                 self.line(format!("  ! model call retry {attempt}: {error}"))
             }
+            EventKind::WaitingForQuota { wait_ms, limit, .. } => {
+                self.line(format!("  … a model call waits {wait_ms} ms for its route's {limit} per minute"))
+            }
             EventKind::WorkspaceConflict { path, .. } => {
                 self.line(format!("  ! workspace conflict on {path} (later change kept)"))
             }
