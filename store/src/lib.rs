@@ -605,13 +605,21 @@ pub trait Store: Send + Sync + 'static {
     async fn audit_log(&self, namespace: Option<&str>, after_seq: i64, limit: u32) -> Result<Vec<AuditRecord>>;
 
     // ---- provider routes' rate limits, shared by every process (docs/design.md section 15)
-    /// Admit a request of `input_tokens` (estimated) on `route` at `now`
-    /// (ms): `None` when it may go (its request and input tokens taken, or
-    /// no limit known for the route), else how long it waits (nothing taken).
-    async fn admit_quota(&self, route: &str, input_tokens: u64, now: i64) -> Result<Option<quota::Wait>>;
+    /// Apply `change` to `route`'s buckets at `now` (ms), in one transaction
+    /// holding the route's row ([`rules::quota_change`] decides): for an
+    /// admission, `None` when the request may go, else how long it waits.
+    async fn change_quota(&self, route: &str, change: rules::QuotaChange, now: i64) -> Result<Option<quota::Wait>>;
+    /// Admit a request of `input_tokens` (estimated) on `route`: `None` when
+    /// it may go (its request and input tokens taken, or no limit known for
+    /// the route), else how long it waits (nothing taken).
+    async fn admit_quota(&self, route: &str, input_tokens: u64, now: i64) -> Result<Option<quota::Wait>> {
+        self.change_quota(route, rules::QuotaChange::Admit { input_tokens }, now).await
+    }
     /// Charge what a request on `route` used beyond its admission: input
     /// tokens above its estimate (negative: given back) and its output.
-    async fn charge_quota(&self, route: &str, input_tokens: f64, output_tokens: f64, now: i64) -> Result<()>;
+    async fn charge_quota(&self, route: &str, input_tokens: f64, output_tokens: f64, now: i64) -> Result<()> {
+        self.change_quota(route, rules::QuotaChange::Charge { input_tokens, output_tokens }, now).await.map(|_| ())
+    }
     /// The route's limits as a provider stated them (or an operator set
     /// them), what it said is left (`remaining`: buckets holding more come
     /// down to it), and, after a refusal that asked for patience, how long
@@ -623,32 +631,11 @@ pub trait Store: Send + Sync + 'static {
         remaining: Option<quota::Quota>,
         drain_ms: Option<i64>,
         now: i64,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.change_quota(route, rules::QuotaChange::Learn { limits, remaining, drain_ms }, now).await.map(|_| ())
+    }
     /// Every route's buckets, as last written.
     async fn route_quotas(&self) -> Result<Vec<(String, quota::Buckets)>>;
-}
-
-/// A route's buckets after `learn`: new ones full of `limits`, known ones
-/// relimited (what was used stays used), brought down to what is left,
-/// drained when asked.
-pub(crate) fn learnt(
-    current: Option<quota::Buckets>,
-    limits: quota::Quota,
-    remaining: Option<quota::Quota>,
-    drain_ms: Option<i64>,
-    now: i64,
-) -> quota::Buckets {
-    let mut b = current.unwrap_or_else(|| quota::Buckets::full(limits, now));
-    if b.quota != limits {
-        b.relimit(limits, now);
-    }
-    if let Some(left) = remaining {
-        b.observe(left, now);
-    }
-    if let Some(ms) = drain_ms {
-        b.drain(ms, now);
-    }
-    b
 }
 
 /// A namespace's tasks not ended ([`Store::task_counts`]).

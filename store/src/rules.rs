@@ -20,6 +20,8 @@ use flower_model::{
     Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, TaskState, Usage,
 };
 
+use flower_model::quota::{Buckets, Quota, Wait};
+
 use crate::{Batch, Claim, ClaimAnswer, ClaimRequest, Fence, Lease, OfferedEnd, StoreError, TaskEnd, Written};
 
 /// A task row to store and the event reporting it, written in one transaction.
@@ -512,3 +514,47 @@ pub fn answer_group(
 
 #[cfg(test)]
 mod tests;
+
+/// A change to a provider route's buckets ([`crate::Store::change_quota`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum QuotaChange {
+    /// Take a request and its estimated input tokens, or say how long to wait.
+    Admit { input_tokens: u64 },
+    /// What a request used beyond its admission.
+    Charge { input_tokens: f64, output_tokens: f64 },
+    /// Limits stated (or set), what is left, and a refusal's wait.
+    Learn { limits: Quota, remaining: Option<Quota>, drain_ms: Option<i64> },
+}
+
+/// What `change` makes of a route's buckets (`current`, `None` when the
+/// route has no row): the buckets to write (`None`: nothing), and, for an
+/// admission refused, the wait. A route without limits admits and charges
+/// nothing; learning makes its buckets full of the limits, or relimits
+/// known ones (what was used stays used), brings them down to what is
+/// left, and drains them when asked.
+pub fn quota_change(current: Option<Buckets>, change: QuotaChange, now: i64) -> (Option<Buckets>, Option<Wait>) {
+    match (current, change) {
+        (None, QuotaChange::Admit { .. } | QuotaChange::Charge { .. }) => (None, None),
+        (Some(mut b), QuotaChange::Admit { input_tokens }) => match b.admit(input_tokens, now) {
+            Ok(()) => (Some(b), None),
+            Err(wait) => (None, Some(wait)),
+        },
+        (Some(mut b), QuotaChange::Charge { input_tokens, output_tokens }) => {
+            b.charge(input_tokens, output_tokens, now);
+            (Some(b), None)
+        }
+        (current, QuotaChange::Learn { limits, remaining, drain_ms }) => {
+            let mut b = current.unwrap_or_else(|| Buckets::full(limits, now));
+            if b.quota != limits {
+                b.relimit(limits, now);
+            }
+            if let Some(left) = remaining {
+                b.observe(left, now);
+            }
+            if let Some(ms) = drain_ms {
+                b.drain(ms, now);
+            }
+            (Some(b), None)
+        }
+    }
+}

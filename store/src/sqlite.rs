@@ -1031,26 +1031,14 @@ impl Store for SqliteStore {
         self.run(move |c| access::spend(c, &namespace, since_day)).await
     }
 
-    async fn admit_quota(&self, route: &str, input_tokens: u64, now: i64) -> Result<Option<flower_model::quota::Wait>> {
-        let route = route.to_string();
-        self.tx(move |tx| access::admit_quota(tx, &route, input_tokens, now)).await
-    }
-
-    async fn charge_quota(&self, route: &str, input_tokens: f64, output_tokens: f64, now: i64) -> Result<()> {
-        let route = route.to_string();
-        self.tx(move |tx| access::charge_quota(tx, &route, input_tokens, output_tokens, now)).await
-    }
-
-    async fn learn_quota(
+    async fn change_quota(
         &self,
         route: &str,
-        limits: flower_model::quota::Quota,
-        remaining: Option<flower_model::quota::Quota>,
-        drain_ms: Option<i64>,
+        change: crate::rules::QuotaChange,
         now: i64,
-    ) -> Result<()> {
+    ) -> Result<Option<flower_model::quota::Wait>> {
         let route = route.to_string();
-        self.tx(move |tx| access::learn_quota(tx, &route, limits, remaining, drain_ms, now)).await
+        self.tx(move |tx| access::change_quota(tx, &route, change, now)).await
     }
 
     async fn route_quotas(&self) -> Result<Vec<(String, flower_model::quota::Buckets)>> {

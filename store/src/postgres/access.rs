@@ -247,53 +247,12 @@ async fn write_buckets(tx: &Tx<'_>, route: &str, b: &quota::Buckets, now: i64) -
     Ok(())
 }
 
-pub(super) async fn admit_quota(
+pub(super) async fn change_quota(
     store: &PostgresStore,
     route: &str,
-    input_tokens: u64,
+    change: crate::rules::QuotaChange,
     now: i64,
 ) -> Result<Option<quota::Wait>> {
-    let route = route.to_string();
-    store
-        .tx(move |tx| {
-            Box::pin(async move {
-                let Some(mut b) = locked_buckets(tx, &route).await? else { return Ok(None) };
-                match b.admit(input_tokens, now) {
-                    Ok(()) => write_buckets(tx, &route, &b, now).await.map(|_| None),
-                    Err(wait) => Ok(Some(wait)),
-                }
-            })
-        })
-        .await
-}
-
-pub(super) async fn charge_quota(
-    store: &PostgresStore,
-    route: &str,
-    input_tokens: f64,
-    output_tokens: f64,
-    now: i64,
-) -> Result<()> {
-    let route = route.to_string();
-    store
-        .tx(move |tx| {
-            Box::pin(async move {
-                let Some(mut b) = locked_buckets(tx, &route).await? else { return Ok(()) };
-                b.charge(input_tokens, output_tokens, now);
-                write_buckets(tx, &route, &b, now).await
-            })
-        })
-        .await
-}
-
-pub(super) async fn learn_quota(
-    store: &PostgresStore,
-    route: &str,
-    limits: quota::Quota,
-    remaining: Option<quota::Quota>,
-    drain_ms: Option<i64>,
-    now: i64,
-) -> Result<()> {
     let route = route.to_string();
     store
         .tx(move |tx| {
@@ -301,8 +260,11 @@ pub(super) async fn learn_quota(
                 // Two processes learning a new route at once: the second
                 // insert waits for the first, then updates its row.
                 let current = locked_buckets(tx, &route).await?;
-                let b = crate::learnt(current, limits, remaining, drain_ms, now);
-                write_buckets(tx, &route, &b, now).await
+                let (write, wait) = crate::rules::quota_change(current, change, now);
+                if let Some(b) = write {
+                    write_buckets(tx, &route, &b, now).await?;
+                }
+                Ok(wait)
             })
         })
         .await

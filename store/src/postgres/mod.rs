@@ -388,23 +388,13 @@ impl Store for PostgresStore {
         access::spend(self, namespace, since_day).await
     }
 
-    async fn admit_quota(&self, route: &str, input_tokens: u64, now: i64) -> Result<Option<flower_model::quota::Wait>> {
-        access::admit_quota(self, route, input_tokens, now).await
-    }
-
-    async fn charge_quota(&self, route: &str, input_tokens: f64, output_tokens: f64, now: i64) -> Result<()> {
-        access::charge_quota(self, route, input_tokens, output_tokens, now).await
-    }
-
-    async fn learn_quota(
+    async fn change_quota(
         &self,
         route: &str,
-        limits: flower_model::quota::Quota,
-        remaining: Option<flower_model::quota::Quota>,
-        drain_ms: Option<i64>,
+        change: crate::rules::QuotaChange,
         now: i64,
-    ) -> Result<()> {
-        access::learn_quota(self, route, limits, remaining, drain_ms, now).await
+    ) -> Result<Option<flower_model::quota::Wait>> {
+        access::change_quota(self, route, change, now).await
     }
 
     async fn route_quotas(&self) -> Result<Vec<(String, flower_model::quota::Buckets)>> {

@@ -217,31 +217,18 @@ fn write_buckets(c: &Connection, route: &str, b: &quota::Buckets, now: i64) -> R
     Ok(())
 }
 
-/// [`crate::Store::admit_quota`] in a transaction (one writer at a time).
-pub(super) fn admit_quota(c: &Connection, route: &str, input_tokens: u64, now: i64) -> Result<Option<quota::Wait>> {
-    let Some(mut b) = buckets(c, route)? else { return Ok(None) };
-    match b.admit(input_tokens, now) {
-        Ok(()) => write_buckets(c, route, &b, now).map(|_| None),
-        Err(wait) => Ok(Some(wait)),
-    }
-}
-
-pub(super) fn charge_quota(c: &Connection, route: &str, input_tokens: f64, output_tokens: f64, now: i64) -> Result<()> {
-    let Some(mut b) = buckets(c, route)? else { return Ok(()) };
-    b.charge(input_tokens, output_tokens, now);
-    write_buckets(c, route, &b, now)
-}
-
-pub(super) fn learn_quota(
+/// [`crate::Store::change_quota`] in a transaction (one writer at a time).
+pub(super) fn change_quota(
     c: &Connection,
     route: &str,
-    limits: quota::Quota,
-    remaining: Option<quota::Quota>,
-    drain_ms: Option<i64>,
+    change: crate::rules::QuotaChange,
     now: i64,
-) -> Result<()> {
-    let b = crate::learnt(buckets(c, route)?, limits, remaining, drain_ms, now);
-    write_buckets(c, route, &b, now)
+) -> Result<Option<quota::Wait>> {
+    let (write, wait) = crate::rules::quota_change(buckets(c, route)?, change, now);
+    if let Some(b) = write {
+        write_buckets(c, route, &b, now)?;
+    }
+    Ok(wait)
 }
 
 pub(super) fn route_quotas(c: &Connection) -> Result<Vec<(String, quota::Buckets)>> {
