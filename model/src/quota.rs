@@ -5,6 +5,8 @@
 //! enforces limits) and the store (which keeps a route's buckets for every
 //! process). Times are milliseconds on any clock the caller keeps.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 /// One bucket. Its level may go below zero (usage charged after the
@@ -59,12 +61,73 @@ impl Bucket {
         self.level -= n;
     }
 
+    /// The bucket as a provider's headers state it at `now`.
+    pub fn window(&self, now: i64) -> Window {
+        let mut b = *self;
+        b.refill(now);
+        Window {
+            limit: b.limit as u64,
+            remaining: b.level.max(0.0) as u64,
+            reset_in: Duration::from_millis(b.full_in().max(0) as u64),
+        }
+    }
+
     /// A new limit learnt or set: the level keeps what was used of the old one.
     pub fn relimit(&mut self, limit: u64) {
         let used = self.limit - self.level;
         self.limit = limit as f64;
         self.level = self.limit - used;
     }
+}
+
+/// One limit as a provider's headers state it (the simulator writes them,
+/// the clients read them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Per minute (both providers state their limits per minute).
+    pub limit: u64,
+    pub remaining: u64,
+    /// Until the limit is whole again (zero when no reset was stated).
+    pub reset_in: Duration,
+}
+
+/// OpenAI's duration format, as its `x-ratelimit-reset-*` headers write
+/// it: `1m0s`, `6s`, `1.500s`, `20ms`.
+pub fn openai_duration(d: Duration) -> String {
+    let ms = d.as_millis() as u64;
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (m, rest_ms) = (ms / 60_000, ms % 60_000);
+    let secs =
+        if rest_ms % 1000 == 0 { format!("{}s", rest_ms / 1000) } else { format!("{:.3}s", rest_ms as f64 / 1000.0) };
+    if m > 0 { format!("{m}m{secs}") } else { secs }
+}
+
+/// [`openai_duration`] read back: a sequence of number-and-unit parts
+/// (`h`, `m`, `s`, `ms`), e.g. `1m0s`, `6s`, `1.5s`, `20ms`, `2h3m`.
+pub fn parse_openai_duration(text: &str) -> Option<Duration> {
+    let mut total = 0.0_f64;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let value: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let secs = match &rest[..unit] {
+            "ms" => value / 1000.0,
+            "s" => value,
+            "m" => value * 60.0,
+            "h" => value * 3600.0,
+            _ => return None,
+        };
+        total += secs;
+        rest = &rest[unit..];
+    }
+    total.is_finite().then(|| Duration::from_secs_f64(total))
 }
 
 /// Rate limits per minute (each unset: no limit of that kind).
@@ -245,6 +308,19 @@ impl Buckets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn openais_durations_are_written_and_read_back() {
+        for (text, ms) in [("6s", 6000), ("1m0s", 60_000), ("20ms", 20), ("1.500s", 1500), ("2m3.250s", 123_250)] {
+            assert_eq!(openai_duration(Duration::from_millis(ms)), text);
+            assert_eq!(parse_openai_duration(text), Some(Duration::from_millis(ms)), "{text}");
+        }
+        assert_eq!(parse_openai_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_openai_duration("2h3m"), Some(Duration::from_millis(7_380_000)));
+        for bad in ["", "s", "5x", "1..2s"] {
+            assert_eq!(parse_openai_duration(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn buckets_admit_wait_for_the_longest_and_learn_new_limits() {

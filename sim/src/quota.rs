@@ -29,37 +29,19 @@ pub enum Api {
     OpenAi,
 }
 
-use flower_model::quota::{Bucket, Buckets};
+use flower_model::quota::{Buckets, Window, openai_duration};
 
 /// Milliseconds of `now` since `epoch` (the buckets' clock).
 fn ms(now: Instant, epoch: Instant) -> i64 {
     now.saturating_duration_since(epoch).as_millis() as i64
 }
 
-fn reading(b: &Bucket, now: i64) -> Reading {
-    let mut b = *b;
-    b.refill(now);
-    Reading {
-        limit: b.limit as u64,
-        remaining: b.level.max(0.0) as u64,
-        full_in: Duration::from_millis(b.full_in().max(0) as u64),
-    }
-}
-
-/// A bucket as the headers show it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Reading {
-    pub limit: u64,
-    pub remaining: u64,
-    pub full_in: Duration,
-}
-
 /// What the headers show of one key's buckets.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Readings {
-    pub requests: Option<Reading>,
-    pub input: Option<Reading>,
-    pub output: Option<Reading>,
+    pub requests: Option<Window>,
+    pub input: Option<Window>,
+    pub output: Option<Window>,
 }
 
 /// A refused request: how long to wait, which limit, and the buckets.
@@ -93,9 +75,7 @@ impl Quotas {
     fn with<T>(&self, key: &str, now: Instant, f: impl FnOnce(&mut Buckets, i64) -> T) -> T {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let (q, now) = (self.quota, ms(now, self.epoch));
-        let b = keys.entry(key.to_string()).or_insert_with(|| Buckets::full(q, now));
-        b.refill(now);
-        f(b, now)
+        f(keys.entry(key.to_string()).or_insert_with(|| Buckets::full(q, now)), now)
     }
 
     /// Admit a request of `input_tokens` (estimated) for `key`, taking one
@@ -130,9 +110,9 @@ impl Quotas {
 
 fn readings(b: &Buckets, now: i64) -> Readings {
     Readings {
-        requests: b.requests.as_ref().map(|r| reading(r, now)),
-        input: b.input.as_ref().map(|r| reading(r, now)),
-        output: b.output.as_ref().map(|r| reading(r, now)),
+        requests: b.requests.map(|r| r.window(now)),
+        input: b.input.map(|r| r.window(now)),
+        output: b.output.map(|r| r.window(now)),
     }
 }
 
@@ -154,18 +134,6 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
     (wait.as_secs_f64().ceil() as u64).max(1)
 }
 
-/// OpenAI's duration format: `1m0s`, `6s`, `1.5s`, `20ms`.
-pub fn openai_duration(d: Duration) -> String {
-    let ms = d.as_millis() as u64;
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    let (m, rest_ms) = (ms / 60_000, ms % 60_000);
-    let secs =
-        if rest_ms % 1000 == 0 { format!("{}s", rest_ms / 1000) } else { format!("{:.3}s", rest_ms as f64 / 1000.0) };
-    if m > 0 { format!("{m}m{secs}") } else { secs }
-}
-
 /// The rate-limit headers of `api` for `readings` (none when no quota is set).
 pub fn headers(api: Api, readings: &Readings, refused: Option<&Refused>) -> Vec<(HeaderName, HeaderValue)> {
     let mut out = Vec::new();
@@ -181,7 +149,7 @@ pub fn headers(api: Api, readings: &Readings, refused: Option<&Refused>) -> Vec<
             {
                 let Some(r) = r else { continue };
                 let reset =
-                    humantime::format_rfc3339_seconds(SystemTime::now() + r.full_in + Duration::from_millis(999));
+                    humantime::format_rfc3339_seconds(SystemTime::now() + r.reset_in + Duration::from_millis(999));
                 put(format!("anthropic-ratelimit-{kind}-limit"), r.limit.to_string());
                 put(format!("anthropic-ratelimit-{kind}-remaining"), r.remaining.to_string());
                 put(format!("anthropic-ratelimit-{kind}-reset"), reset.to_string());
@@ -192,7 +160,7 @@ pub fn headers(api: Api, readings: &Readings, refused: Option<&Refused>) -> Vec<
                 let Some(r) = r else { continue };
                 put(format!("x-ratelimit-limit-{kind}"), r.limit.to_string());
                 put(format!("x-ratelimit-remaining-{kind}"), r.remaining.to_string());
-                put(format!("x-ratelimit-reset-{kind}"), openai_duration(r.full_in));
+                put(format!("x-ratelimit-reset-{kind}"), openai_duration(r.reset_in));
             }
         }
     }
@@ -275,10 +243,10 @@ mod tests {
         let q = quota(50, 40_000, 8_000);
         let t0 = Instant::now();
         let r = q.admit("k", 1_000, t0).unwrap();
-        let h: HashMap<String, String> = headers(Api::Anthropic, &r, None)
-            .into_iter()
-            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
-            .collect();
+        let named = |pairs: Vec<(HeaderName, HeaderValue)>| -> HashMap<String, String> {
+            pairs.into_iter().map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string())).collect()
+        };
+        let h = named(headers(Api::Anthropic, &r, None));
         assert_eq!(h["anthropic-ratelimit-requests-limit"], "50");
         assert_eq!(h["anthropic-ratelimit-requests-remaining"], "49");
         assert_eq!(h["anthropic-ratelimit-input-tokens-remaining"], "39000");
@@ -287,17 +255,10 @@ mod tests {
         assert!(!h.contains_key("retry-after"));
         let refused =
             Refused { retry_after: Duration::from_millis(1500), limit: "requests", per_minute: 50, readings: r };
-        let h: HashMap<String, String> = headers(Api::OpenAi, &r, Some(&refused))
-            .into_iter()
-            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
-            .collect();
+        let h = named(headers(Api::OpenAi, &r, Some(&refused)));
         assert_eq!(h["x-ratelimit-limit-tokens"], "40000");
         assert_eq!(h["x-ratelimit-remaining-requests"], "49");
         assert_eq!((h["retry-after"].as_str(), h["retry-after-ms"].as_str()), ("2", "1500"));
-        assert_eq!(openai_duration(Duration::from_secs(60)), "1m0s");
-        assert_eq!(openai_duration(Duration::from_millis(6_000)), "6s");
-        assert_eq!(openai_duration(Duration::from_millis(20)), "20ms");
-        assert_eq!(openai_duration(Duration::from_millis(1_500)), "1.500s");
         assert!(Quota { requests_per_minute: Some(0), ..Default::default() }.check().is_err());
     }
 }

@@ -10,15 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::HeaderMap;
 
-/// One limit as a response states it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Window {
-    /// Per minute (both providers state their limits per minute).
-    pub limit: u64,
-    pub remaining: u64,
-    /// Until the limit is whole again (zero when the server gave no reset).
-    pub reset_in: Duration,
-}
+pub use flower_model::quota::Window;
+use flower_model::quota::parse_openai_duration;
 
 /// What one response said of its key's limits (each `None` when not stated).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,7 +49,8 @@ impl Stated {
         let openai = |kind: &str| {
             let limit = number(&format!("x-ratelimit-limit-{kind}"))?;
             let remaining = number(&format!("x-ratelimit-remaining-{kind}")).unwrap_or(limit);
-            let reset_in = text(&format!("x-ratelimit-reset-{kind}")).and_then(parse_duration).unwrap_or_default();
+            let reset_in =
+                text(&format!("x-ratelimit-reset-{kind}")).and_then(parse_openai_duration).unwrap_or_default();
             Some(Window { limit, remaining, reset_in })
         };
         let retry_after = text("retry-after-ms")
@@ -72,32 +66,6 @@ impl Stated {
             retry_after,
         }
     }
-}
-
-/// OpenAI's reset durations: a sequence of number-and-unit parts (`h`, `m`,
-/// `s`, `ms`), e.g. `1m0s`, `6s`, `1.5s`, `20ms`, `2h3m`.
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let mut total = 0.0_f64;
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let value: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let secs = match &rest[..unit] {
-            "ms" => value / 1000.0,
-            "s" => value,
-            "m" => value * 60.0,
-            "h" => value * 3600.0,
-            _ => return None,
-        };
-        total += secs;
-        rest = &rest[unit..];
-    }
-    total.is_finite().then(|| Duration::from_secs_f64(total))
 }
 
 #[cfg(test)]
@@ -149,12 +117,6 @@ mod tests {
         assert_eq!(s.input_tokens.unwrap().reset_in, Duration::from_millis(60_500));
         assert_eq!(s.output_tokens, None);
         assert_eq!(s.retry_after, Some(Duration::from_millis(1500)), "the finer one");
-        for (text, ms) in [("6s", 6000), ("1m0s", 60_000), ("20ms", 20), ("1.5s", 1500), ("2h3m", 7_380_000)] {
-            assert_eq!(parse_duration(text), Some(Duration::from_millis(ms)), "{text}");
-        }
-        for bad in ["", "s", "5x", "1..2s"] {
-            assert_eq!(parse_duration(bad), None, "{bad}");
-        }
         assert!(Stated::of(&HeaderMap::new()).is_empty(), "a local server states nothing");
     }
 }
