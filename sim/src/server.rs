@@ -138,6 +138,25 @@ fn error_response(status: u16, kind: &str, message: &str) -> Response {
     resp
 }
 
+/// A request admitted by its key's rate limits — its key, and what the
+/// headers will show — or the 429 that refuses it. Without a quota nothing
+/// is read or estimated.
+fn admitted(
+    engine: &Engine,
+    headers: &HeaderMap,
+    api: Api,
+    estimate: impl FnOnce() -> u64,
+) -> Result<(String, quota::Readings), Box<Response>> {
+    if !engine.quotas().quota().is_set() {
+        return Ok((String::new(), quota::Readings::default()));
+    }
+    let key = quota::key_of(headers);
+    match engine.quotas().admit(&key, estimate(), Instant::now()) {
+        Ok(readings) => Ok((key, readings)),
+        Err(refused) => Err(Box::new(rate_limited(api, &refused))),
+    }
+}
+
 /// A request over its key's rate limit: 429 in the provider's words, with
 /// `retry-after` and the rate-limit headers.
 fn rate_limited(api: Api, refused: &quota::Refused) -> Response {
@@ -189,10 +208,9 @@ async fn messages(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
     };
     // Admitted by the key's rate limits before it is played (a refused
     // request moves no scenario state).
-    let key = quota::key_of(&headers);
-    let readings = match engine.quotas().admit(&key, crate::engine::request_tokens(&body), Instant::now()) {
-        Ok(r) => r,
-        Err(refused) => return rate_limited(Api::Anthropic, &refused),
+    let (key, readings) = match admitted(&engine, &headers, Api::Anthropic, || crate::engine::request_tokens(&body)) {
+        Ok(admitted) => admitted,
+        Err(refused) => return *refused,
     };
     let resp = play_message(&engine, &headers, body, arrived, &key).await;
     rated(resp, Api::Anthropic, &readings)
@@ -294,17 +312,12 @@ async fn chat_completions(State(engine): State<Arc<Engine>>, headers: HeaderMap,
             );
         }
     };
-    let key = quota::key_of(&headers);
-    let readings = if engine.quotas().quota().is_set() {
-        // Estimated on the request as the engine reads it (a request it
-        // cannot read is refused by the engine, not counted).
-        let estimate = crate::chat::to_messages_body(&body).map_or(0, |b| crate::engine::request_tokens(&b));
-        match engine.quotas().admit(&key, estimate, Instant::now()) {
-            Ok(r) => r,
-            Err(refused) => return rate_limited(Api::OpenAi, &refused),
-        }
-    } else {
-        Default::default()
+    // Estimated on the request as the engine reads it (a request it cannot
+    // read is refused by the engine, not counted).
+    let estimate = || crate::chat::to_messages_body(&body).map_or(0, |b| crate::engine::request_tokens(&b));
+    let (key, readings) = match admitted(&engine, &headers, Api::OpenAi, estimate) {
+        Ok(admitted) => admitted,
+        Err(refused) => return *refused,
     };
     let resp = play_chat(&engine, &headers, body, &key).await;
     rated(resp, Api::OpenAi, &readings)
