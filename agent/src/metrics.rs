@@ -50,10 +50,19 @@ pub struct NamespaceOutcomeLabel {
     pub outcome: &'static str,
 }
 
-/// Which of a route's rate limits a call waited for.
+/// A provider route (api|endpoint|key fingerprint|model: a few per
+/// deployment, never a key).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LimitLabel {
-    pub limit: &'static str,
+pub struct RouteLabel {
+    pub route: String,
+}
+
+/// A route and one of its rate limits (requests, input tokens, output tokens).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLimitLabel {
+    pub route: String,
+    /// `requests`, `input_tokens` or `output_tokens`.
+    pub limit: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -118,8 +127,12 @@ pub struct Metrics {
     pub model_calls: Family<ModelCallLabels, Counter>,
     pub model_call_duration: Histogram,
     /// Waits of model calls for their route's rate limits, by limit.
-    pub quota_waits: Family<LimitLabel, Counter>,
-    pub quota_wait: Histogram,
+    pub quota_waits: Family<RouteLimitLabel, Counter>,
+    pub quota_wait: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    pub quota_admitted: Family<RouteLabel, Counter>,
+    pub quota_refused: Family<RouteLabel, Counter>,
+    pub quota_waiting: Family<RouteLabel, Gauge>,
+    pub quota_used: Family<RouteLimitLabel, Gauge<f64, AtomicU64>>,
     pub tokens: Family<KindLabel, Counter>,
     pub lease_takeovers: Counter,
     /// Task messages the queue gave up on, by what became of their task:
@@ -169,7 +182,11 @@ impl Metrics {
             model_calls: Family::default(),
             model_call_duration: Histogram::new(long_buckets()),
             quota_waits: Family::default(),
-            quota_wait: Histogram::new(long_buckets()),
+            quota_wait: Family::new_with_constructor(|| Histogram::new(long_buckets())),
+            quota_admitted: Family::default(),
+            quota_refused: Family::default(),
+            quota_waiting: Family::default(),
+            quota_used: Family::default(),
             tokens: Family::default(),
             lease_takeovers: Counter::default(),
             dead_letters: Family::default(),
@@ -281,13 +298,33 @@ impl Metrics {
         );
         registry.register(
             "flower_quota_waits",
-            "Waits of model calls for their route's rate limits (shared by every process), by the limit waited for",
+            "Waits of this process's model calls for their route's rate limits (shared by every process), by route and the limit waited for",
             self.quota_waits.clone(),
         );
         registry.register(
             "flower_quota_wait_seconds",
-            "How long a model call was told to wait for its route's rate limits (each wait)",
+            "How long a model call was told to wait for its route's turn (each wait), by route",
             self.quota_wait.clone(),
+        );
+        registry.register(
+            "flower_quota_admitted",
+            "Model calls of this process admitted by their route's rate limits, by route",
+            self.quota_admitted.clone(),
+        );
+        registry.register(
+            "flower_quota_refused",
+            "Model calls of this process the provider refused for its rate limits (429 or 529), by route",
+            self.quota_refused.clone(),
+        );
+        registry.register(
+            "flower_quota_waiting",
+            "Model calls of every process waiting for their route's turn now, by route (read from the store at each scrape)",
+            self.quota_waiting.clone(),
+        );
+        registry.register(
+            "flower_quota_used_ratio",
+            "How much of each of a route's rate limits is used now (0: all of it free, 1: none left, above 1: in debt), by route and limit",
+            self.quota_used.clone(),
         );
         registry.register(
             "flower_tokens",
@@ -363,6 +400,24 @@ impl Metrics {
     }
 
     /// Set a namespace's live and held tasks (as read from the store).
+    /// Each route's calls waiting and how much of each limit is used, at `now`.
+    pub fn set_routes(&self, routes: &[(String, flower_model::quota::Route)], now: i64) {
+        for (route, state) in routes {
+            let label = RouteLabel { route: route.clone() };
+            self.quota_waiting.get_or_create(&label).set(state.waiting_at(now).count() as i64);
+            let mut buckets = state.buckets;
+            buckets.refill(now);
+            for (limit, b) in
+                [("requests", buckets.requests), ("input_tokens", buckets.input), ("output_tokens", buckets.output)]
+            {
+                if let Some(b) = b.filter(|b| b.limit > 0.0) {
+                    let label = RouteLimitLabel { route: route.clone(), limit: limit.to_string() };
+                    self.quota_used.get_or_create(&label).set(1.0 - b.level / b.limit);
+                }
+            }
+        }
+    }
+
     pub fn set_namespace_tasks(&self, namespace: &str, tasks: flower_store::TaskCounts) {
         for (state, n) in [("live", tasks.live), ("held", tasks.held)] {
             let label = NamespaceStateLabel { namespace: namespace.to_string(), state };

@@ -41,6 +41,8 @@ pub struct SessionConfig {
     pub cache: flower_model::spec::CacheMode,
     /// Prune uneventful old tool output from the request view (see [`crate::surface::uneventful`]).
     pub prune_uneventful: bool,
+    /// Whose calls these are, for a rate-limited route's line.
+    pub claimant: flower_model::quota::Claimant,
 }
 
 /// How a run ended.
@@ -530,6 +532,7 @@ impl AgentSession {
                 CacheMode::Off => None,
             },
             session: Some(c.session_id.to_string()),
+            claimant: Some(c.claimant.clone()),
         };
         run.previous_tail = request.tail();
         request
@@ -738,8 +741,11 @@ impl AgentSession {
         Arc::new(move |ev: StreamEvent| {
             if let StreamEvent::WaitingForQuota { route, wait, limit } = &ev {
                 let m = crate::metrics::metrics();
-                m.quota_waits.get_or_create(&crate::metrics::LimitLabel { limit }).inc();
-                m.quota_wait.observe(wait.as_secs_f64());
+                let label = crate::metrics::RouteLimitLabel { route: route.clone(), limit: limit.replace(' ', "_") };
+                m.quota_waits.get_or_create(&label).inc();
+                m.quota_wait
+                    .get_or_create(&crate::metrics::RouteLabel { route: route.clone() })
+                    .observe(wait.as_secs_f64());
                 if !waited.swap(true, std::sync::atomic::Ordering::Relaxed) {
                     let kind = EventKind::WaitingForQuota {
                         session,

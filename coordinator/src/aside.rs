@@ -76,7 +76,9 @@ pub async fn aside(
         .render_index(flower_store::workbench::INDEX_ENTRIES)
         .await
         .unwrap_or_default();
-    let state = store.get_job(job).await?.state;
+    let record = store.get_job(job).await?;
+    let state = record.state;
+    let claimant = flower_model::quota::Claimant::new(record.namespace, job.to_string(), spec.priority());
     let input = format!(
         "# The question\n{question}\n\n# The job\n`{}` ({state}): {}\n\n# Its last {} events\n{recent}\n{index}",
         spec.name,
@@ -84,8 +86,14 @@ pub async fn aside(
         lines.len()
     );
     let side = Side { role: Role::Aside, label: "aside".into(), prompt: ASIDE_PROMPT, max_turns: 10 };
-    let wiring =
-        Wiring { journal, provider, objects, cancel: CancellationToken::new(), windows: Some(windows.clone()) };
+    let wiring = Wiring {
+        journal,
+        provider,
+        objects,
+        cancel: CancellationToken::new(),
+        windows: Some(windows.clone()),
+        claimant,
+    };
     let (id, session) = crate::side::open(wiring, spec, job, side, Vec::new()).await?;
     match session.run(Vec::new(), Some(vec![ContentBlock::text(input)])).await {
         Ok(Outcome::Answered { text, .. }) => Ok(Aside { session: id, answer: text }),

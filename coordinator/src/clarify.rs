@@ -157,7 +157,7 @@ async fn run_step(
         ))));
     }
     let side = Side { role: Role::Clarifier, label: step.label.into(), prompt: step.prompt, max_turns: 30 };
-    let (id, session) = crate::side::open(ctx.wiring(), spec, job, side, extra).await?;
+    let (id, session) = crate::side::open(ctx.wiring(job), spec, job, side, extra).await?;
     let mut input = Some(vec![ContentBlock::text(input)]);
     for attempt in 0..2 {
         let history = if attempt == 0 { Vec::new() } else { ctx.journal.store().entries(id, 0, u32::MAX).await? };

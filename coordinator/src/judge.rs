@@ -214,7 +214,7 @@ pub async fn judge(
         // Its commands run as tool-only tasks on workers, as the coordinator's own do.
         tools.push(Arc::new(crate::tools::bash::CommandTool::new(crate::runner::dispatcher(ctx, job), false)));
     }
-    let (id, session) = crate::side::open(ctx.wiring(), spec, job, side, tools).await?;
+    let (id, session) = crate::side::open(ctx.wiring(job), spec, job, side, tools).await?;
     let outcome = session.run(Vec::new(), Some(vec![ContentBlock::text(input)])).await;
     let verdict = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
     if ctx.stop.is_stopped() && verdict.is_none() {

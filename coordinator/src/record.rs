@@ -1,8 +1,9 @@
 //! A job's workflow record (`flower status JOB`, gRPC `GetWorkflow`): its
 //! lineage, its sessions by step, the judge's verdicts, the questions asked
-//! and their answers — read from the job row, its sessions and its events.
+//! and their answers, the model calls waiting for a rate-limited route — read
+//! from the job row, its sessions, its events and the routes' lines.
 
-use flower_model::{EventKind, JobId, Lineage, Role, SessionId};
+use flower_model::{EventKind, JobId, Lineage, Role, SessionId, now_ms};
 use flower_store::{Store, StoreError};
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +29,24 @@ pub struct Record {
     /// The coordinator's handoffs, each with the window an overflow error named.
     #[serde(default)]
     pub handoffs: Vec<HandoffLine>,
+    /// Its model calls waiting now for a rate-limited provider route's turn
+    /// (the job runs, held back by the route: not stalled).
+    #[serde(default)]
+    pub waiting_for_quota: Vec<QuotaWaitLine>,
+}
+
+/// A model call of the job waiting for its route's turn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QuotaWaitLine {
+    /// The provider route (api|endpoint|key fingerprint|model).
+    pub route: String,
+    /// The task whose call it is; `None`: the coordinator's (or a step's).
+    pub task: Option<String>,
+    pub priority: u8,
+    /// Since when it waits (ms).
+    pub since: i64,
+    /// When its turn should come (ms), as the route last told it.
+    pub turn_at: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -122,7 +141,35 @@ pub async fn workflow(store: &dyn Store, job: JobId) -> Result<Record, StoreErro
         _ => {}
     })
     .await?;
+    if !row.state.is_terminal() {
+        record.waiting_for_quota = quota_waits(store, job, now_ms()).await?;
+    }
     Ok(record)
+}
+
+/// `job`'s model calls waiting for a route's turn at `now`, earliest turn first.
+pub async fn quota_waits(store: &dyn Store, job: JobId, now: i64) -> Result<Vec<QuotaWaitLine>, StoreError> {
+    let job = job.to_string();
+    let mut out: Vec<QuotaWaitLine> = store
+        .route_quotas()
+        .await?
+        .into_iter()
+        .flat_map(|(route, state)| {
+            state
+                .waiting_at(now)
+                .filter(|w| w.claim.job == job)
+                .map(|w| QuotaWaitLine {
+                    route: route.clone(),
+                    task: Some(w.claim.task.clone()).filter(|t| !t.is_empty()),
+                    priority: w.claim.priority,
+                    since: w.since,
+                    turn_at: w.turn_at,
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort_by_key(|w| w.turn_at);
+    Ok(out)
 }
 
 impl Record {
@@ -152,6 +199,17 @@ impl Record {
                 h.window.map(|w| format!("; the model's window is {w} tokens")).unwrap_or_default(),
                 if h.degraded { "; degraded document" } else { "" },
                 h.document
+            ));
+        }
+        let now = now_ms();
+        for w in &self.waiting_for_quota {
+            out.push(format!(
+                "  waiting_for_quota: {} on {} (priority {}; waiting {:.0} s, turn in ~{:.0} s)",
+                w.task.as_deref().map_or_else(|| "the coordinator".to_string(), |t| format!("task {t}")),
+                w.route,
+                w.priority,
+                (now - w.since).max(0) as f64 / 1000.0,
+                (w.turn_at - now).max(0) as f64 / 1000.0,
             ));
         }
         for q in &self.questions {

@@ -49,18 +49,26 @@ pub struct JobContext {
     pub budgets: flower_agent::spend::NamespaceBudgets,
     /// The job's namespace.
     pub namespace: String,
+    /// The job's priority (its spec's).
+    pub priority: u8,
 }
 
 impl JobContext {
     /// What a side session (judge, clarifier) of this run runs with.
-    pub fn wiring(&self) -> crate::side::Wiring<'_> {
+    pub fn wiring(&self, job: JobId) -> crate::side::Wiring<'_> {
         crate::side::Wiring {
             journal: &self.journal,
             provider: self.provider.clone(),
             objects: self.objects.clone(),
             cancel: self.stop.token().clone(),
             windows: Some(self.windows.clone()),
+            claimant: self.claimant(job),
         }
+    }
+
+    /// Whose model calls the run's are, in a rate-limited route's line.
+    pub fn claimant(&self, job: JobId) -> flower_model::quota::Claimant {
+        flower_model::quota::Claimant::new(&self.namespace, job.to_string(), self.priority)
     }
 }
 
@@ -517,6 +525,7 @@ fn coordinator_session(ctx: &JobContext, spec: &JobSpec, job_id: JobId, session:
         max_tokens: spec.runtime.max_output_tokens,
         cache: spec.runtime.prompt_cache,
         prune_uneventful: spec.runtime.pruning.uneventful,
+        claimant: ctx.claimant(job_id),
     };
     let tools = flower_agent::surface::finish(tools, rt.tool_deferral);
     AgentSession::new(

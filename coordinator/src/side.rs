@@ -32,6 +32,8 @@ pub struct Wiring<'a> {
     pub cancel: CancellationToken,
     /// Where a window the provider names is recorded (the process's table).
     pub windows: Option<Windows>,
+    /// Whose calls the side session's are (the job's).
+    pub claimant: flower_model::quota::Claimant,
 }
 
 /// Store (and announce) the session, and build it: `Read` over the
@@ -74,6 +76,7 @@ pub async fn open(
         max_tokens: spec.runtime.max_output_tokens,
         cache: spec.runtime.prompt_cache,
         prune_uneventful: false,
+        claimant: w.claimant,
     };
     let mut session = AgentSession::new(
         config,

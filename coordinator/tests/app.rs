@@ -56,7 +56,7 @@ fn app(dir: &tempfile::TempDir, ids: Ids) -> (App, Arc<Recorded>, Arc<dyn Store>
 }
 
 fn submit(spec: &str, key: &str) -> SubmitRequest {
-    SubmitRequest { spec: spec.into(), workspace: Vec::new(), idempotency_key: key.into(), namespace: String::new() }
+    SubmitRequest { spec: spec.into(), idempotency_key: key.into(), ..Default::default() }
 }
 
 #[tokio::test]
@@ -91,6 +91,8 @@ async fn bad_input_names_its_field_and_stores_nothing() {
             ErrorKind::Invalid,
             "workspace[0].path:",
         ),
+        (SubmitRequest { priority: 6, ..submit(SPEC, "") }, ErrorKind::Invalid, "priority: 6"),
+        (submit(&format!("{SPEC}priority: 0\n"), ""), ErrorKind::Invalid, "spec: priority: 0"),
     ];
     for (request, kind, start) in cases {
         let e = app.submit(request).await.unwrap_err();

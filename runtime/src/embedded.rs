@@ -251,6 +251,7 @@ impl EmbeddedRuntime {
             budgets: flower_agent::spend::NamespaceBudgets::new(self.store.clone()),
             // A local run's jobs are the default namespace's.
             namespace: flower_model::access::DEFAULT_NAMESPACE.to_string(),
+            priority: spec.priority(),
         };
         let finished = run_job(&ctx, job_id).await;
         shutdown.cancel();

@@ -30,6 +30,10 @@ pub fn serve(listener: TcpListener, store: Option<Arc<dyn Store>>, shutdown: Can
                         Err(e) => tracing::warn!(error = %e, "jobs not counted for metrics"),
                     }
                     namespace_spend(store.as_ref()).await;
+                    match store.route_quotas().await {
+                        Ok(routes) => metrics().set_routes(&routes, flower_model::now_ms()),
+                        Err(e) => tracing::warn!(error = %e, "routes' rate limits not read for metrics"),
+                    }
                 }
                 let text = metrics().encode();
                 let openmetrics = headers

@@ -609,11 +609,21 @@ pub trait Store: Send + Sync + 'static {
     /// holding the route's row ([`rules::quota_change`] decides): for an
     /// admission, `None` when the request may go, else how long it waits.
     async fn change_quota(&self, route: &str, change: rules::QuotaChange, now: i64) -> Result<Option<quota::Wait>>;
-    /// Admit a request of `input_tokens` (estimated) on `route`: `None` when
-    /// it may go (its request and input tokens taken, or no limit known for
-    /// the route), else how long it waits (nothing taken).
-    async fn admit_quota(&self, route: &str, input_tokens: u64, now: i64) -> Result<Option<quota::Wait>> {
-        self.change_quota(route, rules::QuotaChange::Admit { input_tokens }, now).await
+    /// Admit the call `ticket` of `claim`, a request of `input_tokens`
+    /// (estimated), on `route`: `None` when it may go (its request and input
+    /// tokens taken, or no limit known for the route), else how long until
+    /// its turn (nothing taken; its place in line kept while it comes back
+    /// by then, [`quota::WAITER_LEASE_MS`] allowed).
+    async fn admit_quota(
+        &self,
+        route: &str,
+        claim: &quota::Claimant,
+        ticket: u64,
+        input_tokens: u64,
+        now: i64,
+    ) -> Result<Option<quota::Wait>> {
+        let claim = claim.clone();
+        self.change_quota(route, rules::QuotaChange::Admit { input_tokens, claim, ticket }, now).await
     }
     /// Charge what a request on `route` used beyond its admission: input
     /// tokens above its estimate (negative: given back) and its output.
@@ -635,7 +645,7 @@ pub trait Store: Send + Sync + 'static {
         self.change_quota(route, rules::QuotaChange::Learn { limits, remaining, drain_ms }, now).await.map(|_| ())
     }
     /// Every route's buckets, as last written.
-    async fn route_quotas(&self) -> Result<Vec<(String, quota::Buckets)>>;
+    async fn route_quotas(&self) -> Result<Vec<(String, quota::Route)>>;
 }
 
 /// A namespace's tasks not ended ([`Store::task_counts`]).

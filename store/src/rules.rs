@@ -20,7 +20,7 @@ use flower_model::{
     Entry, Event, EventKind, Job, JobId, JobState, Session, SessionId, Task, TaskId, TaskOutcome, TaskState, Usage,
 };
 
-use flower_model::quota::{Buckets, Quota, Wait};
+use flower_model::quota::{Buckets, Claimant, Quota, Route, Wait};
 
 use crate::{Batch, Claim, ClaimAnswer, ClaimRequest, Fence, Lease, OfferedEnd, StoreError, TaskEnd, Written};
 
@@ -516,35 +516,38 @@ pub fn answer_group(
 mod tests;
 
 /// A change to a provider route's buckets ([`crate::Store::change_quota`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum QuotaChange {
-    /// Take a request and its estimated input tokens, or say how long to wait.
-    Admit { input_tokens: u64 },
+    /// Take a request and its estimated input tokens for the call `ticket`
+    /// of `claim`, or keep it in line and say how long until its turn.
+    Admit { input_tokens: u64, claim: Claimant, ticket: u64 },
     /// What a request used beyond its admission.
     Charge { input_tokens: f64, output_tokens: f64 },
     /// Limits stated (or set), what is left, and a refusal's wait.
     Learn { limits: Quota, remaining: Option<Quota>, drain_ms: Option<i64> },
 }
 
-/// What `change` makes of a route's buckets (`current`, `None` when the
-/// route has no row): the buckets to write (`None`: nothing), and, for an
+/// What `change` makes of a route's state (`current`, `None` when the
+/// route has no row): the state to write (`None`: nothing), and, for an
 /// admission refused, the wait. A route without limits admits and charges
-/// nothing; learning makes its buckets full of the limits, or relimits
-/// known ones (what was used stays used), brings them down to what is
-/// left, and drains them when asked.
-pub fn quota_change(current: Option<Buckets>, change: QuotaChange, now: i64) -> (Option<Buckets>, Option<Wait>) {
+/// nothing; an admission goes in its turn ([`Route::admit`]); learning
+/// makes its buckets full of the limits, or relimits known ones (what was
+/// used stays used), brings them down to what is left, and drains them
+/// when asked.
+pub fn quota_change(current: Option<Route>, change: QuotaChange, now: i64) -> (Option<Route>, Option<Wait>) {
     match (current, change) {
         (None, QuotaChange::Admit { .. } | QuotaChange::Charge { .. }) => (None, None),
-        (Some(mut b), QuotaChange::Admit { input_tokens }) => match b.admit(input_tokens, now) {
-            Ok(()) => (Some(b), None),
-            Err(wait) => (None, Some(wait)),
-        },
-        (Some(mut b), QuotaChange::Charge { input_tokens, output_tokens }) => {
-            b.charge(input_tokens, output_tokens, now);
-            (Some(b), None)
+        (Some(mut r), QuotaChange::Admit { input_tokens, claim, ticket }) => {
+            let wait = r.admit(&claim, ticket, input_tokens, now).err();
+            (Some(r), wait)
+        }
+        (Some(mut r), QuotaChange::Charge { input_tokens, output_tokens }) => {
+            r.buckets.charge(input_tokens, output_tokens, now);
+            (Some(r), None)
         }
         (current, QuotaChange::Learn { limits, remaining, drain_ms }) => {
-            let mut b = current.unwrap_or_else(|| Buckets::full(limits, now));
+            let mut r = current.unwrap_or_else(|| Route::new(Buckets::full(limits, now)));
+            let b = &mut r.buckets;
             if b.quota != limits {
                 b.relimit(limits, now);
             }
@@ -554,7 +557,7 @@ pub fn quota_change(current: Option<Buckets>, change: QuotaChange, now: i64) -> 
             if let Some(ms) = drain_ms {
                 b.drain(ms, now);
             }
-            (Some(b), None)
+            (Some(r), None)
         }
     }
 }

@@ -1041,7 +1041,7 @@ impl Store for SqliteStore {
         self.tx(move |tx| access::change_quota(tx, &route, change, now)).await
     }
 
-    async fn route_quotas(&self) -> Result<Vec<(String, flower_model::quota::Buckets)>> {
+    async fn route_quotas(&self) -> Result<Vec<(String, flower_model::quota::Route)>> {
         self.run(|c| access::route_quotas(c)).await
     }
 

@@ -148,6 +148,9 @@ pub struct Options {
     /// (`coordinator/tests/fixtures/jwt`: issuer `https://idp.example`,
     /// audience `flower`).
     pub jwt: bool,
+    /// The test scenarios' simulator enforces this many requests a minute
+    /// (`flower sim --quota-rpm`).
+    pub sim_quota_rpm: Option<u32>,
 }
 
 impl Default for Options {
@@ -170,6 +173,7 @@ impl Default for Options {
             console: false,
             threads: None,
             jwt: false,
+            sim_quota_rpm: None,
         }
     }
 }
@@ -221,7 +225,12 @@ impl Cluster {
             }
         }
         std::fs::write(tests.path(), serde_json::to_string(&scenario).unwrap()).unwrap();
-        let sim = Proc::spawn(&["sim", "--listen", "127.0.0.1:0", "--scenario", tests.path().to_str().unwrap()], &[]);
+        let rpm = opts.sim_quota_rpm.map(|r| r.to_string());
+        let mut sim_args = vec!["sim", "--listen", "127.0.0.1:0", "--scenario", tests.path().to_str().unwrap()];
+        if let Some(rpm) = &rpm {
+            sim_args.extend(["--quota-rpm", rpm.as_str()]);
+        }
+        let sim = Proc::spawn(&sim_args, &[]);
         // The examples' roles (the demo's, the long-horizon job's) are played by a
         // second simulator, on one merged scenario.
         let examples = tempfile::NamedTempFile::new().unwrap();

@@ -27,6 +27,7 @@ mod mcp_serve;
 mod metrics;
 mod migrate;
 mod providers;
+mod quota;
 mod sandbox;
 mod sim_server;
 mod soak;

@@ -102,7 +102,7 @@ async fn calls_keep_under_a_rate_limit_learnt_from_the_simulators_headers() {
     assert!(
         routes[0].0.starts_with("messages|http://127.0.0.1:") && routes[0].0.ends_with("|k:none|claude-sonnet-4-5")
     );
-    assert_eq!(routes[0].1.quota.requests_per_minute, Some(5), "{routes:?}");
+    assert_eq!(routes[0].1.buckets.quota.requests_per_minute, Some(5), "{routes:?}");
     // ...and every later call waited for it instead of being refused: no
     // retry of a 429 (the sixth call waited ~12 s for its request).
     let events = store.events(job, 0, 10_000).await.unwrap();

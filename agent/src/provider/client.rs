@@ -145,7 +145,7 @@ where
     let estimate = || flower_model::usage::estimate_tokens(request.body_bytes().len());
     loop {
         let taken = match &config.quota {
-            Some(q) => q.admit(model, estimate, observer).await,
+            Some(q) => q.admit(model, request.claimant.as_ref(), estimate, observer).await,
             None => 0,
         };
         let result = {

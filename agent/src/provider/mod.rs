@@ -64,6 +64,9 @@ pub struct Request {
     /// The session the request belongs to (sent as a header, not in the body).
     #[serde(skip)]
     pub session: Option<String>,
+    /// Whose call it is: its place in a rate-limited route's line.
+    #[serde(skip)]
+    pub claimant: Option<flower_model::quota::Claimant>,
     /// The first messages as already encoded by an earlier request of the
     /// session ([`Encoded`]): written as they are, not encoded again.
     #[serde(skip)]

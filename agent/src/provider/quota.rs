@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flower_model::quota::Quota;
+use flower_model::quota::{Claimant, DEFAULT_PRIORITY, Quota};
 use flower_model::{Usage, now_ms};
 use flower_store::Store;
 use rand::Rng;
@@ -20,10 +20,14 @@ use sha2::Digest;
 
 use super::ratelimit::Stated;
 use super::{Observer, StreamEvent};
+use crate::metrics::RouteLabel;
 
 /// How long what this process knows of a route's limits is trusted before
 /// the store is read again (another process may have learnt them).
 const REFRESH: Duration = Duration::from_secs(10);
+
+/// The longest a waiting call sleeps before asking again (ms).
+const MAX_PAUSE_MS: i64 = 10_000;
 
 #[derive(Clone)]
 pub struct RouteQuotas {
@@ -70,35 +74,58 @@ impl RouteQuotas {
         };
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         known.insert(route.to_string(), (None, now));
-        for (r, buckets) in stored {
+        for (r, state) in stored {
             if r.starts_with(&self.prefix) {
-                known.insert(r, (Some(buckets.quota).filter(Quota::is_set), now));
+                known.insert(r, (Some(state.buckets.quota).filter(Quota::is_set), now));
             }
         }
         known.get(route).and_then(|(l, _)| *l)
     }
 
-    /// Wait until a request on `model` may go; its input tokens, estimated
-    /// by `estimate` only when the route has limits, are what its admission
+    /// Wait until a request on `model` may go, in its turn among the calls
+    /// waiting for the route (`claimant`'s place: its priority, its
+    /// namespace's and job's share); its input tokens, estimated by
+    /// `estimate` only when the route has limits, are what its admission
     /// took (0: nothing taken).
-    pub async fn admit(&self, model: &str, estimate: impl FnOnce() -> u64, observer: &Option<Observer>) -> u64 {
+    pub async fn admit(
+        &self,
+        model: &str,
+        claimant: Option<&Claimant>,
+        estimate: impl FnOnce() -> u64,
+        observer: &Option<Observer>,
+    ) -> u64 {
         let route = self.route(model);
         if self.limits(&route).await.is_none() {
             return 0;
         }
         let input_tokens = estimate();
+        let anonymous;
+        let claimant = match claimant {
+            Some(c) => c,
+            None => {
+                anonymous = Claimant::new(flower_model::access::DEFAULT_NAMESPACE, "", DEFAULT_PRIORITY);
+                &anonymous
+            }
+        };
+        let ticket: u64 = rand::rng().random();
         loop {
-            let wait = match self.store.admit_quota(&route, input_tokens, now_ms()).await {
-                Ok(None) => return input_tokens,
+            let wait = match self.store.admit_quota(&route, claimant, ticket, input_tokens, now_ms()).await {
+                Ok(None) => {
+                    crate::metrics::metrics().quota_admitted.get_or_create(&RouteLabel { route }).inc();
+                    return input_tokens;
+                }
                 Ok(Some(wait)) => wait,
                 Err(e) => {
                     tracing::warn!(%route, error = %e, "rate limit not checked; the call goes");
                     return 0;
                 }
             };
-            // A little jitter: callers woken together do not all come back at once.
-            let spread = (wait.ms / 10).clamp(1, 250) as u64;
-            let pause = Duration::from_millis(wait.ms.max(1) as u64 + rand::rng().random_range(0..=spread));
+            // Back when its turn should come (a little after: the calls before
+            // it go first), or sooner when that is far (limits raised, calls
+            // before it gone): its place is kept meanwhile.
+            let spread = (wait.ms / 50).clamp(1, 20) as u64;
+            let pause =
+                Duration::from_millis(wait.ms.clamp(1, MAX_PAUSE_MS) as u64 + rand::rng().random_range(0..=spread));
             tracing::info!(%route, wait_ms = pause.as_millis() as u64, limit = wait.limit.words(), "waiting for quota");
             if let Some(obs) = observer {
                 obs(StreamEvent::WaitingForQuota { route: route.clone(), wait: pause, limit: wait.limit.words() });
@@ -112,6 +139,9 @@ impl RouteQuotas {
     /// that wait for every process (the route's buckets emptied for it).
     pub async fn stated(&self, model: &str, stated: &Stated, refused: bool) {
         let route = self.route(model);
+        if refused {
+            crate::metrics::metrics().quota_refused.get_or_create(&RouteLabel { route: route.clone() }).inc();
+        }
         let limits = Quota {
             requests_per_minute: stated.requests.map(|w| w.limit).filter(|l| *l > 0),
             input_tokens_per_minute: stated.input_tokens.map(|w| w.limit).filter(|l| *l > 0),

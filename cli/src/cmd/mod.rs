@@ -56,7 +56,7 @@ pub fn human_count(n: u64) -> String {
     }
 }
 
-/// Settings that override a spec's `runtime` for this run (flags or environment).
+/// Settings that override a spec's `runtime` (and its priority) for this run (flags or environment).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct SpecOverrides {
     /// Tool deferral (docs/design.md, section 6): `off` makes every admitted tool resident and
@@ -69,11 +69,18 @@ pub struct SpecOverrides {
     /// Prompt-cache breakpoints: full (docs/design.md, section 6), tail-only (a naive builder, to compare), off
     #[arg(long, env = "FLOWER_PROMPT_CACHE", value_parser = cache_mode)]
     pub prompt_cache: Option<flower_model::spec::CacheMode>,
+    /// The job's priority, 1 (most urgent) to 5: whose model calls go first when a provider's
+    /// rate limit makes calls wait (overrides the spec's `priority`)
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub priority: Option<u8>,
 }
 
 impl SpecOverrides {
     pub fn any(&self) -> bool {
-        self.tool_deferral.is_some() || self.fanout_stagger.is_some() || self.prompt_cache.is_some()
+        self.tool_deferral.is_some()
+            || self.fanout_stagger.is_some()
+            || self.prompt_cache.is_some()
+            || self.priority.is_some()
     }
 
     pub fn apply(&self, spec: &mut flower_model::JobSpec) {
@@ -85,6 +92,9 @@ impl SpecOverrides {
         }
         if let Some(v) = self.prompt_cache {
             spec.runtime.prompt_cache = v;
+        }
+        if let Some(p) = self.priority {
+            spec.priority = Some(p);
         }
     }
 }

@@ -63,6 +63,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         idempotency_key: args.idempotency_key.unwrap_or_default(),
         workspace,
         namespace: args.namespace.clone(),
+        ..Default::default()
     };
     let resp = client.submit(req).await.map_err(status_error)?.into_inner();
     if args.json {

@@ -37,6 +37,13 @@ pub fn header(v: &JobView, now: i64) -> Markup {
             @if let Some(r) = &j.reason {
                 p class="reason" { (r) }
             }
+            @if let Some(w) = v.record.waiting_for_quota.first() {
+                p class="quota" {
+                    span class="state state-waiting_for_quota" { "waiting_for_quota" } " "
+                    (v.record.waiting_for_quota.len()) " model call(s) wait for their turn on " code { (w.route) }
+                    " (priority " (w.priority) "; next turn in ~" (human_ms((w.turn_at - now).max(0))) ")"
+                }
+            }
             @if let Some(a) = &j.final_answer {
                 details open { summary { "Final answer" } pre { (a) } }
             }

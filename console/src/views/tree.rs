@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use flower_coordinator::record::QuotaWaitLine;
 use flower_model::{JobId, Role, SessionId, Task, TaskId};
 use maud::{Markup, display, html};
 
@@ -19,6 +20,9 @@ pub fn task_tree(v: &JobView, now: i64) -> Markup {
     }
     let worker_session: BTreeMap<TaskId, SessionId> =
         v.sessions.iter().filter_map(|s| s.task_id.map(|t| (t, s.id))).collect();
+    let waiting: BTreeMap<String, &QuotaWaitLine> =
+        v.record.waiting_for_quota.iter().filter_map(|w| Some((w.task.clone()?, w))).collect();
+    let quota = |t: &Task| waiting.get(&t.id.to_string()).copied();
     html! {
         section id="tree" aria-labelledby="tree-h" {
             h2 id="tree-h" { "Task tree" }
@@ -30,13 +34,13 @@ pub fn task_tree(v: &JobView, now: i64) -> Markup {
                             (s.label) " " span class="role" { (s.role.as_str()) }
                         }
                         @if !tasks.is_empty() {
-                            ul { @for t in tasks { (task_item(job, t, worker_session.get(&t.id))) } }
+                            ul { @for t in tasks { (task_item(job, t, worker_session.get(&t.id), quota(t))) } }
                         }
                     }
                 }
                 // Tasks whose delegating session is not stored (never expected).
                 @for t in by_parent.into_values().flatten() {
-                    (task_item(job, t, worker_session.get(&t.id)))
+                    (task_item(job, t, worker_session.get(&t.id), quota(t)))
                 }
             }
             (charts::waterfall(v, now))
@@ -49,7 +53,7 @@ const HELD: &str = "waiting for its namespace's task limit (no worker slot taken
 
 /// One task: what it is (a link to its transcript when it has a session),
 /// its state, attempt, duration, tokens and who ran it.
-fn task_item(job: JobId, t: &Task, session: Option<&SessionId>) -> Markup {
+fn task_item(job: JobId, t: &Task, session: Option<&SessionId>, quota: Option<&QuotaWaitLine>) -> Markup {
     let label = if t.worker == flower_model::job::COMMAND_TASK {
         html! { "command: " (cut(&t.mandate, 80)) }
     } else {
@@ -64,6 +68,11 @@ fn task_item(job: JobId, t: &Task, session: Option<&SessionId>) -> Markup {
                 None => (label),
             }
             " " span class={ "tstate tstate-" (st) } title=[held.then_some(HELD)] { (st) } " "
+            @if let Some(w) = quota {
+                span class="tstate tstate-waiting_for_quota" title={ "its model call waits for its turn on " (w.route) } {
+                    "waiting_for_quota"
+                } " "
+            }
             span class="sub" {
                 "attempt " (t.attempt) " · " (human_ms(t.updated_at - t.created_at)) " · "
                 (t.usage.context_tokens() + t.usage.output_tokens) " tokens"

@@ -23,6 +23,8 @@ pub struct SubmitRequest {
     pub idempotency_key: String,
     /// The namespace to submit in; empty: the caller's.
     pub namespace: String,
+    /// 1–5, over the spec's; 0: the spec's.
+    pub priority: u32,
 }
 
 /// What a submit or a continue made.
@@ -62,7 +64,12 @@ impl App {
         }
         input::check_text("idempotency_key", &r.idempotency_key, MAX_IDEMPOTENCY_KEY)?;
         input::check_workspace_paths(r.workspace.iter().map(|(p, _)| p.as_str()))?;
-        let spec = JobSpec::parse(&r.spec).map_err(|e| AppError::bad_spec(&e))?;
+        let mut spec = JobSpec::parse(&r.spec).map_err(|e| AppError::bad_spec(&e))?;
+        match r.priority {
+            0 => {}
+            p @ 1..=5 => spec.priority = Some(p as u8),
+            p => return Err(AppError::invalid("priority", format!("{p}: 1 (most urgent) to 5, or 0 for the spec's"))),
+        }
         self.submit_in(&r.namespace, spec, r.workspace, r.idempotency_key).await
     }
 

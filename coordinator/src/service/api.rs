@@ -136,8 +136,13 @@ impl Flower for Api {
         let app = self.change(&req, Verb::Submit, "").await?;
         let r = req.into_inner();
         let workspace = r.workspace.into_iter().map(|f| (f.path, Bytes::from(f.content))).collect();
-        let submit =
-            SubmitRequest { spec: r.spec, workspace, idempotency_key: r.idempotency_key, namespace: r.namespace };
+        let submit = SubmitRequest {
+            spec: r.spec,
+            workspace,
+            idempotency_key: r.idempotency_key,
+            namespace: r.namespace,
+            priority: r.priority,
+        };
         let done = app.submit(submit).await?;
         Ok(Response::new(pb::SubmitResponse { job_id: done.job.id.to_string(), existing: !done.created }))
     }

@@ -180,12 +180,16 @@ impl Owner {
         let b = &self.backends;
         let journal = Journal::new(b.store.clone(), b.notifier.clone()).fenced(lease.fence());
         let mut namespace = flower_model::access::DEFAULT_NAMESPACE.to_string();
+        let mut priority = flower_model::quota::DEFAULT_PRIORITY;
         let provider = match b.store.get_job(job).await.map_err(|e| e.to_string()).and_then(|j| {
             namespace = j.namespace;
             let spec = JobSpec::from_value(j.spec).map_err(|e| e.to_string())?;
             b.providers.check(&spec).map(|_| spec)
         }) {
-            Ok(spec) => b.providers.for_spec(&spec),
+            Ok(spec) => {
+                priority = spec.priority();
+                b.providers.for_spec(&spec)
+            }
             Err(reason) => {
                 let _ = b.store.set_job_state(job, JobState::Failed, Some(reason), None, Some(lease.fence())).await;
                 None
@@ -205,6 +209,7 @@ impl Owner {
                 windows: b.windows.clone(),
                 budgets: self.budgets.clone(),
                 namespace,
+                priority,
             };
             // A store error is not a lost lease: while the lease holds (the
             // renewal loop stops the run when it is lost), the run is

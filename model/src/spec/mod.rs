@@ -83,6 +83,18 @@ pub struct JobSpec {
     /// Steps around the coordinator's run (default: none).
     #[serde(default, skip_serializing_if = "Workflow::is_empty")]
     pub workflow: Workflow,
+    /// 1 (most urgent) to 5 (default 3): whose model calls go first when a
+    /// provider route's rate limit makes calls wait (`flower submit
+    /// --priority` sets it too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
+}
+
+impl JobSpec {
+    /// The job's priority (1 most urgent, 5 least; 3 when unset).
+    pub fn priority(&self) -> u8 {
+        self.priority.unwrap_or(crate::quota::DEFAULT_PRIORITY)
+    }
 }
 
 /// An MCP server a job's workers connect to: stdio (`command`) or

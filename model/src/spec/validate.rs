@@ -56,6 +56,11 @@ impl JobSpec {
                 format!("at most {} destinations", crate::network::MAX_EGRESS),
             ));
         }
+        if let Some(p) = self.priority
+            && !(1..=5).contains(&p)
+        {
+            return Err(SpecError::new("priority", format!("{p}: a priority is 1 (most urgent) to 5")));
+        }
         self.runtime.validate_limits()?;
         self.validate_budget()
     }

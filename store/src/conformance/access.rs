@@ -246,11 +246,18 @@ pub async fn a_namespaces_max_tasks_admits_its_held_tasks_in_turn(store: &dyn St
 }
 
 pub async fn routes_share_their_rate_limits(store: &dyn Store) {
-    use flower_model::quota::{Limit, Quota};
+    use flower_model::quota::{Claimant, Limit, Quota};
 
     let route = "anthropic|http://127.0.0.1:1|k:0123456789ab|m";
     let t0 = now_ms();
-    assert_eq!(store.admit_quota(route, 1_000_000, t0).await.unwrap(), None, "no limit known: it goes");
+    let claim = Claimant::new("team-a", "job-1", 3);
+    let ticket = std::sync::atomic::AtomicU64::new(1);
+    let admit = |tokens: u64, at: i64| {
+        let n = ticket.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let claim = claim.clone();
+        async move { store.admit_quota(route, &claim, n, tokens, at).await }
+    };
+    assert_eq!(admit(1_000_000, t0).await.unwrap(), None, "no limit known: it goes");
     store.charge_quota(route, 5.0, 5.0, t0).await.unwrap();
     assert!(store.route_quotas().await.unwrap().is_empty(), "charging an unknown route stores nothing");
 
@@ -258,25 +265,47 @@ pub async fn routes_share_their_rate_limits(store: &dyn Store) {
         Quota { requests_per_minute: Some(3), input_tokens_per_minute: Some(1_000), output_tokens_per_minute: None };
     store.learn_quota(route, limits, None, None, t0).await.unwrap();
     // Admissions from many callers at once: exactly the limit goes.
-    let admitted = futures::future::join_all((0..8).map(|_| store.admit_quota(route, 10, t0))).await;
+    let admitted = futures::future::join_all((0..8).map(|_| admit(10, t0))).await;
     let went = admitted.iter().filter(|a| matches!(a, Ok(None))).count();
     assert_eq!(went, 3, "{admitted:?}");
     let wait = admitted.into_iter().find_map(|a| a.unwrap()).unwrap();
     assert_eq!((wait.limit, wait.per_minute), (Limit::Requests, 3));
     assert!((1..=20_000).contains(&wait.ms), "a third of a minute at most: {wait:?}");
     // Later, input tokens: what a request used above its estimate is charged.
-    let later = t0 + 60_000;
-    assert_eq!(store.admit_quota(route, 100, later).await.unwrap(), None);
+    // Later, when the calls left waiting above are gone (past their leases).
+    let later = t0 + 200_000;
+    assert_eq!(admit(100, later).await.unwrap(), None);
     store.charge_quota(route, 900.0, 0.0, later).await.unwrap();
-    let wait = store.admit_quota(route, 100, later).await.unwrap().unwrap();
+    let wait = admit(100, later).await.unwrap().unwrap();
     assert_eq!(wait.limit, Limit::InputTokens, "1,000 of 1,000 used");
     // A provider's refusal drains every bucket for its wait; new limits keep what was used.
     store.learn_quota(route, limits, None, Some(30_000), later + 60_000).await.unwrap();
-    assert!(store.admit_quota(route, 1, later + 60_000).await.unwrap().unwrap().ms >= 30_000);
+    assert!(admit(1, later + 60_000).await.unwrap().unwrap().ms >= 30_000);
     let raised = Quota { requests_per_minute: Some(1_000_000), input_tokens_per_minute: None, ..limits };
     store.learn_quota(route, raised, None, None, later + 200_000).await.unwrap();
-    assert_eq!(store.admit_quota(route, 1_000_000, later + 200_000).await.unwrap(), None);
+    assert_eq!(admit(1_000_000, later + 200_000).await.unwrap(), None);
     let all = store.route_quotas().await.unwrap();
     assert_eq!(all.len(), 1);
-    assert_eq!((all[0].0.as_str(), all[0].1.quota), (route, raised));
+    assert_eq!((all[0].0.as_str(), all[0].1.buckets.quota), (route, raised));
+
+    // Who goes first: an urgent call asking after others goes before them,
+    // and each is told when its turn comes.
+    let line = "anthropic|http://127.0.0.1:1|k:0123456789ab|line";
+    let per_second = Quota { requests_per_minute: Some(60), ..Quota::default() };
+    let none_left = Quota { requests_per_minute: Some(0), ..Quota::default() };
+    store.learn_quota(line, per_second, Some(none_left), None, t0).await.unwrap();
+    let (low, urgent) = (Claimant::new("team-a", "job-1", 5), Claimant::new("team-b", "job-2", 1));
+    for (n, turn) in [(100, 1_000), (101, 2_000)] {
+        let wait = store.admit_quota(line, &low, n, 10, t0).await.unwrap().unwrap();
+        assert_eq!(wait.ms, turn, "told when its turn comes");
+    }
+    let wait = store.admit_quota(line, &urgent, 200, 10, t0 + 1).await.unwrap().unwrap();
+    assert_eq!(wait.ms, 999, "first in line");
+    assert!(store.admit_quota(line, &low, 100, 10, t0 + 1_000).await.unwrap().is_some(), "the urgent call's turn");
+    let waiting = store.route_quotas().await.unwrap().into_iter().find(|(r, _)| r == line).unwrap().1;
+    let mut jobs: Vec<_> = waiting.waiting_at(t0 + 1_000).map(|w| w.claim.job.as_str()).collect();
+    jobs.sort();
+    assert_eq!(jobs, ["job-1", "job-1", "job-2"], "who waits is there for every process to show");
+    assert_eq!(store.admit_quota(line, &urgent, 200, 10, t0 + 1_000).await.unwrap(), None);
+    assert_eq!(store.admit_quota(line, &low, 100, 10, t0 + 2_000).await.unwrap(), None);
 }

@@ -231,12 +231,12 @@ pub(super) async fn audit_log(
 }
 
 /// A route's buckets, read and locked for the transaction.
-async fn locked_buckets(tx: &Tx<'_>, route: &str) -> Result<Option<quota::Buckets>> {
+async fn locked_buckets(tx: &Tx<'_>, route: &str) -> Result<Option<quota::Route>> {
     let row = db_query_opt(tx, "SELECT buckets FROM route_quotas WHERE route = $1 FOR UPDATE", &[&route]).await?;
     row.map(|r| from_json(r.get(0))).transpose()
 }
 
-async fn write_buckets(tx: &Tx<'_>, route: &str, b: &quota::Buckets, now: i64) -> Result<()> {
+async fn write_buckets(tx: &Tx<'_>, route: &str, b: &quota::Route, now: i64) -> Result<()> {
     db_execute(
         tx,
         "INSERT INTO route_quotas (route, buckets, updated_at) VALUES ($1, $2, $3)
@@ -270,7 +270,7 @@ pub(super) async fn change_quota(
         .await
 }
 
-pub(super) async fn route_quotas(store: &PostgresStore) -> Result<Vec<(String, quota::Buckets)>> {
+pub(super) async fn route_quotas(store: &PostgresStore) -> Result<Vec<(String, quota::Route)>> {
     let c = store.pool.get().await?;
     let rows = db_query(&c, "SELECT route, buckets FROM route_quotas ORDER BY route", &[]).await?;
     rows.iter().map(|r| Ok((r.get(0), from_json(r.get(1))?))).collect()

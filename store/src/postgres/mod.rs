@@ -397,7 +397,7 @@ impl Store for PostgresStore {
         access::change_quota(self, route, change, now).await
     }
 
-    async fn route_quotas(&self) -> Result<Vec<(String, flower_model::quota::Buckets)>> {
+    async fn route_quotas(&self) -> Result<Vec<(String, flower_model::quota::Route)>> {
         access::route_quotas(self).await
     }
 

@@ -200,7 +200,7 @@ pub(super) fn audit_log(c: &Connection, namespace: Option<&str>, after: i64, lim
         .collect()
 }
 
-fn buckets(c: &Connection, route: &str) -> Result<Option<quota::Buckets>> {
+fn buckets(c: &Connection, route: &str) -> Result<Option<quota::Route>> {
     let text: Option<String> = c
         .prepare_cached("SELECT buckets FROM route_quotas WHERE route = ?1")?
         .query_row(params![route], |r| r.get(0))
@@ -208,7 +208,7 @@ fn buckets(c: &Connection, route: &str) -> Result<Option<quota::Buckets>> {
     text.map(|t| parse(&t)).transpose()
 }
 
-fn write_buckets(c: &Connection, route: &str, b: &quota::Buckets, now: i64) -> Result<()> {
+fn write_buckets(c: &Connection, route: &str, b: &quota::Route, now: i64) -> Result<()> {
     c.prepare_cached(
         "INSERT INTO route_quotas (route, buckets, updated_at) VALUES (?1, ?2, ?3)
          ON CONFLICT (route) DO UPDATE SET buckets = excluded.buckets, updated_at = excluded.updated_at",
@@ -231,7 +231,7 @@ pub(super) fn change_quota(
     Ok(wait)
 }
 
-pub(super) fn route_quotas(c: &Connection) -> Result<Vec<(String, quota::Buckets)>> {
+pub(super) fn route_quotas(c: &Connection) -> Result<Vec<(String, quota::Route)>> {
     let mut stmt = c.prepare_cached("SELECT route, buckets FROM route_quotas ORDER BY route")?;
     let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
     rows.map(|r| {

@@ -141,7 +141,7 @@ impl Worker {
         let hooks = worker_hooks(task, spec, wspec, dir);
         let history = if fresh { Vec::new() } else { self.load_history(task, spec, &dir.path).await? };
         let input = history.is_empty().then(|| vec![flower_model::ContentBlock::text(task.mandate.clone())]);
-        let config = session_config(task, spec, wspec, &tools);
+        let config = session_config(task, job, spec, wspec, &tools);
         // While the coordinator may ask for a raise (`runtime.budget.wait`),
         // it is the budget's gate: a worker stops on the deadline only, the
         // tasks in flight finish, and the coordinator's next call asks.
@@ -243,7 +243,7 @@ fn worker_hooks(task: &Task, spec: &JobSpec, wspec: &WorkerSpec, dir: &TaskDir) 
 }
 
 /// Who the worker's session is and what bounds it.
-fn session_config(task: &Task, spec: &JobSpec, wspec: &WorkerSpec, tools: &ToolSet) -> SessionConfig {
+fn session_config(task: &Task, job: &Job, spec: &JobSpec, wspec: &WorkerSpec, tools: &ToolSet) -> SessionConfig {
     SessionConfig {
         job_id: task.job_id,
         session_id: task.id.session(),
@@ -259,6 +259,10 @@ fn session_config(task: &Task, spec: &JobSpec, wspec: &WorkerSpec, tools: &ToolS
         max_tokens: spec.runtime.max_output_tokens,
         cache: spec.runtime.prompt_cache,
         prune_uneventful: spec.runtime.pruning.uneventful,
+        claimant: flower_model::quota::Claimant {
+            task: task.id.to_string(),
+            ..flower_model::quota::Claimant::new(&job.namespace, job.id.to_string(), spec.priority())
+        },
     }
 }
 

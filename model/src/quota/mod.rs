@@ -7,6 +7,9 @@
 
 use std::time::Duration;
 
+mod queue;
+pub use queue::{Claimant, DEFAULT_PRIORITY, Route, Shares, WAITER_LEASE_MS, Waiter};
+
 use serde::{Deserialize, Serialize};
 
 /// One bucket. Its level may go below zero (usage charged after the
