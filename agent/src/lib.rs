@@ -38,6 +38,7 @@ pub mod mailbox;
 pub mod metrics;
 pub mod provider;
 pub mod session;
+pub mod slot;
 pub mod spend;
 pub mod surface;
 pub mod tool;

@@ -35,6 +35,9 @@ pub struct DistributedConfig {
     pub providers: Vec<String>,
     /// Concurrent model calls per provider from this process.
     pub provider_concurrency: usize,
+    /// Admit model calls against their routes' limits kept in the store
+    /// (else each call retries its own 429s).
+    pub shared_rate_limits: bool,
     /// Deliveries of a task before it fails without running again.
     pub max_attempts: u32,
     /// Time a running task may go without a heartbeat before it is redelivered.
@@ -97,7 +100,8 @@ impl DistributedConfig {
         let store = Arc::new(store);
         // Every process draws from the routes' rate limits kept in the store.
         let shared: Arc<dyn flower_store::Store> = store.clone();
-        let providers = ConfiguredProviders::parse(&self.providers, self.provider_concurrency.max(1), Some(&shared))?;
+        let quotas = self.shared_rate_limits.then_some(&shared);
+        let providers = ConfiguredProviders::parse(&self.providers, self.provider_concurrency.max(1), quotas)?;
         let mut nats = NatsConfig::new(self.nats_url.clone(), self.nats_prefix.clone());
         nats.ack_wait = self.ack_wait;
         nats.max_attempts = self.max_attempts;

@@ -54,18 +54,42 @@ pub struct Refused {
     pub readings: Readings,
 }
 
+/// What the limits let through and refused, every key together (`GET
+/// /v1/flower/quota`, for benchmarks): requests admitted, their estimated
+/// input tokens and their output, requests refused, and when the first and
+/// last were admitted (ms since the Unix epoch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Tally {
+    pub admitted: u64,
+    pub refused: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub first_ms: Option<i64>,
+    pub last_ms: Option<i64>,
+}
+
 /// The buckets of every key seen (in memory; a key is never logged).
 #[derive(Debug)]
 pub struct Quotas {
     quota: Quota,
     keys: Mutex<HashMap<String, Buckets>>,
+    tally: Mutex<Tally>,
     /// The buckets' clock starts here.
     epoch: Instant,
 }
 
 impl Quotas {
     pub fn new(quota: Quota) -> Self {
-        Self { quota, keys: Mutex::default(), epoch: Instant::now() }
+        Self { quota, keys: Mutex::default(), tally: Mutex::default(), epoch: Instant::now() }
+    }
+
+    /// What every key was admitted and refused so far.
+    pub fn tally(&self) -> Tally {
+        *self.tally.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Tally)) {
+        f(&mut self.tally.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     pub fn quota(&self) -> Quota {
@@ -84,7 +108,7 @@ impl Quotas {
         if !self.quota.is_set() {
             return Ok(Readings::default());
         }
-        self.with(key, now, |b, now| match b.admit(input_tokens, now) {
+        let admitted = self.with(key, now, |b, now| match b.admit(input_tokens, now) {
             Ok(()) => Ok(readings(b, now)),
             Err(wait) => Err(Box::new(Refused {
                 retry_after: Duration::from_millis(wait.ms as u64),
@@ -92,7 +116,18 @@ impl Quotas {
                 per_minute: wait.per_minute,
                 readings: readings(b, now),
             })),
-        })
+        });
+        let at = flower_model::now_ms();
+        self.count(|t| match &admitted {
+            Ok(_) => {
+                t.admitted += 1;
+                t.input_tokens += input_tokens;
+                t.first_ms = Some(t.first_ms.unwrap_or(at));
+                t.last_ms = Some(at);
+            }
+            Err(_) => t.refused += 1,
+        });
+        admitted
     }
 
     /// Charge the output a request produced (on OpenAI's API, to the
@@ -101,6 +136,7 @@ impl Quotas {
         if !self.quota.is_set() {
             return;
         }
+        self.count(|t| t.output_tokens += output_tokens);
         self.with(key, now, |b, now| {
             let input = if api == Api::OpenAi { output_tokens as f64 } else { 0.0 };
             b.charge(input, output_tokens as f64, now);

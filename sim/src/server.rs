@@ -58,12 +58,12 @@ impl SimHandle {
         format!("http://{}", self.addr)
     }
 
-    /// Every session's cache audit so far (see [`crate::engine::AuditRecord`]).
     /// The rate limits enforced per API key.
     pub fn quota(&self) -> crate::quota::Quota {
         self.engine.quotas().quota()
     }
 
+    /// Every session's cache audit so far (see [`crate::engine::AuditRecord`]).
     pub fn audit(&self) -> std::collections::HashMap<String, Vec<crate::engine::AuditRecord>> {
         self.engine.audit()
     }
@@ -121,6 +121,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/messages", post(messages))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/flower/audit", get(audit))
+        .route("/v1/flower/quota", get(quota_tally))
         .route("/", get(|| async { "flower sim: POST /v1/messages, POST /v1/chat/completions\n" }))
         .with_state(engine)
 }
@@ -526,6 +527,12 @@ impl Outbox {
 
 /// `GET /v1/flower/audit`: per session, what each request read versus what
 /// the previous one left cached (see [`crate::engine::AuditRecord`]).
+/// The limits and what they let through and refused so far.
+async fn quota_tally(State(engine): State<Arc<Engine>>) -> Response {
+    let q = engine.quotas();
+    axum::Json(json!({"quota": q.quota(), "tally": q.tally()})).into_response()
+}
+
 async fn audit(State(engine): State<Arc<Engine>>) -> Response {
     axum::Json(json!({"sessions": engine.audit()})).into_response()
 }

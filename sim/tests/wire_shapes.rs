@@ -257,6 +257,15 @@ async fn a_quota_is_enforced_per_key_with_each_providers_429_and_headers() {
         (e["error"]["code"].as_str(), e["error"]["type"].as_str()),
         (Some("rate_limit_exceeded"), Some("requests"))
     );
+    // What the limits let through and refused, every key together.
+    let tally: Value = reqwest::get(format!("{base}/v1/flower/quota")).await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (tally["tally"]["admitted"].as_u64(), tally["tally"]["refused"].as_u64()),
+        (Some(5), Some(2)),
+        "{tally}"
+    );
+    assert!(tally["tally"]["input_tokens"].as_u64().unwrap() > 0, "{tally}");
+    assert_eq!(tally["quota"]["requests_per_minute"], 2, "{tally}");
 
     // No quota: no rate-limit headers.
     let unlimited = sim().await;

@@ -130,7 +130,8 @@ impl RouteQuotas {
             if let Some(obs) = observer {
                 obs(StreamEvent::WaitingForQuota { route: route.clone(), wait: pause, limit: wait.limit.words() });
             }
-            tokio::time::sleep(pause).await;
+            // The task's worker slot is lent meanwhile.
+            crate::slot::lent(pause).await;
         }
     }
 

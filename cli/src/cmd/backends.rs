@@ -38,6 +38,10 @@ pub struct BackendArgs {
     /// Concurrent model calls per provider from this process
     #[arg(long, env = "FLOWER_PROVIDER_CONCURRENCY", default_value_t = 16)]
     pub provider_concurrency: usize,
+    /// Shared rate limits: `shared` (default) admits each model call against its route's limits,
+    /// kept in the store for every process; `off` leaves each call to retry its own 429s (to compare)
+    #[arg(long, env = "FLOWER_RATE_LIMITS", default_value = "shared", value_parser = ["shared", "off"])]
+    pub rate_limits: String,
     /// Deliveries of a task before it fails without running again
     #[arg(long, env = "FLOWER_MAX_ATTEMPTS", default_value_t = 3)]
     pub max_attempts: u32,
@@ -67,6 +71,7 @@ impl BackendArgs {
             s3: S3Options::from_env(),
             providers: self.providers.clone(),
             provider_concurrency: self.provider_concurrency,
+            shared_rate_limits: self.rate_limits == "shared",
             max_attempts: self.max_attempts,
             ack_wait: self.ack_wait,
             tool_policy: self.tool_policy()?,

@@ -680,6 +680,7 @@ impl Cluster {
             s3: Default::default(),
             providers: Vec::new(),
             provider_concurrency: 64,
+            shared_rate_limits: true,
             max_attempts: 3,
             ack_wait: Duration::from_secs(30),
             tool_policy: Default::default(),

@@ -186,15 +186,21 @@ impl Worker {
         })
     }
 
-    /// Consume with `concurrency` loops until `shutdown`; running tasks finish
+    /// Consume with `concurrency` slots until `shutdown`; running tasks finish
     /// (drain) before this returns. Cancel notices stop a job's running tasks.
+    /// A task whose model call waits for its route's turn lends its slot
+    /// meanwhile ([`flower_agent::slot`]): there are more loops than slots, so
+    /// another task may take it, up to `RESIDENT_PER_SLOT` tasks per slot in hand.
     pub async fn run(self: Arc<Self>, concurrency: usize, shutdown: CancellationToken) {
         let mut loops = Vec::new();
-        flower_agent::metrics::metrics().worker_slots.set(concurrency.max(1) as i64);
-        for slot in 0..concurrency.max(1) {
+        let concurrency = concurrency.max(1);
+        flower_agent::metrics::metrics().worker_slots.set(concurrency as i64);
+        let slots = Arc::new(tokio::sync::Semaphore::new(concurrency));
+        for n in 0..concurrency * flower_agent::slot::RESIDENT_PER_SLOT {
             let me = self.clone();
             let stop = shutdown.clone();
-            loops.push(tokio::spawn(async move { me.consume(slot, stop).await }));
+            let slots = slots.clone();
+            loops.push(tokio::spawn(async move { me.consume(n, slots, stop).await }));
         }
         let me = self.clone();
         let stop = shutdown.clone();
@@ -210,17 +216,26 @@ impl Worker {
         self.spare.drop_all().await;
     }
 
-    async fn consume(&self, slot: usize, shutdown: CancellationToken) {
+    /// One loop: a free slot, then a message, handled in the slot.
+    async fn consume(&self, n: usize, slots: Arc<tokio::sync::Semaphore>, shutdown: CancellationToken) {
         loop {
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+                _ = shutdown.cancelled() => return,
+            };
             let delivery = tokio::select! {
                 d = self.queue.next() => d,
                 _ = shutdown.cancelled() => return,
             };
             match delivery {
-                Ok(d) => self.handle(d).await,
+                Ok(d) => flower_agent::slot::Slot::new(slots.clone(), permit).scope(self.handle(d)).await,
                 Err(BusError::Closed) => return,
                 Err(e) => {
-                    tracing::warn!(slot, error = %e, "task queue unavailable, retrying");
+                    drop(permit);
+                    tracing::warn!(loop = n, error = %e, "task queue unavailable, retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
