@@ -8,10 +8,11 @@
 //! running.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Tasks a worker holds per slot at most (the running ones and those
 /// waiting for their route without a slot).
@@ -24,14 +25,80 @@ tokio::task_local! {
     static SLOT: Arc<Slot>;
 }
 
+/// A worker's slots. A loop takes one before it waits for a message and
+/// parks it meanwhile ([`Slots::park`]); a task back from its wait takes a
+/// free slot or else a parked one — else it could wait behind loops idling
+/// for messages that never come — and a loop whose slot was taken takes
+/// another before it runs the message it got.
+pub struct Slots {
+    permits: Arc<Semaphore>,
+    parked: Mutex<Vec<(u64, OwnedSemaphorePermit)>>,
+    next: AtomicU64,
+    parking: Notify,
+}
+
+impl Slots {
+    pub fn new(n: usize) -> Arc<Self> {
+        Arc::new(Self {
+            permits: Arc::new(Semaphore::new(n)),
+            parked: Mutex::default(),
+            next: AtomicU64::new(0),
+            parking: Notify::new(),
+        })
+    }
+
+    /// A free slot (`None`: closed).
+    pub async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        self.permits.clone().acquire_owned().await.ok()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, OwnedSemaphorePermit)>> {
+        self.parked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Park an idle loop's slot: a task back from its wait may take it.
+    pub fn park(&self, permit: OwnedSemaphorePermit) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().push((id, permit));
+        self.parking.notify_waiters();
+        id
+    }
+
+    /// The parked slot back, unless a task took it.
+    pub fn unpark(&self, id: u64) -> Option<OwnedSemaphorePermit> {
+        let mut parked = self.lock();
+        let at = parked.iter().position(|(i, _)| *i == id)?;
+        Some(parked.swap_remove(at).1)
+    }
+
+    /// A slot for a task back from its wait: a free one, or a parked one.
+    async fn take_back(&self) -> Option<OwnedSemaphorePermit> {
+        loop {
+            let parking = self.parking.notified();
+            tokio::pin!(parking);
+            parking.as_mut().enable();
+            if let Ok(p) = self.permits.clone().try_acquire_owned() {
+                return Some(p);
+            }
+            if let Some((_, p)) = self.lock().pop() {
+                return Some(p);
+            }
+            tokio::select! {
+                p = self.permits.clone().acquire_owned() => return p.ok(),
+                _ = parking => {}
+            }
+        }
+    }
+}
+
 /// The slot a task runs in: the worker's slots and the one it holds now.
 pub struct Slot {
-    slots: Arc<Semaphore>,
+    slots: Arc<Slots>,
     held: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl Slot {
-    pub fn new(slots: Arc<Semaphore>, permit: OwnedSemaphorePermit) -> Arc<Self> {
+    pub fn new(slots: Arc<Slots>, permit: OwnedSemaphorePermit) -> Arc<Self> {
         Arc::new(Self { slots, held: Mutex::new(Some(permit)) })
     }
 
@@ -59,7 +126,7 @@ pub async fn lent(pause: Duration) {
     tokio::time::sleep(pause).await;
     if let (true, Some(slot)) = (lending, slot) {
         // Closed only when the worker is gone: the task then goes on without.
-        if let Ok(permit) = slot.slots.clone().acquire_owned().await {
+        if let Some(permit) = slot.slots.take_back().await {
             slot.put(permit);
         }
     }
@@ -71,29 +138,30 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_long_wait_lends_the_slot_and_takes_one_back() {
-        let slots = Arc::new(Semaphore::new(1));
-        let slot = Slot::new(slots.clone(), slots.clone().acquire_owned().await.unwrap());
+        let slots = Slots::new(1);
+        let slot = Slot::new(slots.clone(), slots.acquire().await.unwrap());
         let inside = slots.clone();
         let task = tokio::spawn(slot.scope(async move {
             lent(Duration::from_secs(5)).await;
-            inside.available_permits()
+            inside.permits.available_permits()
         }));
         tokio::task::yield_now().await;
-        // Lent: another task may run in it meanwhile.
-        let other = slots.clone().try_acquire_owned().expect("the slot is lent");
+        // Lent: a loop takes it and parks it while it idles for a message...
+        let other = slots.permits.clone().try_acquire_owned().expect("the slot is lent");
+        let parked = slots.park(other);
         tokio::time::sleep(Duration::from_secs(6)).await;
-        assert!(!task.is_finished(), "the waiting task takes a slot back before it goes on");
-        drop(other);
+        // ...and the task back from its wait takes it.
         assert_eq!(task.await.unwrap(), 0, "it holds its slot again");
-        assert_eq!(slots.available_permits(), 1, "and gives it back when it ends");
+        assert!(slots.unpark(parked).is_none(), "the loop takes another before it runs its message");
+        assert_eq!(slots.permits.available_permits(), 1, "and the task gives it back when it ends");
 
         // A short wait keeps the slot; outside a slot nothing is lent.
-        let slot = Slot::new(slots.clone(), slots.clone().acquire_owned().await.unwrap());
+        let slot = Slot::new(slots.clone(), slots.acquire().await.unwrap());
         let inside = slots.clone();
         let kept = slot
             .scope(async move {
                 lent(Duration::from_millis(10)).await;
-                inside.available_permits()
+                inside.permits.available_permits()
             })
             .await;
         assert_eq!(kept, 0);

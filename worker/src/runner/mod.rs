@@ -195,7 +195,7 @@ impl Worker {
         let mut loops = Vec::new();
         let concurrency = concurrency.max(1);
         flower_agent::metrics::metrics().worker_slots.set(concurrency as i64);
-        let slots = Arc::new(tokio::sync::Semaphore::new(concurrency));
+        let slots = flower_agent::slot::Slots::new(concurrency);
         for n in 0..concurrency * flower_agent::slot::RESIDENT_PER_SLOT {
             let me = self.clone();
             let stop = shutdown.clone();
@@ -216,19 +216,29 @@ impl Worker {
         self.spare.drop_all().await;
     }
 
-    /// One loop: a free slot, then a message, handled in the slot.
-    async fn consume(&self, n: usize, slots: Arc<tokio::sync::Semaphore>, shutdown: CancellationToken) {
+    /// One loop: a free slot, then a message, handled in the slot. While
+    /// it waits for the message its slot is parked: a task back from a wait
+    /// may take it, and the loop then takes another for the message.
+    async fn consume(&self, n: usize, slots: Arc<flower_agent::slot::Slots>, shutdown: CancellationToken) {
         loop {
             let permit = tokio::select! {
-                p = slots.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return,
+                p = slots.acquire() => match p {
+                    Some(p) => p,
+                    None => return,
                 },
                 _ = shutdown.cancelled() => return,
             };
+            let parked = slots.park(permit);
             let delivery = tokio::select! {
                 d = self.queue.next() => d,
                 _ = shutdown.cancelled() => return,
+            };
+            let permit = match slots.unpark(parked) {
+                Some(p) => p,
+                None => match slots.acquire().await {
+                    Some(p) => p,
+                    None => return,
+                },
             };
             match delivery {
                 Ok(d) => flower_agent::slot::Slot::new(slots.clone(), permit).scope(self.handle(d)).await,
