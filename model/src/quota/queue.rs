@@ -349,6 +349,25 @@ mod tests {
     }
 
     #[test]
+    fn three_namespaces_in_line_are_served_in_turn() {
+        // a asked first, with many calls; b and c after: each gets a third.
+        let mut r = route(60);
+        let claims = [Claimant::new("a", "j1", 3), Claimant::new("b", "j2", 3), Claimant::new("c", "j3", 3)];
+        for t in 0..60 {
+            r.admit(&claims[0], t, 1, 0).unwrap();
+        }
+        for (n, c) in claims.iter().enumerate() {
+            for t in 0..20 {
+                let _ = r.admit(c, 1_000 + (n as u64) * 100 + t, 1, n as i64);
+            }
+        }
+        let first: Vec<&str> = r.order().iter().take(30).map(|&i| r.waiting[i].claim.namespace.as_str()).collect();
+        for ns in ["a", "b", "c"] {
+            assert_eq!(first.iter().filter(|n| **n == ns).count(), 10, "{first:?}");
+        }
+    }
+
+    #[test]
     fn a_waiter_not_seen_by_its_lease_is_forgotten() {
         let mut r = route(1);
         let a = Claimant::new("a", "j1", 3);
