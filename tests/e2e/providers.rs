@@ -88,11 +88,25 @@ fn a_role_cannot_name_the_simulator_and_unknown_providers_are_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn calls_keep_under_a_rate_limit_learnt_from_the_simulators_headers() {
+    // Anthropic's anthropic-ratelimit-* headers, on the Messages API.
+    keeps_under_a_learnt_limit("tests/fixtures/quota/job.yaml", "messages|").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_on_chat_completions_keep_under_a_limit_learnt_from_openais_headers() {
+    // OpenAI's x-ratelimit-* headers (reset as a duration), every call on Chat Completions.
+    keeps_under_a_learnt_limit("tests/fixtures/quota/chat.yaml", "chat|").await;
+}
+
+/// Six model calls of `fixture` against five requests a minute: the limit
+/// learnt from the first answer's headers on the `api` route, and the sixth
+/// call waiting for its turn instead of being refused.
+async fn keeps_under_a_learnt_limit(fixture: &str, api: &str) {
     use flower_store::Store;
 
     let home = Home::new();
     let started = std::time::Instant::now();
-    let summary = home.run_job(&repo().join("tests/fixtures/quota/job.yaml"), &[]);
+    let summary = home.run_job(&repo().join(fixture), &[]);
     assert_eq!(summary["state"], "succeeded", "{summary}");
     let job: flower_model::JobId = summary["job_id"].as_str().unwrap().parse().unwrap();
     let store = flower_store::SqliteStore::open(&home.dir.path().join("flower.db")).unwrap();
@@ -100,7 +114,10 @@ async fn calls_keep_under_a_rate_limit_learnt_from_the_simulators_headers() {
     let routes = store.route_quotas().await.unwrap();
     assert_eq!(routes.len(), 1, "{routes:?}");
     assert!(
-        routes[0].0.starts_with("messages|http://127.0.0.1:") && routes[0].0.ends_with("|k:none|claude-sonnet-4-5")
+        routes[0].0.starts_with(&format!("{api}http://127.0.0.1:"))
+            && routes[0].0.ends_with("|k:none|claude-sonnet-4-5"),
+        "{}",
+        routes[0].0
     );
     assert_eq!(routes[0].1.buckets.quota.requests_per_minute, Some(5), "{routes:?}");
     // ...and every later call waited for it instead of being refused: no
