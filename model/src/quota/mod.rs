@@ -39,11 +39,16 @@ impl Bucket {
     /// How long (ms) until `need` is there; 0 if it is now. A need above the
     /// limit waits for a full bucket (and is then taken whole).
     pub fn wait_for(&self, need: f64) -> i64 {
-        let need = need.min(self.limit);
-        if self.level >= need || self.limit <= 0.0 {
+        self.refilled_to(need.min(self.limit))
+    }
+
+    /// How long (ms) until the level reaches `level` (above the limit too:
+    /// what several requests in line need together).
+    pub fn refilled_to(&self, level: f64) -> i64 {
+        if self.level >= level || self.limit <= 0.0 {
             return 0;
         }
-        ((need - self.level) * 60_000.0 / self.limit).ceil() as i64
+        ((level - self.level) * 60_000.0 / self.limit).ceil() as i64
     }
 
     /// How long (ms) until full again.
@@ -234,19 +239,7 @@ impl Buckets {
     /// waiting until it is refilled).
     pub fn admit(&mut self, input_tokens: u64, now: i64) -> Result<(), Wait> {
         self.refill(now);
-        let needs = [
-            (Limit::Requests, self.requests, 1.0),
-            (Limit::InputTokens, self.input, input_tokens as f64),
-            (Limit::OutputTokens, self.output, 0.0),
-        ];
-        let longest = needs
-            .iter()
-            .filter_map(|(limit, b, need)| {
-                b.map(|b| Wait { ms: b.wait_for(*need), limit: *limit, per_minute: b.limit as u64 })
-            })
-            .filter(|w| w.ms > 0)
-            .max_by_key(|w| w.ms);
-        if let Some(wait) = longest {
+        if let Some(wait) = self.longest_wait(1.0, input_tokens as f64, Bucket::wait_for) {
             return Err(wait);
         }
         if let Some(r) = &mut self.requests {
@@ -256,6 +249,21 @@ impl Buckets {
             i.take(input_tokens as f64);
         }
         Ok(())
+    }
+
+    /// The longest wait of the three buckets for `requests` and `tokens`
+    /// input tokens (and no output debt), each bucket's by `wait` (`None`:
+    /// none waits).
+    pub(crate) fn longest_wait(&self, requests: f64, tokens: f64, wait: fn(&Bucket, f64) -> i64) -> Option<Wait> {
+        [
+            (Limit::Requests, self.requests, requests),
+            (Limit::InputTokens, self.input, tokens),
+            (Limit::OutputTokens, self.output, 0.0),
+        ]
+        .into_iter()
+        .filter_map(|(limit, b, need)| b.map(|b| Wait { ms: wait(&b, need), limit, per_minute: b.limit as u64 }))
+        .filter(|w| w.ms > 0)
+        .max_by_key(|w| w.ms)
     }
 
     /// Charge what a request used beyond what its admission took: input

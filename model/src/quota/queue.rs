@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Buckets, Limit, Quota, Wait};
+use super::{Buckets, Quota, Wait};
 
 /// How long after its expected turn a waiting call is kept for, unseen.
 pub const WAITER_LEASE_MS: i64 = 5_000;
@@ -148,13 +148,12 @@ impl Route {
                     namespaces.len() - 1
                 }
             };
-            let key = c.job_key();
             match lines
                 .iter_mut()
-                .find(|(p, n, _, line)| *p == c.priority && *n == ns && self.waiting[line[0]].claim.job_key() == key)
+                .find(|(p, n, _, line)| *p == c.priority && *n == ns && self.waiting[line[0]].claim.job == c.job)
             {
                 Some(line) => line.3.push_back(i),
-                None => lines.push((c.priority, ns, self.shares.job(&key), [i].into())),
+                None => lines.push((c.priority, ns, self.shares.job(&c.job_key()), [i].into())),
             }
         }
         let mut order = Vec::with_capacity(self.waiting.len());
@@ -257,25 +256,7 @@ impl Buckets {
     /// input tokens at once (and no output debt): the longest of the three,
     /// `None` when nothing is missing.
     pub fn wait_for_all(&self, requests: u64, tokens: u64) -> Option<Wait> {
-        let needs = [
-            (Limit::Requests, self.requests, requests as f64),
-            (Limit::InputTokens, self.input, tokens as f64),
-            (Limit::OutputTokens, self.output, 0.0),
-        ];
-        needs
-            .iter()
-            .filter_map(|(limit, b, need)| {
-                b.map(|b| {
-                    let ms = if b.level >= *need || b.limit <= 0.0 {
-                        0
-                    } else {
-                        ((need - b.level) * 60_000.0 / b.limit).ceil() as i64
-                    };
-                    Wait { ms, limit: *limit, per_minute: b.limit as u64 }
-                })
-            })
-            .filter(|w| w.ms > 0)
-            .max_by_key(|w| w.ms)
+        self.longest_wait(requests as f64, tokens as f64, super::Bucket::refilled_to)
     }
 }
 
